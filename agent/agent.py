@@ -1,0 +1,230 @@
+"""The per-rank agent: measure, reduce, decide, export — once per training step.
+
+    agent = torchvitals.watch(model, optimizer, scheduler)
+    for batch in loader:
+        loss = compute_loss(model, batch)
+        loss.backward()
+        report = agent.step(loss)        # calls optimizer.step() unless the decision says skip
+        optimizer.zero_grad(set_to_none=True)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from .activations import ActivationStats, summarize
+from .blocks import Blocks, discover
+from .config import Config
+from .eventlog import EventLog
+from .exporter import Exporter
+from .reduce import Packer, Reducer
+from .report import Report
+from .stats import GradStats, UpdateRatio, local
+
+F64 = torch.float64
+
+
+class Agent:
+    """Watches one rank's model and optimizer; see ``torchvitals.watch``."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
+                 *, config: Config | None = None, group: dist.ProcessGroup | None = None,
+                 registry: Any = None, clock: Callable[[], float] = time.perf_counter):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.config = config or Config.from_env()
+        self._clock = clock
+        distributed = dist.is_available() and dist.is_initialized()
+        if group is None and isinstance(model, DistributedDataParallel):
+            group = model.process_group
+        self.world_size = dist.get_world_size(group) if distributed else 1
+        self.rank = dist.get_rank(group) if distributed else 0
+        self.blocks: Blocks = discover(model, self.config.blocks)
+        params = [p for ps in self.blocks.params for _, p in ps]
+        self._params = params
+        sharded = any(isinstance(p, DTensor) for p in params)
+        split = self.config.split_ddp_work and self.world_size > 1 and not sharded
+        n = len(self.blocks)
+        owned = [(b % self.world_size == self.rank) if split else True for b in range(n)]
+        self.device = local(params[0]).device
+        self._grads = GradStats(self.blocks, owned, self.world_size, split)
+        self._update = (UpdateRatio(self.blocks, owned, self.world_size, split,
+                                    self.config.update_ratio_max_bytes)
+                        if self.config.update_ratio else None)
+        self._acts = (ActivationStats(self.blocks.output_modules, self.config.saturation_level)
+                      if self.config.activations else None)
+        self._reducer = Reducer(group if distributed else None, self.world_size)
+        self._exporter = self._start_exporter(registry)
+        self._events = None
+        if self.rank == 0 and self.config.log_dir:
+            run = self.config.run_name or time.strftime("%Y%m%d-%H%M%S")
+            self.run_dir = os.path.join(self.config.log_dir, run)
+            self._events = EventLog(os.path.join(self.run_dir, "events.jsonl"),
+                                    every=self.config.log_every)
+        self.step_count = 0
+        self._pending_update: tuple[torch.Tensor, torch.Tensor, list[bool], int] | None = None
+        self._last_end = clock()
+        if self._acts is not None and self.sampled(1):
+            self._acts.arm()
+
+    def _start_exporter(self, registry: Any) -> Exporter:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        base = self.config.metrics_port
+        return Exporter(self.blocks.names, rank=self.rank, local_rank=local_rank,
+                        world_size=self.world_size, port=base + local_rank if base else 0,
+                        host=self.config.metrics_host, registry=registry)
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self._exporter.url
+
+    def sampled(self, step: int) -> bool:
+        """Whether ``step`` records activations (and carries the preceding update's ratio)."""
+        return step == 1 or step % self.config.sample_every == 0
+
+    def step(self, loss: torch.Tensor | float, *, samples: int | None = None) -> Report:
+        """Measure this step, agree on it with every rank, and step the optimizer unless skipped.
+
+        Args:
+            loss: this rank's loss (a tensor, possibly on the device, or a float).
+            samples: how many samples this rank processed in the step (for samples/s).
+
+        Returns:
+            The Report, identical on every rank except its ``local_*``/``step_seconds`` fields.
+        """
+        step = self.step_count + 1
+        step_seconds = self._clock() - self._last_end
+        packer = Packer(self.device)
+        onehot = [0.0] * self.world_size
+        onehot[self.rank] = step_seconds
+        packer.add_host_sum("rank_step_seconds", onehot)
+        packer.add_sum("grad_sq", self._grads.block_sq(self.device))
+        self._pack_loss(packer, loss)
+        pending = self._pending_update
+        self._pending_update = None
+        if pending is not None:
+            packer.add_sum("update_dsq", pending[0])
+            packer.add_sum("update_wsq", pending[1])
+        if self._acts is not None and self._acts.armed:
+            counts, sums, maxes = self._acts.take(self.device)
+            packer.add_host_sum("act_count", counts)
+            packer.add_sum("act_sums", sums)
+            packer.add_max("act_max", maxes)
+        layout, host = self._reducer.reduce(packer)
+        report = self._report(step, layout, host, pending)
+        report.step_seconds, report.samples = step_seconds, samples
+        if report.nonfinite and self.config.skip_nonfinite:
+            report.action = "skip"
+        else:
+            self._optimizer_step(report, measure=self.sampled(step + 1))
+        if self._acts is not None and self.sampled(step + 1):
+            self._acts.arm()
+        self._exporter.update(report)
+        if self._events is not None:
+            self._events.write(report)
+        self.step_count = step
+        self._last_end = self._clock()
+        return report
+
+    def _pack_loss(self, packer: Packer, loss: torch.Tensor | float) -> None:
+        if isinstance(loss, torch.Tensor):
+            value = local(loss.detach()).reshape(()).to(F64)
+            packer.add_sum("loss", value.to(self.device))
+            packer.add_sum("loss_nonfinite", (~torch.isfinite(value)).to(F64).to(self.device))
+            packer.add_local("local_loss", value.to(self.device))
+        else:
+            value = float(loss)
+            packer.add_host_sum("loss", [value])
+            packer.add_host_sum("loss_nonfinite", [0.0 if math.isfinite(value) else 1.0])
+            packer.add_local("local_loss", torch.full((1,), value, dtype=F64, device=self.device))
+
+    def _optimizer_step(self, report: Report, measure: bool) -> None:
+        clip = self.config.clip_grad_norm
+        if clip is not None and report.grad_norm_total > clip:
+            report.clip_coef = clip / (report.grad_norm_total + 1e-6)
+            grads = [local(p.grad) for p in self._params if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, report.clip_coef)
+        measure = measure and self._update is not None
+        if measure:
+            self._update.before_step()
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        if measure:
+            d_sq, w_sq, chosen = self._update.after_step(self.device)
+            self._pending_update = (d_sq, w_sq, chosen, report.step)
+
+    def _report(self, step: int, layout: Any, host: list[float],
+                pending: tuple[Any, Any, list[bool], int] | None) -> Report:
+        names = self.blocks.names
+        grad_sq = layout.get(host, "grad_sq")
+        loss_sum = layout.get(host, "loss")[0]
+        nonfinite_loss = layout.get(host, "loss_nonfinite")[0] > 0 or not math.isfinite(loss_sum)
+        total = math.sqrt(sum(grad_sq))
+        nonfinite_grad = not math.isfinite(total)
+        report = Report(
+            step=step, loss=loss_sum / self.world_size,
+            grad_norm={n: math.sqrt(v) for n, v in zip(names, grad_sq)},
+            grad_norm_total=total, nonfinite=nonfinite_loss or nonfinite_grad,
+            nonfinite_loss=nonfinite_loss, nonfinite_grad=nonfinite_grad,
+            world_size=self.world_size, rank=self.rank,
+            rank_step_seconds=layout.get(host, "rank_step_seconds"),
+            local_loss=layout.get(host, "local_loss")[0])
+        if pending is not None:
+            d_sq, w_sq, chosen = layout.get(host, "update_dsq"), layout.get(host, "update_wsq"), pending[2]
+            report.update_ratio = {n: _ratio(d, w) for n, d, w, c in zip(names, d_sq, w_sq, chosen) if c}
+            report.update_ratio_step = pending[3]
+        if "act_sums" in layout:
+            counts, sums, maxes = (layout.get(host, "act_count"), layout.get(host, "act_sums"),
+                                   layout.get(host, "act_max"))
+            report.activations = {n: summarize(counts[b], sums[5 * b:5 * b + 5], maxes[b])
+                                  for b, n in enumerate(names) if counts[b] > 0}
+        return report
+
+    def close(self) -> None:
+        """Remove hooks, stop the /metrics endpoint and close the event log."""
+        if self._acts is not None:
+            self._acts.close()
+        self._exporter.close()
+        if self._events is not None:
+            self._events.close()
+
+    def __enter__(self) -> "Agent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _ratio(d_sq: float, w_sq: float) -> float:
+    if w_sq == 0:
+        return 0.0 if d_sq == 0 else math.inf
+    return math.sqrt(d_sq) / math.sqrt(w_sq)
+
+
+def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
+          group: dist.ProcessGroup | None = None, registry: Any = None, **config: Any) -> Agent:
+    """Start watching a model and its optimizer on this rank.
+
+    Args:
+        model: a plain module, a DDP-wrapped module, or a ``fully_shard``-ed (FSDP2) module.
+        optimizer: the optimizer ``agent.step`` steps.
+        scheduler: an LR scheduler stepped after each optimizer step, or None.
+        group: the process group to reduce over (default: DDP's, else the world).
+        registry: a prometheus_client registry to export into (default: a fresh one).
+        **config: any ``Config`` field; overrides ``TORCHVITALS_*`` variables.
+
+    Returns:
+        The Agent; call ``agent.step(loss)`` after each ``loss.backward()``.
+    """
+    return Agent(model, optimizer, scheduler, config=Config.from_env(**config), group=group,
+                 registry=registry)

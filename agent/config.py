@@ -1,0 +1,133 @@
+"""The agent's configuration: one keyword-only dataclass, also settable from the environment.
+
+Precedence: an argument to ``torchvitals.watch(...)`` > a ``TORCHVITALS_<FIELD>`` environment
+variable (e.g. ``TORCHVITALS_SAMPLE_EVERY=20``, ``TORCHVITALS_METRICS_PORT=0``) > the default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ENV_PREFIX = "TORCHVITALS_"
+
+
+@dataclass(kw_only=True)
+class Config:
+    blocks: Mapping[str, Any] | list[str] | None = None
+    """Blocks named by module path: a list of paths, or a mapping name -> path (or list of
+    paths). Parameters under no named path form the block "other". None discovers blocks
+    automatically (the repeated layers, the embeddings, the head, "other")."""
+
+    sample_every: int = 10
+    """Measure activation statistics and the update ratio on step 1 and every this many steps
+    (10 keeps the agent under 2% of a step; see benchmarks/overhead.py)."""
+
+    activations: bool = True
+    """Record per-block activation statistics on sampled steps (forward hooks)."""
+
+    update_ratio: bool = True
+    """Record the per-block update ratio ||dw||/||w|| on sampled steps (a snapshot of the
+    parameters is kept across the optimizer step of a sampled step only)."""
+
+    update_ratio_max_bytes: int = 1 << 30
+    """Bound on the parameter snapshot the update ratio keeps per rank during a sampled step.
+    When the blocks do not fit, the sampled steps take turns over the blocks."""
+
+    saturation_level: float = 0.99
+    """An activation with |x| >= this counts as saturated (tanh/sigmoid units pinned at 1)."""
+
+    split_ddp_work: bool = True
+    """Under DDP (gradients identical on every rank) rank r measures every world-th block and
+    the SUM reduction reassembles them. False makes every rank measure every block, which
+    also catches a gradient corrupted on one rank after DDP's all-reduce."""
+
+    clip_grad_norm: float | None = None
+    """Clip the global gradient norm to this value before the optimizer step, reusing the
+    measured norms (no second pass). The report keeps the norms from before clipping."""
+
+    skip_nonfinite: bool = True
+    """Skip the optimizer (and scheduler) step on every rank when any rank's loss or gradient
+    is NaN or Inf."""
+
+    metrics_port: int = 9400
+    """Base port of each rank's Prometheus /metrics endpoint; the rank serves on
+    base + LOCAL_RANK. 0 turns the endpoint off."""
+
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint binds to. Use 0.0.0.0 to let a scraper on another host in."""
+
+    log_dir: str = "torchvitals_runs"
+    """Folder for the run's JSON-lines event log (written by global rank 0). Empty turns it off."""
+
+    run_name: str | None = None
+    """Name of the run's folder under log_dir; None uses the start time."""
+
+    log_every: int = 1
+    """Write one event-log line every this many steps (steps that skip are always written)."""
+
+    def __post_init__(self) -> None:
+        if self.sample_every < 1:
+            raise ValueError(f"sample_every must be >= 1, got {self.sample_every}")
+        if self.log_every < 1:
+            raise ValueError(f"log_every must be >= 1, got {self.log_every}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+        if not 0.0 < self.saturation_level:
+            raise ValueError(f"saturation_level must be > 0, got {self.saturation_level}")
+        if self.update_ratio_max_bytes < 0:
+            raise ValueError("update_ratio_max_bytes must be >= 0")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
+        """Build a Config from defaults, then ``TORCHVITALS_*`` variables, then ``overrides``.
+
+        Args:
+            environ: the environment to read (default ``os.environ``).
+            **overrides: field values given in code; they win over the environment.
+
+        Returns:
+            The validated Config.
+        """
+        environ = os.environ if environ is None else environ
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(overrides) - set(names)
+        if unknown:
+            raise TypeError(f"unknown torchvitals setting(s): {', '.join(sorted(unknown))}; "
+                            f"known: {', '.join(sorted(names))}")
+        values: dict[str, Any] = {}
+        for name, f in names.items():
+            key = ENV_PREFIX + name.upper()
+            if key in environ:
+                values[name] = _parse(environ[key], f, key)
+        values.update(overrides)
+        return cls(**values)
+
+
+def _parse(text: str, f: dataclasses.Field, key: str) -> Any:
+    """Turn an environment string into the field's type, with an error naming the variable."""
+    kind = str(f.type)
+    try:
+        if text.strip().lower() in ("", "none", "null") and "None" in kind:
+            return None
+        if kind.startswith("bool"):
+            lowered = text.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true/false")
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float"):
+            return float(text)
+        if kind.startswith("str"):
+            return text
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{key}={text!r}: cannot be read as {kind} ({exc})") from None

@@ -1,0 +1,281 @@
+"""Each rank's Prometheus /metrics endpoint, built at scrape time from the last step report.
+
+Started by the agent (``torchvitals.watch``); to see what a rank serves:
+``curl -s http://127.0.0.1:9400/metrics | grep ^torchvitals_``
+
+Every rank exports its own scalars, labelled with its global ``rank``. Only global rank 0
+exports the global and per-block series: the report's global fields are identical on every
+rank, so one copy keeps the cardinality at blocks x metrics instead of ranks x blocks x metrics.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.metadata
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .config import ENV_PREFIX
+from .report import Report
+
+RANK, GLOBAL, BLOCK = "rank", "global", "block"
+"""Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL and BLOCK ones."""
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """What one scrape reads: references taken under the lock, read outside it."""
+
+    report: Report | None
+    steps: int
+    skipped: int
+    nonfinite: int
+    world_size: int
+    update_ratio: dict[str, float]
+    activations: dict[str, dict[str, float]]
+
+
+def _last(attr: str, default: float = math.nan) -> Callable[[_Snapshot], float]:
+    return lambda s: default if s.report is None else float(getattr(s.report, attr))
+
+
+def _samples_per_second(s: _Snapshot) -> float | None:
+    r = s.report
+    if r is None or r.samples is None or not r.step_seconds > 0:  # also rejects NaN
+        return None
+    return r.samples / r.step_seconds
+
+
+def _activation(key: str) -> Callable[[_Snapshot, str], float]:
+    return lambda s, block: float(s.activations.get(block, {}).get(key, math.nan))
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric: its name, type, help text, scope and where its value comes from."""
+
+    name: str
+    kind: str
+    """"gauge" or "counter"."""
+    doc: str
+    scope: str
+    """RANK, GLOBAL or BLOCK (one series per block, label ``block``)."""
+    value: Callable[..., float | None] = field(repr=False)
+    """(snapshot) -> value, or (snapshot, block) -> value for BLOCK; None omits the series."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """Constant labels besides ``rank``."""
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("torchvitals_build_info", "gauge", "Versions of this process (always 1).", RANK,
+               lambda s: 1.0,
+               labels=(("version", _version("torchvitals")), ("torch_version", _version("torch")))),
+    MetricSpec("torchvitals_world_size", "gauge", "Ranks in the job.", RANK,
+               lambda s: float(s.world_size)),
+    MetricSpec("torchvitals_step", "gauge", "Last completed step (1-based; 0 before the first).",
+               RANK, _last("step", 0.0)),
+    MetricSpec("torchvitals_steps_total", "counter", "Steps reported on this rank.", RANK,
+               lambda s: float(s.steps)),
+    MetricSpec("torchvitals_skipped_steps_total", "counter",
+               "Steps whose optimizer step was skipped.", RANK, lambda s: float(s.skipped)),
+    MetricSpec("torchvitals_nonfinite_steps_total", "counter",
+               "Steps with a NaN/Inf loss or gradient on any rank.", RANK,
+               lambda s: float(s.nonfinite)),
+    MetricSpec("torchvitals_step_duration_seconds", "gauge", "This rank's wall time of the "
+               "last step.", RANK, _last("step_seconds")),
+    MetricSpec("torchvitals_local_loss", "gauge", "This rank's loss at the last step.", RANK,
+               _last("local_loss")),
+    MetricSpec("torchvitals_samples_per_second", "gauge", "This rank's samples / step duration "
+               "of the last step (only when the caller passes the sample count).", RANK,
+               _samples_per_second),
+    MetricSpec("torchvitals_loss", "gauge", "Mean loss over the ranks at the last step.", GLOBAL,
+               _last("loss")),
+    # Not "_grad_norm_total": the _total suffix is reserved for counters.
+    MetricSpec("torchvitals_grad_norm_global", "gauge", "L2 norm of all gradients before "
+               "clipping.", GLOBAL, _last("grad_norm_total")),
+    MetricSpec("torchvitals_clip_coefficient", "gauge", "Factor the gradients were scaled by "
+               "(1 without clipping).", GLOBAL, _last("clip_coef")),
+    MetricSpec("torchvitals_grad_norm", "gauge", "L2 norm of the block's gradient.", BLOCK,
+               lambda s, b: math.nan if s.report is None
+               else float(s.report.grad_norm.get(b, math.nan))),
+    MetricSpec("torchvitals_update_ratio", "gauge", "||dw|| / ||w|| of the block's last sampled "
+               "optimizer update.", BLOCK,
+               lambda s, b: float(s.update_ratio.get(b, math.nan))),
+    MetricSpec("torchvitals_activation_mean", "gauge", "Mean of the block's output (last "
+               "sample).", BLOCK, _activation("mean")),
+    MetricSpec("torchvitals_activation_rms", "gauge", "RMS of the block's output (last sample).",
+               BLOCK, _activation("rms")),
+    MetricSpec("torchvitals_activation_abs_max", "gauge", "Max |x| of the block's output (last "
+               "sample).", BLOCK, _activation("abs_max")),
+    MetricSpec("torchvitals_activation_zero_ratio", "gauge", "Fraction of the block's outputs "
+               "that are exactly 0 (last sample).", BLOCK, _activation("zero_fraction")),
+    MetricSpec("torchvitals_activation_saturated_ratio", "gauge", "Fraction of the block's "
+               "outputs with |x| >= saturation_level (last sample).", BLOCK,
+               _activation("saturation_fraction")),
+    MetricSpec("torchvitals_activation_nonfinite", "gauge", "NaN/Inf elements in the block's "
+               "output (last sample).", BLOCK, _activation("nonfinite")),
+)
+
+
+class MetricsPortError(OSError):
+    """The /metrics endpoint could not bind its address (a taken port, a bad host)."""
+
+
+class Exporter:
+    """One rank's Prometheus endpoint; ``update`` caches, scrapes read the cache.
+
+    Args:
+        block_names: blocks that get per-block series (on global rank 0) from the first scrape on.
+        rank: global rank, exported as the ``rank`` label.
+        local_rank: rank on this host (named in the port error).
+        world_size: ranks in the job.
+        port: port to serve on (the setting plus LOCAL_RANK); 0 serves nothing.
+        host: address to bind.
+        registry: where the collector is registered (default: a fresh one, so two agents in one
+            process do not clash). Pass ``prometheus_client.REGISTRY`` to serve your own metrics
+            and the process_* ones on the same endpoint.
+        port_setting: the Config field that sets the base port, for the error message.
+
+    Raises:
+        MetricsPortError: the port is taken or the host cannot be bound.
+    """
+
+    def __init__(self, block_names: list[str], *, rank: int, local_rank: int, world_size: int,
+                 port: int, host: str = "127.0.0.1", registry: CollectorRegistry | None = None,
+                 port_setting: str = "metrics_port") -> None:
+        self.block_names = list(block_names)
+        self.rank, self.host, self.port = rank, host, port
+        self.registry = CollectorRegistry() if registry is None else registry
+        self._lock = threading.Lock()
+        self._world_size = world_size
+        self._report: Report | None = None
+        self._steps = self._skipped = self._nonfinite = 0
+        self._update_ratio: dict[str, float] = {}
+        self._activations: dict[str, dict[str, float]] = {}
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._collector = _Collector(self)
+        self.registry.register(self._collector)
+        if port == 0:
+            return
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            self.registry.unregister(self._collector)
+            taken = (" Another process (another job on this host?) holds the port."
+                     if exc.errno == errno.EADDRINUSE else "")
+            err = MetricsPortError(
+                f"torchvitals cannot serve /metrics on {host}:{port} (rank {rank}, local rank "
+                f"{local_rank}): {exc.strerror or exc}.{taken} Each rank serves on "
+                f"{port_setting} + LOCAL_RANK = {port - local_rank} + {local_rank}. Set "
+                f"{port_setting} (env {ENV_PREFIX}{port_setting.upper()}) to a free base port, "
+                f"or to 0 to turn the endpoint off.")
+            err.errno = exc.errno
+            raise err from None
+
+    @property
+    def url(self) -> str | None:
+        if self._server is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def update(self, report: Report) -> None:
+        """Cache the step's report; called on the training thread, so it only swaps references.
+
+        Args:
+            report: the step's report (kept by reference, not copied).
+        """
+        ratio, acts = self._update_ratio, self._activations
+        # Only rank 0 exports per-block series. Sampled steps may cover only some blocks (the
+        # update ratio takes turns under its memory bound), so keep each block's last value;
+        # new dicts, never mutated, so a scrape can read them without the lock.
+        if self.rank == 0 and report.update_ratio:
+            ratio = {**ratio, **report.update_ratio}
+        if self.rank == 0 and report.activations:
+            acts = {**acts, **report.activations}
+        with self._lock:
+            self._report = report
+            self._steps += 1
+            self._skipped += report.action == "skip"
+            self._nonfinite += bool(report.nonfinite)
+            self._update_ratio, self._activations = ratio, acts
+
+    def _snapshot(self) -> _Snapshot:
+        with self._lock:
+            return _Snapshot(self._report, self._steps, self._skipped, self._nonfinite,
+                             self._world_size, self._update_ratio, self._activations)
+
+    def close(self) -> None:
+        """Stop serving and unregister the collector; safe to call twice."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            self._thread.join(timeout=5.0)
+        if self._collector is not None:
+            self.registry.unregister(self._collector)
+            self._collector = None
+
+
+class _Collector(Collector):
+    """Builds the metric families from the exporter's cached state at scrape time."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self._exporter = exporter
+
+    def _specs(self) -> list[MetricSpec]:
+        rank0 = self._exporter.rank == 0
+        return [m for m in METRICS if m.scope == RANK or rank0]
+
+    def describe(self) -> Iterator[Metric]:
+        # Names only, so registering two exporters in one registry fails loudly.
+        for m in self._specs():
+            yield _family(m, ())
+
+    def collect(self) -> Iterator[Metric]:
+        ex = self._exporter
+        snap = ex._snapshot()
+        rank = str(ex.rank)
+        blocks = _block_names(ex.block_names, snap)
+        for m in self._specs():
+            if m.scope == BLOCK:
+                family = _family(m, ("rank", "block"))
+                for block in blocks:
+                    family.add_metric([rank, block], m.value(snap, block))
+            else:
+                value = m.value(snap)
+                if value is None:
+                    continue
+                family = _family(m, ("rank",) + tuple(k for k, _ in m.labels))
+                family.add_metric([rank] + [v for _, v in m.labels], value)
+            yield family
+
+
+def _block_names(named: list[str], snap: _Snapshot) -> list[str]:
+    """The named blocks, then any block a report measured that the caller did not name."""
+    blocks = dict.fromkeys(named)
+    if snap.report is not None:
+        blocks.update(dict.fromkeys(snap.report.grad_norm))
+    blocks.update(dict.fromkeys(snap.update_ratio))
+    blocks.update(dict.fromkeys(snap.activations))
+    return list(blocks)
+
+
+def _family(m: MetricSpec, labels: tuple[str, ...]) -> Metric:
+    kind = CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily
+    return kind(m.name, m.doc, labels=labels)

@@ -1,0 +1,124 @@
+"""Pack a step's statistics into one SUM vector (and, on sampled steps, one MAX vector), reduce
+them across ranks, and bring the result to the host in one copy.
+
+At most two collectives per step whatever the model size: the SUM part always, the MAX part only
+when there is something to take the maximum of (activation abs_max, on sampled steps). Every rank
+decides the layout from the same deterministic schedule, so the collectives always match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+F64 = torch.float64
+
+
+@dataclass
+class Layout:
+    """Where each quantity sits in the reduced host vector."""
+
+    sections: dict[str, tuple[int, int]]
+    sum_len: int
+    max_len: int
+
+    def get(self, host: list[float], name: str) -> list[float]:
+        start, stop = self.sections[name]
+        return host[start:stop]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.sections
+
+
+class Packer:
+    """Collects named device tensors (1-D, float64) and host floats into the packed vectors."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._sum: list[tuple[str, torch.Tensor]] = []
+        self._max: list[tuple[str, torch.Tensor]] = []
+        self._local: list[tuple[str, torch.Tensor]] = []
+        self._host: list[tuple[str, list[float]]] = []
+
+    def add_sum(self, name: str, t: torch.Tensor) -> None:
+        self._sum.append((name, t.reshape(-1).to(F64)))
+
+    def add_host_sum(self, name: str, values: list[float]) -> None:
+        """Host values that every rank needs (step times, counts): copied without a sync."""
+        self._host.append((name, [float(v) for v in values]))
+
+    def add_max(self, name: str, t: torch.Tensor) -> None:
+        self._max.append((name, t.reshape(-1).to(F64)))
+
+    def add_local(self, name: str, t: torch.Tensor) -> None:
+        """Device values wanted on the host as they are on this rank (not reduced)."""
+        self._local.append((name, t.reshape(-1).to(F64)))
+
+    def build(self) -> tuple[Layout, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        sections, parts, pos = {}, [], 0
+        host_values = [v for _, values in self._host for v in values]
+        if host_values:
+            host = torch.tensor(host_values, dtype=F64)
+            if self.device.type != "cpu":
+                # Pinned + non_blocking: a pageable host-to-device copy would wait for the stream.
+                host = host.pin_memory().to(self.device, non_blocking=True)
+        offset = 0
+        for name, values in self._host:
+            parts.append(host[offset:offset + len(values)])
+            offset += len(values)
+            sections[name] = (pos, pos + len(values))
+            pos += len(values)
+        for name, t in self._sum:
+            parts.append(t)
+            sections[name] = (pos, pos + t.numel())
+            pos += t.numel()
+        sum_len = pos
+        sum_vec = torch.cat(parts) if parts else torch.zeros(0, dtype=F64, device=self.device)
+        max_vec = None
+        if self._max:
+            max_vec = torch.cat([t for _, t in self._max])
+            for name, t in self._max:
+                sections[name] = (pos, pos + t.numel())
+                pos += t.numel()
+        max_len = pos - sum_len
+        local_parts = []
+        for name, t in self._local:
+            local_parts.append(t)
+            sections[name] = (pos, pos + t.numel())
+            pos += t.numel()
+        local_vec = torch.cat(local_parts) if local_parts else torch.zeros(0, dtype=F64, device=self.device)
+        return Layout(sections, sum_len, max_len), sum_vec, max_vec, local_vec
+
+
+class Reducer:
+    """Runs the (at most two) collectives and the one device-to-host copy."""
+
+    def __init__(self, group: dist.ProcessGroup | None, world_size: int):
+        self.group = group
+        self.world_size = world_size
+        self.collectives = 0
+        backend = dist.get_backend(group) if world_size > 1 else None
+        # gloo reduces host tensors: move the packed vectors to the host first (that copy is the
+        # step's one device-to-host copy); NCCL reduces on the device, then copies once.
+        self._host_collectives = backend is not None and "nccl" not in str(backend)
+
+    def reduce(self, packer: Packer) -> tuple[Layout, list[float]]:
+        layout, sum_vec, max_vec, local_vec = packer.build()
+        if self.world_size == 1:
+            parts = [sum_vec] + ([max_vec] if max_vec is not None else []) + [local_vec]
+            return layout, torch.cat(parts).tolist()
+        if self._host_collectives and sum_vec.device.type != "cpu":
+            parts = [sum_vec] + ([max_vec] if max_vec is not None else []) + [local_vec]
+            flat = torch.cat(parts).cpu()
+            sum_vec = flat[:layout.sum_len].clone()
+            max_vec = flat[layout.sum_len:layout.sum_len + layout.max_len].clone() if max_vec is not None else None
+            local_vec = flat[layout.sum_len + layout.max_len:]
+        dist.all_reduce(sum_vec, op=dist.ReduceOp.SUM, group=self.group)
+        self.collectives += 1
+        if max_vec is not None:
+            dist.all_reduce(max_vec, op=dist.ReduceOp.MAX, group=self.group)
+            self.collectives += 1
+        parts = [sum_vec] + ([max_vec] if max_vec is not None else []) + [local_vec]
+        return layout, torch.cat(parts).tolist()

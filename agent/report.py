@@ -1,0 +1,73 @@
+"""The step report: what ``agent.step(loss)`` returns, identical on every rank."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ACTIVATION_FIELDS = ("mean", "rms", "abs_max", "zero_fraction", "saturation_fraction", "nonfinite")
+
+
+@dataclass
+class Report:
+    """One training step as every rank agreed on it after the reduction.
+
+    Global fields are derived from the reduced vector, so they are bit-identical on every rank;
+    the ``local_*`` and ``step_seconds`` fields describe this rank alone.
+    """
+
+    step: int
+    """1-based count of ``agent.step`` calls."""
+    loss: float
+    """Mean of the ranks' losses."""
+    grad_norm: dict[str, float]
+    """Block name -> L2 norm of the block's full (unsharded, synchronized) gradient."""
+    grad_norm_total: float
+    """L2 norm over all gradients, as ``clip_grad_norm_`` computes it (before any clipping)."""
+    update_ratio: dict[str, float] = field(default_factory=dict)
+    """Block name -> ||w_new - w_old|| / ||w_old|| of the optimizer update applied at
+    ``update_ratio_step``; empty on steps that carry no measurement."""
+    update_ratio_step: int | None = None
+    """The step whose optimizer update ``update_ratio`` describes (the previous sampled step:
+    the update is only known after ``optimizer.step()``, so it rides the next reduction)."""
+    activations: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Block name -> {mean, rms, abs_max, zero_fraction, saturation_fraction, nonfinite} of the
+    block's output over this step's training forward passes, on sampled steps."""
+    nonfinite: bool = False
+    """A NaN/Inf in any rank's loss or gradient."""
+    nonfinite_loss: bool = False
+    nonfinite_grad: bool = False
+    verdicts: list[Any] = field(default_factory=list)
+    """Named failure patterns (filled by detection)."""
+    action: str = "step"
+    """"step" (the optimizer stepped) or "skip" (no optimizer step on any rank)."""
+    clip_coef: float = 1.0
+    """Factor the gradients were scaled by when ``clip_grad_norm`` is set (1.0 otherwise)."""
+    world_size: int = 1
+    rank_step_seconds: list[float] = field(default_factory=list)
+    """Each rank's duration of the previous step, indexed by global rank."""
+    rank: int = 0
+    local_loss: float = math.nan
+    step_seconds: float = math.nan
+    """This rank's wall time since its previous ``agent.step`` returned (or since ``watch``)."""
+    samples: int | None = None
+    """Samples this rank processed in the step, when the caller said so."""
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.activations) or bool(self.update_ratio)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict: non-finite floats become the strings "nan", "inf", "-inf"."""
+        return _json_safe(asdict(self))
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value

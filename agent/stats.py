@@ -1,0 +1,178 @@
+"""Per-block statistics computed on the device, without host syncs: this rank's share only.
+
+Every function here returns device tensors of per-block *sums* (sums of squares, counts) that a
+SUM all-reduce turns into exact global values:
+
+- gradients: under FSDP2 each rank holds a shard of each gradient, and the squared norms of the
+  local shards add up to the squared norm of the whole (``to_local()`` excludes padding); under
+  DDP the gradients are identical on every rank, so each rank takes a disjoint set of blocks
+  (``owned``) and the SUM reassembles them instead of multiplying by the world size.
+- update ratio: the same split, over parameters snapshotted around ``optimizer.step()``.
+- activations: each rank sees its own data; sums, counts and (via MAX) abs_max combine.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+
+from .blocks import Blocks
+
+F64 = torch.float64
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local part of a tensor (a DTensor's shard, a plain tensor itself)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def replicas(p: torch.Tensor, world_size: int, split: bool) -> int:
+    """How many ranks contribute an identical copy of ``p``'s local values to a SUM."""
+    if isinstance(p, DTensor):
+        mesh, n = p.device_mesh, 1
+        for dim, placement in enumerate(p.placements):
+            if not isinstance(placement, Shard):
+                n *= mesh.size(dim)
+        return n
+    return 1 if split else world_size
+
+
+class _Measured:
+    """The parameters this rank measures, their block index and SUM weight, grouped by device."""
+
+    def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool):
+        self.entries: list[tuple[nn.Parameter, int, float]] = []
+        for b, params in enumerate(blocks.params):
+            for _, p in params:
+                if isinstance(p, DTensor) or owned[b]:
+                    self.entries.append((p, b, 1.0 / replicas(p, world_size, split)))
+        self.num_blocks = len(blocks)
+        self._key: tuple[int, ...] | None = None
+        self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    def block_sums(self, tensors: list[torch.Tensor], positions: list[int],
+                   device: torch.device) -> torch.Tensor:
+        """Per-block sums of squared L2 norms of ``tensors`` (entry ``positions``), float64."""
+        out = torch.zeros(self.num_blocks, dtype=F64, device=device)
+        if not tensors:
+            return out
+        key = tuple(positions)
+        if key != self._key:
+            self._rebuild(tensors, positions)
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_device.setdefault(t.device, []).append(t)
+        for dev, group in by_device.items():
+            # Norm per tensor in float32, then combine in float64: one norm over concatenated
+            # tensors loses accuracy, and bf16 norms are off by ~3e-3.
+            norms = torch._foreach_norm(group, 2, dtype=torch.float32)
+            sq = torch.stack(norms).to(F64).square_()
+            index, weight = self._index[dev]
+            if weight is not None:
+                sq.mul_(weight)
+            out.index_add_(0, index.to(device, non_blocking=True), sq.to(device, non_blocking=True))
+        return out
+
+    def _rebuild(self, tensors: list[torch.Tensor], positions: list[int]) -> None:
+        groups: dict[torch.device, tuple[list[int], list[float]]] = {}
+        for t, pos in zip(tensors, positions):
+            _, block, weight = self.entries[pos]
+            idx, w = groups.setdefault(t.device, ([], []))
+            idx.append(block)
+            w.append(weight)
+        self._index = {}
+        for dev, (idx, w) in groups.items():
+            weight = None if all(x == 1.0 for x in w) else torch.tensor(w, dtype=F64).to(dev)
+            self._index[dev] = (torch.tensor(idx, dtype=torch.long).to(dev), weight)
+        self._key = tuple(positions)
+
+
+class GradStats:
+    """Per-block sums of squared gradient norms over this rank's share of the gradients."""
+
+    def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool):
+        self._measured = _Measured(blocks, owned, world_size, split)
+
+    def grads(self) -> tuple[list[torch.Tensor], list[int]]:
+        tensors, positions = [], []
+        for i, (p, _, _) in enumerate(self._measured.entries):
+            if p.grad is not None:
+                tensors.append(local(p.grad))
+                positions.append(i)
+        return tensors, positions
+
+    def block_sq(self, device: torch.device) -> torch.Tensor:
+        tensors, positions = self.grads()
+        return self._measured.block_sums(tensors, positions, device)
+
+
+class UpdateRatio:
+    """||w_new - w_old||^2 and ||w_old||^2 per block, around one optimizer step.
+
+    Memory: a snapshot of the local values of the selected blocks' parameters lives from just
+    before ``optimizer.step()`` to just after it, on sampled steps only. Under DDP with the split
+    that is this rank's owned blocks; under FSDP2 the local shards. ``max_bytes`` bounds it: when
+    the blocks do not fit, successive sampled steps take turns over them.
+    """
+
+    def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool,
+                 max_bytes: int):
+        self._blocks = blocks
+        self._measured = _Measured(blocks, owned, world_size, split)
+        self._bytes = [sum(p.numel() * p.element_size() // _shards(p) for _, p in ps)
+                       for ps in blocks.params]
+        self._max_bytes = max_bytes
+        self._cursor = 0
+        self._snapshot: tuple[list[torch.Tensor], list[int], list[bool]] | None = None
+
+    def select(self) -> list[bool]:
+        """The blocks measured this time; identical on every rank (from global sizes only)."""
+        n = len(self._bytes)
+        chosen, total = [False] * n, 0
+        for k in range(n):
+            b = (self._cursor + k) % n
+            if chosen[b]:
+                continue
+            if total and total + self._bytes[b] > self._max_bytes:
+                break
+            chosen[b], total = True, total + self._bytes[b]
+        self._cursor = (self._cursor + sum(chosen)) % n
+        return chosen
+
+    def before_step(self) -> None:
+        chosen = self.select()
+        tensors, positions = [], []
+        for i, (p, b, _) in enumerate(self._measured.entries):
+            if chosen[b]:
+                tensors.append(local(p.detach()))
+                positions.append(i)
+        # One multi-tensor kernel instead of a clone per parameter; x * 1.0 == x exactly.
+        snapshot = torch._foreach_mul(tensors, 1.0) if tensors else []
+        self._snapshot = (snapshot, positions, chosen)
+
+    def cancel(self) -> None:
+        self._snapshot = None
+
+    def after_step(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[bool]] | None:
+        """Per-block (||dw||^2, ||w_old||^2) device tensors and the measured mask; frees the snapshot."""
+        if self._snapshot is None:
+            return None
+        snapshot, positions, chosen = self._snapshot
+        self._snapshot = None
+        w_sq = self._measured.block_sums(snapshot, positions, device)
+        if snapshot:
+            current = [local(self._measured.entries[i][0].detach()) for i in positions]
+            torch._foreach_sub_(snapshot, current)
+        d_sq = self._measured.block_sums(snapshot, positions, device)
+        return d_sq, w_sq, chosen
+
+
+def _shards(p: torch.Tensor) -> int:
+    if not isinstance(p, DTensor):
+        return 1
+    n = 1
+    for dim, placement in enumerate(p.placements):
+        if isinstance(placement, Shard):
+            n *= p.device_mesh.size(dim)
+    return n
