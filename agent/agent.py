@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import deque
 from typing import Any, Callable
 
 import torch
@@ -21,11 +22,14 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from . import scaler as amp
 from .activations import ActivationStats, summarize
 from .blocks import Blocks, discover
 from .config import Config
+from .detect import Detector, Thresholds
 from .eventlog import EventLog
 from .exporter import Exporter
+from .patterns import wiring_verdicts
 from .reduce import Packer, Reducer
 from .report import Report
 from .stats import GradStats, UpdateRatio, local
@@ -62,6 +66,10 @@ class Agent:
         self._acts = (ActivationStats(self.blocks.output_modules, self.config.saturation_level)
                       if self.config.activations else None)
         self._reducer = Reducer(group if distributed else None, self.world_size)
+        self._group = group if distributed else None
+        self.detector = Detector(self.blocks.names, self.blocks.kinds,
+                                 Thresholds.from_overrides(self.config.detect),
+                                 static=wiring_verdicts(self.blocks, optimizer))
         self._exporter = self._start_exporter(registry)
         self._events = None
         if self.rank == 0 and self.config.log_dir:
@@ -70,10 +78,19 @@ class Agent:
             self._events = EventLog(os.path.join(self.run_dir, "events.jsonl"),
                                     every=self.config.log_every)
         self.step_count = 0
+        # For diagnose(): bounded, so a million-step run does not grow the agent.
+        self._losses: deque[tuple[int, float]] = deque(maxlen=100_000)
+        self._validation: list[tuple[int, float]] = []
         self._pending_update: tuple[torch.Tensor, torch.Tensor, list[bool], int] | None = None
         self._last_end = clock()
+        self._forward_end = -math.inf
+        # Always on and O(1): the end of each forward pass, for per-rank compute time.
+        self._forward_hook = model.register_forward_hook(self._on_forward)
         if self._acts is not None and self.sampled(1):
             self._acts.arm()
+
+    def _on_forward(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        self._forward_end = self._clock()
 
     def _start_exporter(self, registry: Any) -> Exporter:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -90,22 +107,30 @@ class Agent:
         """Whether ``step`` records activations (and carries the preceding update's ratio)."""
         return step == 1 or step % self.config.sample_every == 0
 
-    def step(self, loss: torch.Tensor | float, *, samples: int | None = None) -> Report:
+    def step(self, loss: torch.Tensor | float, *, samples: int | None = None,
+             scaler: Any = None) -> Report:
         """Measure this step, agree on it with every rank, and step the optimizer unless skipped.
 
         Args:
-            loss: this rank's loss (a tensor, possibly on the device, or a float).
+            loss: this rank's loss (a tensor, possibly on the device, or a float); with a
+                GradScaler, the unscaled loss (``scaler.scale(loss).backward()`` as usual).
             samples: how many samples this rank processed in the step (for samples/s).
+            scaler: a ``torch.amp.GradScaler``: the agent unscales, measures, then steps the
+                optimizer and updates the scaler itself (instead of ``scaler.step``/``update``).
 
         Returns:
             The Report, identical on every rank except its ``local_*``/``step_seconds`` fields.
         """
         step = self.step_count + 1
-        step_seconds = self._clock() - self._last_end
+        now = self._clock()
+        step_seconds = now - self._last_end
+        compute = self._forward_end - self._last_end if self._forward_end > self._last_end else step_seconds
         packer = Packer(self.device)
-        onehot = [0.0] * self.world_size
-        onehot[self.rank] = step_seconds
-        packer.add_host_sum("rank_step_seconds", onehot)
+        packer.add_host_sum("rank_step_seconds", self._onehot(step_seconds))
+        packer.add_host_sum("rank_compute_seconds", self._onehot(compute))
+        use_scaler = amp.enabled(scaler)
+        if use_scaler:
+            packer.add_sum("loss_scale", amp.unscale(scaler, self.optimizer) / self.world_size)
         packer.add_sum("grad_sq", self._grads.block_sq(self.device))
         self._pack_loss(packer, loss)
         pending = self._pending_update
@@ -121,18 +146,58 @@ class Agent:
         layout, host = self._reducer.reduce(packer)
         report = self._report(step, layout, host, pending)
         report.step_seconds, report.samples = step_seconds, samples
-        if report.nonfinite and self.config.skip_nonfinite:
+        extra: dict[str, Any] = {"rank_compute_seconds": report.rank_compute_seconds}
+        if use_scaler:
+            report.loss_scale = layout.get(host, "loss_scale")[0]
+            report.overflow = report.nonfinite_grad and not report.nonfinite_loss
+            extra["scaler"] = {"scale": report.loss_scale, "overflow": report.overflow}
+        report.verdicts = self.detector.observe(report, extra)
+        self._losses.append((step, report.loss))
+        if report.nonfinite and (self.config.skip_nonfinite or report.overflow):
             report.action = "skip"
         else:
             self._optimizer_step(report, measure=self.sampled(step + 1))
+        if use_scaler:
+            amp.finish(scaler, self.optimizer, overflow=report.action == "skip")
         if self._acts is not None and self.sampled(step + 1):
             self._acts.arm()
-        self._exporter.update(report)
+        self._exporter.update(report, self.detector.active_counts())
         if self._events is not None:
             self._events.write(report)
         self.step_count = step
         self._last_end = self._clock()
         return report
+
+    def _onehot(self, value: float) -> list[float]:
+        slots = [0.0] * self.world_size
+        slots[self.rank] = value
+        return slots
+
+    def observe_validation(self, loss: torch.Tensor | float) -> float:
+        """Report a validation loss; every rank must call it (it is averaged over the ranks).
+
+        Args:
+            loss: this rank's validation loss.
+
+        Returns:
+            The mean over the ranks, which the detector judges at the next step.
+        """
+        value = torch.tensor([float(loss)], dtype=F64)
+        if self.world_size > 1:
+            if self._reducer.device_collectives:
+                value = value.to(self.device)
+            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self._group)
+        mean = float(value.sum()) / self.world_size
+        self.detector.observe_validation(self.step_count, mean)
+        self._validation.append((self.step_count, mean))
+        if self._events is not None:
+            self._events.write_event({"event": "validation", "step": self.step_count, "loss": mean})
+        return mean
+
+    def diagnose(self) -> Any:
+        """The decision-tree summary of the run so far (see ``torchvitals.agent.diagnose``)."""
+        from .diagnose import diagnose
+        return diagnose(self.detector.history, self._losses, self._validation)
 
     def _pack_loss(self, packer: Packer, loss: torch.Tensor | float) -> None:
         if isinstance(loss, torch.Tensor):
@@ -178,6 +243,7 @@ class Agent:
             nonfinite_loss=nonfinite_loss, nonfinite_grad=nonfinite_grad,
             world_size=self.world_size, rank=self.rank,
             rank_step_seconds=layout.get(host, "rank_step_seconds"),
+            rank_compute_seconds=layout.get(host, "rank_compute_seconds"),
             local_loss=layout.get(host, "local_loss")[0])
         if pending is not None:
             d_sq, w_sq, chosen = layout.get(host, "update_dsq"), layout.get(host, "update_wsq"), pending[2]
@@ -192,6 +258,7 @@ class Agent:
 
     def close(self) -> None:
         """Remove hooks, stop the /metrics endpoint and close the event log."""
+        self._forward_hook.remove()
         if self._acts is not None:
             self._acts.close()
         self._exporter.close()

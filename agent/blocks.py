@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 OTHER = "other"
+LAYER, EMBEDDING, HEAD, NAMED = "layer", "embedding", "head", "named"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 
@@ -29,6 +30,9 @@ class Blocks:
     """Per block, its (name, parameter) pairs; every parameter appears once."""
     output_modules: list[nn.Module | None]
     """Per block, the module whose output is the block's activation (None for "other")."""
+    kinds: list[str] = field(default_factory=list)
+    """Per block: "layer" (one of the repeated layers, in depth order), "embedding", "head",
+    "named" (the user's) or "other"."""
     numels: list[int] = field(default_factory=list)
     """Per block, the number of elements of its full (unsharded) parameters."""
 
@@ -66,7 +70,7 @@ def discover(model: nn.Module, named: Mapping[str, Any] | list[str] | None = Non
     else:
         spec = _auto_spec(root)
     modules = dict(root.named_modules())
-    missing = [p for paths, _ in spec.values() for p in paths if p not in modules]
+    missing = [p for paths, _, _ in spec.values() for p in paths if p not in modules]
     if missing:
         raise ValueError(f"torchvitals blocks: no module at path(s) {missing}; "
                          f"top-level modules are {[n for n, _ in root.named_children()]}")
@@ -83,37 +87,40 @@ def discover(model: nn.Module, named: Mapping[str, Any] | list[str] | None = Non
         else:
             other.append((pname, p))
     outputs = [modules[spec[n][1]] if spec[n][1] is not None else None for n in names]
+    kinds = [spec[n][2] for n in names]
     keep = [i for i in range(len(names)) if owner[i] or named is not None]
     names = [names[i] for i in keep]
     params = [owner[i] for i in keep]
     outputs = [outputs[i] for i in keep]
+    kinds = [kinds[i] for i in keep]
     if other:
         names.append(OTHER)
         params.append(other)
         outputs.append(None)
+        kinds.append(OTHER)
     if not names:
         raise ValueError("torchvitals: the model has no parameters to watch")
-    return Blocks(names=names, params=params, output_modules=outputs)
+    return Blocks(names=names, params=params, output_modules=outputs, kinds=kinds)
 
 
-def _normalise_named(named: Mapping[str, Any] | list[str]) -> dict[str, tuple[list[str], str | None]]:
+def _normalise_named(named: Mapping[str, Any] | list[str]) -> dict[str, tuple[list[str], str | None, str]]:
     """name -> (module paths, path of the module whose output is measured)."""
     if isinstance(named, (list, tuple)):
         named = {_strip(str(p)): str(p) for p in named}
-    spec: dict[str, tuple[list[str], str | None]] = {}
+    spec: dict[str, tuple[list[str], str | None, str]] = {}
     for name, paths in named.items():
         paths = [paths] if isinstance(paths, str) else list(paths)
         if not paths:
             raise ValueError(f"torchvitals blocks: block {name!r} names no module")
         if name == OTHER:
             raise ValueError(f"torchvitals blocks: {OTHER!r} is reserved for unassigned parameters")
-        spec[str(name)] = ([_strip(p) for p in paths], _strip(paths[-1]))
+        spec[str(name)] = ([_strip(p) for p in paths], _strip(paths[-1]), NAMED)
     return spec
 
 
-def _auto_spec(root: nn.Module) -> dict[str, tuple[list[str], str | None]]:
+def _auto_spec(root: nn.Module) -> dict[str, tuple[list[str], str | None, str]]:
     container = _layers_container(root)
-    spec: dict[str, tuple[list[str], str | None]] = {}
+    spec: dict[str, tuple[list[str], str | None, str]] = {}
     inside: set[str] = set()
     if container is not None:
         cpath, cmod = container
@@ -127,7 +134,7 @@ def _auto_spec(root: nn.Module) -> dict[str, tuple[list[str], str | None]]:
                 groups[-1].append(base + cname)
         for group in groups:
             if any(_has_params(modules[p]) for p in group):
-                spec[group[0]] = ([p for p in group], group[-1])
+                spec[group[0]] = ([p for p in group], group[-1], LAYER)
         inside = {p for g in groups for p in g}
     embeddings, head = [], None
     for path, mod in root.named_modules():
@@ -137,10 +144,10 @@ def _auto_spec(root: nn.Module) -> dict[str, tuple[list[str], str | None]]:
             embeddings.append(path)
         elif isinstance(mod, nn.Linear):
             head = path
-    blocks = {p: ([p], p) for p in embeddings}
+    blocks = {p: ([p], p, EMBEDDING) for p in embeddings}
     blocks.update(spec)
     if head is not None and head not in blocks:
-        blocks[head] = ([head], head)
+        blocks[head] = ([head], head, HEAD)
     return blocks
 
 

@@ -49,6 +49,10 @@ class Config:
     """Clip the global gradient norm to this value before the optimizer step, reusing the
     measured norms (no second pass). The report keeps the norms from before clipping."""
 
+    detect: Mapping[str, Any] | None = None
+    """Overrides of the detection thresholds by name (see ``torchvitals.agent.detect.Thresholds``),
+    e.g. ``{"loss_spike_mads": 8}``; from the environment as JSON."""
+
     skip_nonfinite: bool = True
     """Skip the optimizer (and scheduler) step on every rank when any rank's loss or gradient
     is NaN or Inf."""
@@ -82,6 +86,8 @@ class Config:
             raise ValueError("update_ratio_max_bytes must be >= 0")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ValueError(f"clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
+        from .detect import Thresholds
+        Thresholds.from_overrides(self.detect)   # an unknown threshold fails at watch(), not later
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .report import Report
+from .report import Report, _json_safe
 
 
 class EventLog:
@@ -44,12 +44,20 @@ class EventLog:
                or bool(report.verdicts))
         if not due:
             return False
+        self.write_event({"event": "step", **report.to_dict()})
+        return True
+
+    def write_event(self, event: dict[str, Any]) -> None:
+        """Append one event (a step report, a validation loss, ...) as a line, flushed.
+
+        Args:
+            event: a JSON-serialisable dict with an "event" key naming its kind.
+        """
         # default=str: an odd object in a verdict must not stop training over a log line.
-        self._file.write(json.dumps(report.to_dict(), default=str) + "\n")
+        self._file.write(json.dumps(_json_safe(event), default=str) + "\n")
         # A crash right after this step must still find its line: flush to the OS (no fsync,
         # which costs milliseconds on network filesystems; the OS outlives the process).
         self._file.flush()
-        return True
 
     def close(self) -> None:
         """Close the file; safe to call twice."""

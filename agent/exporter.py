@@ -23,10 +23,12 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from .config import ENV_PREFIX
+from .detect import PATTERNS
 from .report import Report
 
-RANK, GLOBAL, BLOCK = "rank", "global", "block"
-"""Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL and BLOCK ones."""
+RANK, GLOBAL, BLOCK, PATTERN = "rank", "global", "block", "pattern"
+"""Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL, BLOCK and PATTERN
+ones (PATTERN: one series per detectable pattern, labels ``pattern`` and ``severity``)."""
 
 
 def _version(dist: str) -> str:
@@ -47,6 +49,8 @@ class _Snapshot:
     world_size: int
     update_ratio: dict[str, float]
     activations: dict[str, dict[str, float]]
+    verdicts: dict[str, int]
+    active: dict[str, int]
 
 
 def _last(attr: str, default: float = math.nan) -> Callable[[_Snapshot], float]:
@@ -128,6 +132,15 @@ METRICS: tuple[MetricSpec, ...] = (
                _activation("saturation_fraction")),
     MetricSpec("torchvitals_activation_nonfinite", "gauge", "NaN/Inf elements in the block's "
                "output (last sample).", BLOCK, _activation("nonfinite")),
+    MetricSpec("torchvitals_loss_scale", "gauge", "GradScaler scale used at the last step (only "
+               "when a scaler is passed to agent.step).", GLOBAL,
+               lambda s: None if s.report is None or s.report.loss_scale is None
+               else float(s.report.loss_scale)),
+    MetricSpec("torchvitals_verdicts_total", "counter", "Verdicts emitted, by pattern.", PATTERN,
+               lambda s, p: float(s.verdicts.get(p, 0))),
+    MetricSpec("torchvitals_active_verdicts", "gauge", "Blocks (or 1 for job-wide patterns) in "
+               "which the pattern is currently active.", PATTERN,
+               lambda s, p: float(s.active.get(p, 0))),
 )
 
 
@@ -166,6 +179,8 @@ class Exporter:
         self._steps = self._skipped = self._nonfinite = 0
         self._update_ratio: dict[str, float] = {}
         self._activations: dict[str, dict[str, float]] = {}
+        self._verdicts: dict[str, int] = {}
+        self._active: dict[str, int] = {}
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._collector = _Collector(self)
@@ -194,12 +209,18 @@ class Exporter:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
-    def update(self, report: Report) -> None:
+    def update(self, report: Report, active: dict[str, int] | None = None) -> None:
         """Cache the step's report; called on the training thread, so it only swaps references.
 
         Args:
             report: the step's report (kept by reference, not copied).
+            active: pattern -> number of currently active verdicts (the detector's view).
         """
+        verdicts = self._verdicts
+        if self.rank == 0 and report.verdicts:
+            verdicts = dict(verdicts)
+            for v in report.verdicts:
+                verdicts[v.pattern] = verdicts.get(v.pattern, 0) + 1
         ratio, acts = self._update_ratio, self._activations
         # Only rank 0 exports per-block series. Sampled steps may cover only some blocks (the
         # update ratio takes turns under its memory bound), so keep each block's last value;
@@ -214,11 +235,15 @@ class Exporter:
             self._skipped += report.action == "skip"
             self._nonfinite += bool(report.nonfinite)
             self._update_ratio, self._activations = ratio, acts
+            self._verdicts = verdicts
+            if active is not None:
+                self._active = active
 
     def _snapshot(self) -> _Snapshot:
         with self._lock:
             return _Snapshot(self._report, self._steps, self._skipped, self._nonfinite,
-                             self._world_size, self._update_ratio, self._activations)
+                             self._world_size, self._update_ratio, self._activations,
+                             self._verdicts, self._active)
 
     def close(self) -> None:
         """Stop serving and unregister the collector; safe to call twice."""
@@ -257,6 +282,10 @@ class _Collector(Collector):
                 family = _family(m, ("rank", "block"))
                 for block in blocks:
                     family.add_metric([rank, block], m.value(snap, block))
+            elif m.scope == PATTERN:
+                family = _family(m, ("rank", "pattern", "severity"))
+                for pattern, severity in PATTERNS.items():
+                    family.add_metric([rank, pattern, severity], m.value(snap, pattern))
             else:
                 value = m.value(snap)
                 if value is None:

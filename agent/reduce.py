@@ -103,6 +103,7 @@ class Reducer:
         # gloo reduces host tensors: move the packed vectors to the host first (that copy is the
         # step's one device-to-host copy); NCCL reduces on the device, then copies once.
         self._host_collectives = backend is not None and "nccl" not in str(backend)
+        self.device_collectives = backend is not None and not self._host_collectives
 
     def reduce(self, packer: Packer) -> tuple[Layout, list[float]]:
         layout, sum_vec, max_vec, local_vec = packer.build()

@@ -53,6 +53,13 @@ class Report:
     """This rank's wall time since its previous ``agent.step`` returned (or since ``watch``)."""
     samples: int | None = None
     """Samples this rank processed in the step, when the caller said so."""
+    rank_compute_seconds: list[float] = field(default_factory=list)
+    """Each rank's time from its previous step's end to the end of its last forward pass: data
+    loading and forward, before the backward's collectives make every rank wait for the slowest."""
+    loss_scale: float | None = None
+    """The GradScaler scale used this step (when ``agent.step(loss, scaler=...)``)."""
+    overflow: bool = False
+    """The scaler found Inf/NaN gradients on some rank: the step was skipped, the scale backed off."""
 
     @property
     def sampled(self) -> bool:

@@ -127,3 +127,26 @@ def nonfinite_on_one_rank(rank: int, world: int, kind: str, where: str, config: 
                     "optimizer_stepped": after_steps != adam_steps or not adam_steps})
     agent.close()
     return out
+
+
+def serve_metrics(rank: int, world: int, base_port: int) -> dict:
+    """Each rank serves /metrics on base + LOCAL_RANK; return what its own endpoint shows."""
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    torch.manual_seed(0)
+    model = DDP(TinyGPT(**TINY))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    agent = torchvitals.watch(model, opt, metrics_port=base_port)
+    for x, y in random_batches(3, batch=4, seq_len=16, vocab=64, seed=rank):
+        loss = lm_loss(model, x, y)
+        loss.backward()
+        report = agent.step(loss, samples=4)
+        opt.zero_grad()
+    url = agent.metrics_url
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    agent.close()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    return {"url": url, "names": sorted({s.name for s in samples}),
+            "ranks": sorted({s.labels.get("rank") for s in samples}),
+            "local_loss": next(s.value for s in samples if s.name == "torchvitals_local_loss"),
+            "report_local_loss": report.local_loss, "loss": report.loss}

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dist_scenarios import exact, nonfinite_on_one_rank
+from dist_scenarios import exact, nonfinite_on_one_rank, serve_metrics
 from tvsupport import run_world
 
 
@@ -41,3 +41,28 @@ def test_nan_on_one_rank_skips_the_step_on_every_rank(kind, where, config):
     if where == "loss":
         assert results[0][2]["loss"] == "nan"
     assert [s["action"] for s in results[0]] == [s["action"] for s in results[1]]
+
+
+def test_each_rank_serves_its_scalars_and_rank0_the_blocks():
+    from tvsupport import free_port
+    import socket
+    while True:
+        base = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", base + 1))
+                break
+            except OSError:
+                continue
+    rank0, rank1 = run_world(serve_metrics, base)
+    assert rank0["url"] == f"http://127.0.0.1:{base}/metrics"
+    assert rank1["url"] == f"http://127.0.0.1:{base + 1}/metrics"
+    assert rank0["ranks"] == ["0"] and rank1["ranks"] == ["1"]
+    assert "torchvitals_grad_norm" in rank0["names"] and "torchvitals_loss" in rank0["names"]
+    assert not any(n.startswith(("torchvitals_grad_norm", "torchvitals_activation", "torchvitals_update"))
+                   for n in rank1["names"])
+    assert "torchvitals_step_duration_seconds" in rank1["names"]
+    for r in (rank0, rank1):
+        assert r["local_loss"] == r["report_local_loss"]
+    assert rank0["local_loss"] != rank1["local_loss"]
+    assert math.isclose(rank0["loss"], (rank0["local_loss"] + rank1["local_loss"]) / 2, rel_tol=1e-12)

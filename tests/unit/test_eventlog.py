@@ -35,7 +35,7 @@ def test_round_trip_with_nonfinite_values(tmp_path):
     with EventLog(path) as log:
         assert all(log.write(r) for r in reports)
     events = read_events(path)
-    assert events == [r.to_dict() for r in reports]
+    assert events == [{"event": "step", **r.to_dict()} for r in reports]
     assert events[1]["loss"] == "nan"
     assert events[1]["grad_norm"] == {"embed": "-inf", "head": 1.0}
     assert events[0]["activations"]["head"]["abs_max"] == "inf"

@@ -16,7 +16,9 @@ import torch
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from torchvitals.agent.exporter import BLOCK, GLOBAL, METRICS, RANK, Exporter, MetricsPortError
+from torchvitals.agent.detect import PATTERNS
+from torchvitals.agent.exporter import (BLOCK, GLOBAL, METRICS, PATTERN, RANK, Exporter,
+                                       MetricsPortError)
 from torchvitals.agent.report import Report
 
 BLOCKS = ["embed", "layers.0", "layers.1", "head"]
@@ -144,7 +146,8 @@ def test_before_first_report_every_series_is_present(served):
     # Samples per second is the one series that waits for a report that counts samples.
     exported = {n for n in got}
     expected = {m.name.removesuffix("_total") for m in METRICS}
-    assert expected - exported == {"torchvitals_samples_per_second"}
+    # Present only when the caller passes the sample count, or a GradScaler.
+    assert expected - exported == {"torchvitals_samples_per_second", "torchvitals_loss_scale"}
 
 
 def test_samples_per_second_only_when_samples_known(served):
@@ -161,14 +164,16 @@ def test_names_follow_conventions(served):
     for m in METRICS:
         assert NAME.match(m.name), m.name
         assert m.kind in ("gauge", "counter"), m.name
-        assert m.scope in (RANK, GLOBAL, BLOCK), m.name
+        assert m.scope in (RANK, GLOBAL, BLOCK, PATTERN), m.name
         # _total means "counter" to Prometheus tooling; a gauge with it misleads rate().
         assert m.name.endswith("_total") == (m.kind == "counter"), m.name
         assert m.doc.strip(), m.name
     assert "torchvitals_build_info" in table
 
     ex = served()
-    ex.update(make_report(1, sampled=True))
+    report = make_report(1, sampled=True)
+    report.loss_scale = 1024.0
+    ex.update(report)
     got = scrape(ex.url)
     kinds = {m.name: m.kind for m in METRICS}
     assert {s for f in got.values() for s, _ in f["samples"]} == set(table), \
@@ -178,7 +183,8 @@ def test_names_follow_conventions(served):
         for sample, labels in family["samples"]:
             assert NAME.match(sample), sample
             assert kinds[sample] == family["type"], sample
-            assert {k for k, _ in labels} <= {"rank", "block", "version", "torch_version"}
+            assert {k for k, _ in labels} <= {"rank", "block", "version", "torch_version",
+                                              "pattern", "severity"}
             assert dict(labels)["rank"] == "0"
             if family["type"] == "counter":
                 assert sample.endswith("_total"), sample
@@ -217,7 +223,7 @@ def test_series_count_constant_as_steps_go_by(served):
             after_10 = scrape(ex.url)
     after_200 = scrape(ex.url)
     assert series_count(after_10) == series_count(after_200) == \
-        9 + 3 + 8 * len(BLOCKS)  # rank scalars + global scalars + per-block
+        9 + 3 + 8 * len(BLOCKS) + 2 * len(PATTERNS)  # rank + global scalars, per block, per pattern
     assert set(after_10) == set(after_200)
     # Step 200 was sampled; check an unsampled last step keeps the sampled values.
     ex.update(make_report(201))

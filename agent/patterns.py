@@ -1,0 +1,338 @@
+"""The failure fingerprints, one small rule each (see ../shared/background and DESIGN.md).
+
+A rule sees each report (and the rank-identical extras) and returns the verdicts that hold now,
+or None when it had nothing to judge (an unsampled step for a sampled signal), so the detector
+keeps its active verdicts. Rules hold only plain Python numbers.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections import deque
+from typing import Any, Mapping
+
+from .blocks import LAYER, OTHER
+from .detect import CRITICAL, WARNING, Thresholds, Verdict, mad, median
+from .report import Report
+
+MAD_SCALE = 1.4826   # MAD -> standard deviation for normal noise
+
+
+class Rule(abc.ABC):
+    patterns: tuple[str, ...] = ()
+
+    @abc.abstractmethod
+    def observe(self, report: Report, extra: Mapping[str, Any]) -> list[Verdict] | None:
+        """The verdicts that hold at this report, or None when there was nothing to judge."""
+
+
+class NonFinite(Rule):
+    patterns = ("nonfinite_loss", "nonfinite_grad")
+
+    def observe(self, report, extra):
+        found = []
+        if report.nonfinite_loss:
+            found.append(Verdict("nonfinite_loss", CRITICAL, report.step, None,
+                                 {"loss": report.loss}))
+        if report.nonfinite_grad:
+            bad = [b for b, v in report.grad_norm.items() if not math.isfinite(v)]
+            found.append(Verdict("nonfinite_grad", CRITICAL, report.step, bad[0] if bad else None,
+                                 {"blocks": bad, "grad_norm_total": report.grad_norm_total}))
+        return found
+
+
+class LossSpike(Rule):
+    """Robust z-score of the loss against a rolling median/MAD of the healthy losses."""
+
+    patterns = ("loss_spike",)
+
+    def __init__(self, t: Thresholds, norms: "BlockNorms"):
+        self.t, self.norms = t, norms
+        self.losses: deque[float] = deque(maxlen=t.window)
+
+    def observe(self, report, extra):
+        loss = report.loss
+        if not math.isfinite(loss):
+            return []
+        if report.step <= self.t.warmup_steps or len(self.losses) < self.t.min_history:
+            if report.step > self.t.warmup_steps:
+                self.losses.append(loss)
+            return []
+        center = median(self.losses)
+        spread = mad(self.losses, center)
+        scale = max(MAD_SCALE * spread, self.t.loss_spike_floor * abs(center))
+        threshold = center + self.t.loss_spike_mads * scale
+        if loss > threshold:
+            evidence = {"loss": loss, "median": center, "mad": spread, "scale": scale,
+                        "threshold": threshold, "fired": "loss_spike_mads",
+                        "loss_spike_mads": self.t.loss_spike_mads, "window": len(self.losses)}
+            return [Verdict("loss_spike", CRITICAL, report.step, self.norms.leader(), evidence)]
+        self.losses.append(loss)
+        return []
+
+
+class BlockNorms(Rule):
+    """Gradient explosion (total norm growing geometrically) and one block leaving the cluster."""
+
+    patterns = ("grad_explosion", "layer_divergence")
+
+    def __init__(self, t: Thresholds, names: list[str]):
+        self.t, self.names = t, names
+        self.totals: deque[float] = deque(maxlen=t.window)
+        self.recent: deque[float] = deque(maxlen=t.explosion_steps + 1)
+        self.blocks = {b: deque(maxlen=t.window) for b in names}
+        self.ratios: dict[str, float] = {}
+
+    def leader(self) -> str | None:
+        """The block whose grad norm rose most over its own median at the last step."""
+        finite = {b: r for b, r in self.ratios.items() if math.isfinite(r)}
+        return max(finite, key=finite.get) if finite else None
+
+    def observe(self, report, extra):
+        total = report.grad_norm_total
+        if not math.isfinite(total) or report.action == "skip" and total == 0:
+            return []
+        self.ratios = {}
+        for b, v in report.grad_norm.items():
+            base = median(self.blocks[b]) if len(self.blocks[b]) >= self.t.min_history else math.nan
+            self.ratios[b] = v / base if base > 0 else math.nan
+        found = []
+        self.recent.append(total)
+        judged = len(self.totals) >= self.t.min_history
+        if judged and len(self.recent) == self.recent.maxlen:
+            growth = [b / a if a > 0 else math.inf for a, b in zip(self.recent, list(self.recent)[1:])]
+            base = median(self.totals)
+            if min(growth) >= self.t.explosion_growth and total >= self.t.explosion_factor * base:
+                found.append(Verdict("grad_explosion", WARNING, report.step, self.leader(), {
+                    "grad_norm_total": total, "median": base, "growth": growth,
+                    "fired": "explosion_growth", "explosion_growth": self.t.explosion_growth,
+                    "explosion_factor": self.t.explosion_factor}))
+        if judged:
+            found += self._divergence(report)
+        if report.step > self.t.warmup_steps and not found:
+            self.totals.append(total)
+            for b, v in report.grad_norm.items():
+                self.blocks[b].append(v)
+        return found
+
+    def _divergence(self, report):
+        finite = {b: r for b, r in self.ratios.items() if math.isfinite(r) and b != OTHER}
+        if len(finite) < 3:
+            return []
+        top = max(finite, key=finite.get)
+        others = median(r for b, r in finite.items() if b != top)
+        if finite[top] >= self.t.divergence_factor and others <= self.t.divergence_cluster:
+            return [Verdict("layer_divergence", WARNING, report.step, top, {
+                "ratio_to_median": finite[top], "others_median_ratio": others,
+                "grad_norm": report.grad_norm[top], "fired": "divergence_factor",
+                "divergence_factor": self.t.divergence_factor})]
+        return []
+
+
+class UpdateRatios(Rule):
+    """Hot learning rate (ratio far above 1e-3 and rising) and dead/frozen layers (~0)."""
+
+    patterns = ("hot_lr", "dead_layer")
+
+    def __init__(self, t: Thresholds, names: list[str]):
+        self.t = t
+        self.history = {b: deque(maxlen=t.window) for b in names}
+        self.dead_run = {b: 0 for b in names}
+
+    def observe(self, report, extra):
+        ratios = report.update_ratio
+        if not ratios:
+            return None
+        found = []
+        for b, r in ratios.items():
+            past = self.history[b]
+            if (report.step > self.t.warmup_steps and len(past) >= 2 and r >= self.t.hot_lr_ratio
+                    and r >= self.t.hot_lr_rise * median(past)):
+                found.append(Verdict("hot_lr", WARNING, report.step, b, {
+                    "update_ratio": r, "earlier_median": median(past), "healthy": 1e-3,
+                    "fired": "hot_lr_ratio", "hot_lr_ratio": self.t.hot_lr_ratio,
+                    "hot_lr_rise": self.t.hot_lr_rise}))
+            else:
+                past.append(r)
+        for b, r in ratios.items():
+            others = [v for o, v in ratios.items() if o != b and o != OTHER]
+            moving = others and median(others) >= 100 * self.t.dead_ratio
+            self.dead_run[b] = self.dead_run[b] + 1 if r <= self.t.dead_ratio and moving else 0
+            if self.dead_run[b] >= self.t.dead_samples:
+                found.append(Verdict("dead_layer", WARNING, report.step, b, {
+                    "update_ratio": r, "others_median": median(others), "samples": self.dead_run[b],
+                    "fired": "dead_ratio", "dead_ratio": self.t.dead_ratio}))
+        return found
+
+
+class Vanishing(Rule):
+    """Last-layer over first-layer gradient norm beyond ~100x for a few steps."""
+
+    patterns = ("vanishing_gradients",)
+
+    def __init__(self, t: Thresholds, names: list[str], kinds: list[str]):
+        self.t = t
+        layers = [n for n, k in zip(names, kinds) if k == LAYER]
+        if len(layers) < 2:
+            layers = [n for n, k in zip(names, kinds) if k != OTHER]
+        self.first, self.last = (layers[0], layers[-1]) if len(layers) >= 2 else (None, None)
+        self.run = 0
+
+    def observe(self, report, extra):
+        if self.first is None or report.nonfinite:
+            return []
+        first, last = report.grad_norm[self.first], report.grad_norm[self.last]
+        ratio = last / first if first > 0 else (math.inf if last > 0 else 0.0)
+        self.run = self.run + 1 if ratio >= self.t.vanishing_ratio else 0
+        if self.run >= self.t.vanishing_steps:
+            return [Verdict("vanishing_gradients", WARNING, report.step, self.first, {
+                "first": self.first, "last": self.last, "ratio": ratio,
+                "first_grad_norm": first, "last_grad_norm": last, "steps": self.run,
+                "fired": "vanishing_ratio", "vanishing_ratio": self.t.vanishing_ratio})]
+        return []
+
+
+class Activations(Rule):
+    """Saturated tanh/sigmoid outputs, dead ReLUs, and activations exploding from the start."""
+
+    patterns = ("saturation", "dead_relu", "activation_explosion")
+
+    def __init__(self, t: Thresholds):
+        self.t = t
+        self.first: dict[str, float] = {}
+        self.high_run: dict[str, int] = {}
+
+    def observe(self, report, extra):
+        acts = report.activations
+        if not acts:
+            return None
+        found = []
+        for b, a in acts.items():
+            if a["abs_max"] <= 1.0 + 1e-6 and a["saturation_fraction"] >= self.t.saturation_fraction:
+                found.append(Verdict("saturation", WARNING, report.step, b, {
+                    "saturation_fraction": a["saturation_fraction"], "abs_max": a["abs_max"],
+                    "fired": "saturation_fraction", "saturation_fraction_threshold":
+                    self.t.saturation_fraction}))
+            if a["zero_fraction"] >= self.t.dead_relu_fraction:
+                found.append(Verdict("dead_relu", WARNING, report.step, b, {
+                    "zero_fraction": a["zero_fraction"], "fired": "dead_relu_fraction",
+                    "dead_relu_fraction": self.t.dead_relu_fraction}))
+            first = self.first.setdefault(b, a["abs_max"])
+            high = first >= self.t.explosion_abs_max and a["abs_max"] >= 0.5 * first
+            self.high_run[b] = self.high_run.get(b, 0) + 1 if high else -10 ** 9
+            if self.high_run[b] >= self.t.explosion_samples:
+                found.append(Verdict("activation_explosion", WARNING, report.step, b, {
+                    "abs_max": a["abs_max"], "first_abs_max": first, "samples": self.high_run[b],
+                    "fired": "explosion_abs_max", "explosion_abs_max": self.t.explosion_abs_max}))
+        return found
+
+
+class DeadPipeline(Rule):
+    """Flat loss from the first step with exactly-zero or tiny gradients."""
+
+    patterns = ("dead_pipeline",)
+
+    def __init__(self, t: Thresholds):
+        self.t = t
+        self.losses: list[float] = []
+        self.norms: list[float] = []
+        self.live = True
+
+    def observe(self, report, extra):
+        if not self.live:
+            return []
+        self.losses.append(report.loss)
+        self.norms.append(report.grad_norm_total)
+        zero = all(n == 0 for n in self.norms)
+        n_needed = 3 if zero else self.t.dead_pipeline_steps
+        if len(self.norms) < n_needed:
+            return []
+        spread = max(self.losses) - min(self.losses)
+        flat = spread <= 1e-4 * abs(median(self.losses)) + 1e-8
+        tiny = max(self.norms) <= self.t.tiny_grad
+        if (flat or zero) and tiny:
+            return [Verdict("dead_pipeline", WARNING, report.step, None, {
+                "steps": len(self.norms), "loss_spread": spread, "max_grad_norm": max(self.norms),
+                "detached": zero, "fired": "tiny_grad", "tiny_grad": self.t.tiny_grad})]
+        self.live = False    # the run came alive: the pattern is "from the start" only
+        return []
+
+
+class Straggler(Rule):
+    """One rank's compute time well above the other ranks' median, for several steps."""
+
+    patterns = ("straggler",)
+
+    def __init__(self, t: Thresholds):
+        self.t = t
+        self.runs: dict[int, int] = {}
+
+    def observe(self, report, extra):
+        times = extra.get("rank_compute_seconds") or report.rank_step_seconds
+        if len(times) < 2:
+            return []
+        found = []
+        for r, v in enumerate(times):
+            others = median(t for i, t in enumerate(times) if i != r)
+            slow = v >= self.t.straggler_factor * others and v - others >= self.t.straggler_min_seconds
+            self.runs[r] = self.runs.get(r, 0) + 1 if slow else 0
+            if self.runs[r] >= self.t.straggler_steps:
+                found.append(Verdict("straggler", WARNING, report.step, None, {
+                    "rank": r, "seconds": v, "others_median": others, "steps": self.runs[r],
+                    "fired": "straggler_factor", "straggler_factor": self.t.straggler_factor}))
+        return found
+
+
+class GeneralizationGap(Rule):
+    """Validation loss rising over several reports while the training loss keeps falling."""
+
+    patterns = ("generalization_gap",)
+
+    def __init__(self, t: Thresholds):
+        self.t = t
+        self.train_ema: float | None = None
+        self.points: list[tuple[int, float, float]] = []
+
+    def observe(self, report, extra):
+        if math.isfinite(report.loss):
+            self.train_ema = report.loss if self.train_ema is None else 0.9 * self.train_ema + 0.1 * report.loss
+        new = extra.get("validation")
+        if not new:
+            return None
+        for step, loss in new:
+            self.points.append((step, loss, self.train_ema if self.train_ema is not None else math.nan))
+        n = self.t.gap_validations
+        if len(self.points) < n + 1:
+            return []
+        recent = self.points[-(n + 1):]
+        val = [p[1] for p in recent]
+        train = [p[2] for p in recent]
+        best = min(p[1] for p in self.points)
+        rising = all(b > a for a, b in zip(val, val[1:])) and val[-1] >= best * (1 + self.t.gap_min_rise)
+        falling = all(b < a for a, b in zip(train, train[1:]))
+        if rising and falling:
+            return [Verdict("generalization_gap", WARNING, report.step, None, {
+                "validation": val, "training": train, "best_validation": best,
+                "fired": "gap_min_rise", "gap_min_rise": self.t.gap_min_rise})]
+        return []
+
+
+def make_rules(names: list[str], kinds: list[str], t: Thresholds) -> list[Rule]:
+    norms = BlockNorms(t, names)
+    return [NonFinite(), norms, LossSpike(t, norms), UpdateRatios(t, names), Vanishing(t, names, kinds),
+            Activations(t), DeadPipeline(t), Straggler(t), GeneralizationGap(t)]
+
+
+def wiring_verdicts(blocks: Any, optimizer: Any) -> list[Verdict]:
+    """dead_layer verdicts known before any step: frozen parameters, or ones no optimizer steps."""
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    found = []
+    for name, params in zip(blocks.names, blocks.params):
+        frozen = [n for n, p in params if not p.requires_grad]
+        missing = [n for n, p in params if p.requires_grad and id(p) not in in_optimizer]
+        if frozen or missing:
+            found.append(Verdict("dead_layer", WARNING, 0, name, {
+                "requires_grad_false": frozen[:10], "not_in_optimizer": missing[:10],
+                "parameters": len(params), "fired": "wiring"}))
+    return found

@@ -1,0 +1,32 @@
+"""GradScaler (fp16) support: measure true-scale gradients and keep every rank's scaler in step.
+
+The agent unscales before measuring, so norms are the real ones; an overflow on any rank (the
+reduced non-finite flag) makes every rank's scaler see an overflow, so all skip the step and back
+the scale off together instead of diverging.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def enabled(scaler: Any) -> bool:
+    return scaler is not None and scaler.is_enabled()
+
+
+def unscale(scaler: Any, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """Unscale the gradients in place; return the scale used, as a device tensor (no sync)."""
+    scaler.unscale_(optimizer)
+    # _get_scale_async is GradScaler's own no-sync accessor (get_scale() calls .item()).
+    return scaler._get_scale_async().detach().reshape(())
+
+
+def finish(scaler: Any, optimizer: torch.optim.Optimizer, overflow: bool) -> None:
+    """Record the job-wide overflow verdict in this rank's scaler and update its scale."""
+    if overflow:
+        state = scaler._per_optimizer_states[id(optimizer)]
+        for found_inf in state["found_inf_per_device"].values():
+            found_inf.fill_(1.0)
+    scaler.update()

@@ -1,0 +1,139 @@
+"""The detector on synthetic report streams: each rule fires on its fingerprint, not on noise."""
+
+import math
+import random
+
+import pytest
+
+from torchvitals.agent.blocks import EMBEDDING, HEAD, LAYER, OTHER
+from torchvitals.agent.detect import PATTERNS, Detector, Thresholds
+from torchvitals.agent.report import Report
+
+NAMES = ["emb", "layers.0", "layers.1", "layers.2", "head", "other"]
+KINDS = [EMBEDDING, LAYER, LAYER, LAYER, HEAD, OTHER]
+
+
+def report(step, loss=2.0, norms=None, **kw):
+    norms = norms or {b: 1.0 for b in NAMES}
+    total = math.sqrt(sum(v * v for v in norms.values()))
+    return Report(step=step, loss=loss, grad_norm=norms, grad_norm_total=total,
+                  nonfinite_loss=not math.isfinite(loss), nonfinite_grad=not math.isfinite(total),
+                  nonfinite=not (math.isfinite(loss) and math.isfinite(total)), **kw)
+
+
+def run(stream, detector=None, extras=None):
+    detector = detector or Detector(NAMES, KINDS)
+    fired = []
+    for i, r in enumerate(stream):
+        fired += detector.observe(r, (extras or {}).get(r.step))
+    return detector, fired
+
+
+def noisy(steps, seed=0, start=3.0):
+    rng = random.Random(seed)
+    for s in range(1, steps + 1):
+        loss = start * (0.99 ** s) * (1 + 0.03 * rng.gauss(0, 1))
+        norms = {b: (0.5 + 0.1 * i) * (1 + 0.1 * rng.gauss(0, 1)) for i, b in enumerate(NAMES)}
+        yield report(s, loss, norms)
+
+
+def test_every_pattern_has_a_known_severity():
+    assert set(PATTERNS.values()) <= {"info", "warning", "critical"}
+
+
+def test_noisy_healthy_stream_raises_nothing():
+    for seed in range(5):
+        _, fired = run(noisy(400, seed))
+        assert fired == [], fired[:3]
+
+
+def test_loss_spike_fires_on_the_spike_step_with_evidence():
+    stream = list(noisy(60))
+    stream[49] = report(50, stream[48].loss * 3, stream[49].grad_norm)
+    _, fired = run(stream)
+    assert [(v.pattern, v.step, v.severity) for v in fired] == [("loss_spike", 50, "critical")]
+    ev = fired[0].evidence
+    assert ev["loss"] > ev["threshold"] > ev["median"] and ev["fired"] == "loss_spike_mads"
+
+
+def test_flat_loss_does_not_alarm_on_tiny_noise():
+    stream = [report(s, 1.0 + (1e-6 if s % 2 else -1e-6)) for s in range(1, 200)]
+    stream.append(report(200, 1.02))        # 2% above a flat series: within the ratio floor
+    _, fired = run(stream)
+    assert [v.pattern for v in fired] == []
+
+
+def test_nonfinite_loss_and_grad_are_critical_every_time():
+    stream = list(noisy(20))
+    stream[14] = report(15, math.nan)
+    bad = dict(stream[16].grad_norm, **{"layers.1": math.inf})
+    stream[16] = report(17, 1.0, bad)
+    _, fired = run(stream)
+    assert [(v.pattern, v.step, v.block) for v in fired] == [
+        ("nonfinite_loss", 15, None), ("nonfinite_grad", 17, "layers.1")]
+
+
+def test_geometric_grad_growth_is_an_explosion_in_the_leading_block():
+    stream = list(noisy(40))
+    for k, s in enumerate(range(41, 45)):
+        norms = {b: 0.6 for b in NAMES}
+        norms["layers.0"] = 0.6 * 3 ** (k + 1)
+        stream.append(report(s, 1.0, norms))
+    _, fired = run(stream)
+    patterns = {(v.pattern, v.block) for v in fired}
+    assert ("grad_explosion", "layers.0") in patterns
+    assert ("layer_divergence", "layers.0") in patterns
+
+
+def test_vanishing_gradients_after_consecutive_steps():
+    stream = []
+    for s in range(1, 8):
+        norms = {"emb": 1e-4, "layers.0": 1e-4, "layers.1": 1e-3, "layers.2": 0.05, "head": 0.1, "other": 0.1}
+        stream.append(report(s, 2.0, norms))
+    _, fired = run(stream)
+    assert [(v.pattern, v.step, v.block) for v in fired] == [("vanishing_gradients", 3, "layers.0")]
+    assert fired[0].evidence["ratio"] == pytest.approx(500)
+
+
+def test_dead_pipeline_on_detached_graph():
+    stream = [report(s, 2.5, {b: 0.0 for b in NAMES}) for s in range(1, 10)]
+    _, fired = run(stream)
+    assert [(v.pattern, v.step) for v in fired] == [("dead_pipeline", 3)]
+    assert fired[0].evidence["detached"] is True
+
+
+def test_hot_lr_and_dead_layer_from_update_ratios():
+    detector = Detector(NAMES, KINDS)
+    fired = []
+    for s in range(10, 120, 10):
+        ratios = {b: 1e-3 for b in NAMES}
+        ratios["layers.2"] = 0.0
+        if s >= 100:
+            ratios["layers.0"] = 5e-2
+        fired += detector.observe(report(s, update_ratio=ratios))
+    got = {(v.pattern, v.block, v.step) for v in fired}
+    assert ("dead_layer", "layers.2", 20) in got
+    assert ("hot_lr", "layers.0", 100) in got
+    assert len([v for v in fired if v.pattern == "dead_layer"]) == 1, "a warning is emitted once while active"
+
+
+def test_straggler_names_the_rank():
+    extras = {s: {"rank_compute_seconds": [0.10, 0.31, 0.11, 0.10]} for s in range(1, 9)}
+    _, fired = run([report(s) for s in range(1, 9)], extras=extras)
+    assert [(v.pattern, v.step, v.evidence["rank"]) for v in fired] == [("straggler", 5, 1)]
+
+
+def test_generalization_gap():
+    detector = Detector(NAMES, KINDS)
+    fired = []
+    for s in range(1, 101):
+        if s % 20 == 0:
+            detector.observe_validation(s, [2.0, 1.9, 2.0, 2.1, 2.3][s // 20 - 1])
+        fired += detector.observe(report(s, 3.0 * 0.99 ** s))
+    assert [(v.pattern, v.step) for v in fired] == [("generalization_gap", 100)]
+
+
+def test_thresholds_are_configurable_and_unknown_ones_refused():
+    assert Thresholds.from_overrides({"loss_spike_mads": 9}).loss_spike_mads == 9
+    with pytest.raises(TypeError, match="loss_spike_madz"):
+        Thresholds.from_overrides({"loss_spike_madz": 9})
