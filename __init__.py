@@ -8,5 +8,7 @@
 """
 
 from .agent import Agent, Config, Report, watch
+from .agent.attention import record_attention
+from .agent.detect import Thresholds, Verdict
 
-__all__ = ["Agent", "Config", "Report", "watch"]
+__all__ = ["Agent", "Config", "Report", "Thresholds", "Verdict", "record_attention", "watch"]

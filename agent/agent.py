@@ -24,7 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import scaler as amp
 from .activations import ActivationStats, summarize
-from .blocks import Blocks, discover
+from .attention import AttentionStats
+from .blocks import Blocks, discover, unwrap
 from .config import Config
 from .detect import Detector, Thresholds
 from .eventlog import EventLog
@@ -65,6 +66,7 @@ class Agent:
                         if self.config.update_ratio else None)
         self._acts = (ActivationStats(self.blocks.output_modules, self.config.saturation_level)
                       if self.config.activations else None)
+        self._attn = AttentionStats(unwrap(model), self.blocks) if self.config.activations else None
         self._reducer = Reducer(group if distributed else None, self.world_size)
         self._group = group if distributed else None
         self.detector = Detector(self.blocks.names, self.blocks.kinds,
@@ -86,8 +88,13 @@ class Agent:
         self._forward_end = -math.inf
         # Always on and O(1): the end of each forward pass, for per-rank compute time.
         self._forward_hook = model.register_forward_hook(self._on_forward)
-        if self._acts is not None and self.sampled(1):
+        if self.sampled(1):
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._acts is not None:
             self._acts.arm()
+            self._attn.arm()
 
     def _on_forward(self, module: nn.Module, inputs: Any, output: Any) -> None:
         self._forward_end = self._clock()
@@ -143,6 +150,10 @@ class Agent:
             packer.add_host_sum("act_count", counts)
             packer.add_sum("act_sums", sums)
             packer.add_max("act_max", maxes)
+            counts, neg_entropy, logit = self._attn.take(self.device)
+            packer.add_host_sum("attn_count", counts)
+            packer.add_max("attn_neg_entropy", neg_entropy)
+            packer.add_max("attn_logit", logit)
         layout, host = self._reducer.reduce(packer)
         report = self._report(step, layout, host, pending)
         report.step_seconds, report.samples = step_seconds, samples
@@ -159,8 +170,8 @@ class Agent:
             self._optimizer_step(report, measure=self.sampled(step + 1))
         if use_scaler:
             amp.finish(scaler, self.optimizer, overflow=report.action == "skip")
-        if self._acts is not None and self.sampled(step + 1):
-            self._acts.arm()
+        if self.sampled(step + 1):
+            self._arm()
         self._exporter.update(report, self.detector.active_counts())
         if self._events is not None:
             self._events.write(report)
@@ -254,6 +265,12 @@ class Agent:
                                    layout.get(host, "act_max"))
             report.activations = {n: summarize(counts[b], sums[5 * b:5 * b + 5], maxes[b])
                                   for b, n in enumerate(names) if counts[b] > 0}
+            attn, neg_entropy, logit = (layout.get(host, "attn_count"),
+                                        layout.get(host, "attn_neg_entropy"), layout.get(host, "attn_logit"))
+            for b, n in enumerate(names):
+                if attn[b] > 0 and n in report.activations:
+                    report.activations[n]["attention_entropy"] = -neg_entropy[b]
+                    report.activations[n]["attention_logit_max"] = logit[b] if logit[b] > -math.inf else math.nan
         return report
 
     def close(self) -> None:
@@ -261,6 +278,7 @@ class Agent:
         self._forward_hook.remove()
         if self._acts is not None:
             self._acts.close()
+            self._attn.close()
         self._exporter.close()
         if self._events is not None:
             self._events.close()

@@ -33,6 +33,8 @@ class Blocks:
     kinds: list[str] = field(default_factory=list)
     """Per block: "layer" (one of the repeated layers, in depth order), "embedding", "head",
     "named" (the user's) or "other"."""
+    paths: list[list[str]] = field(default_factory=list)
+    """Per block, the module paths it covers (empty for "other")."""
     numels: list[int] = field(default_factory=list)
     """Per block, the number of elements of its full (unsharded) parameters."""
 
@@ -41,6 +43,16 @@ class Blocks:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def block_of(self, path: str) -> int | None:
+        """Index of the block covering the module at ``path`` (longest path prefix), or None."""
+        best, best_len = None, -1
+        for b, prefixes in enumerate(self.paths):
+            for prefix in prefixes:
+                if (path == prefix or path.startswith(prefix + ".") or prefix == "") \
+                        and len(prefix) > best_len:
+                    best, best_len = b, len(prefix)
+        return best
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -88,19 +100,22 @@ def discover(model: nn.Module, named: Mapping[str, Any] | list[str] | None = Non
             other.append((pname, p))
     outputs = [modules[spec[n][1]] if spec[n][1] is not None else None for n in names]
     kinds = [spec[n][2] for n in names]
+    paths = [list(spec[n][0]) for n in names]
     keep = [i for i in range(len(names)) if owner[i] or named is not None]
     names = [names[i] for i in keep]
     params = [owner[i] for i in keep]
     outputs = [outputs[i] for i in keep]
     kinds = [kinds[i] for i in keep]
+    paths = [paths[i] for i in keep]
     if other:
         names.append(OTHER)
         params.append(other)
         outputs.append(None)
         kinds.append(OTHER)
+        paths.append([])
     if not names:
         raise ValueError("torchvitals: the model has no parameters to watch")
-    return Blocks(names=names, params=params, output_modules=outputs, kinds=kinds)
+    return Blocks(names=names, params=params, output_modules=outputs, kinds=kinds, paths=paths)
 
 
 def _normalise_named(named: Mapping[str, Any] | list[str]) -> dict[str, tuple[list[str], str | None, str]]:

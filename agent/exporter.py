@@ -132,6 +132,12 @@ METRICS: tuple[MetricSpec, ...] = (
                _activation("saturation_fraction")),
     MetricSpec("torchvitals_activation_nonfinite", "gauge", "NaN/Inf elements in the block's "
                "output (last sample).", BLOCK, _activation("nonfinite")),
+    MetricSpec("torchvitals_attention_entropy_min", "gauge", "Lowest per-head attention entropy "
+               "in the block, nats (last sample; NaN without attention).", BLOCK,
+               _activation("attention_entropy")),
+    MetricSpec("torchvitals_attention_logit_max", "gauge", "Largest attention logit in the block "
+               "(last sample; from record_attention(logits=...)).", BLOCK,
+               _activation("attention_logit_max")),
     MetricSpec("torchvitals_loss_scale", "gauge", "GradScaler scale used at the last step (only "
                "when a scaler is passed to agent.step).", GLOBAL,
                lambda s: None if s.report is None or s.report.loss_scale is None

@@ -35,7 +35,7 @@ class NonFinite(Rule):
         if report.nonfinite_loss:
             found.append(Verdict("nonfinite_loss", CRITICAL, report.step, None,
                                  {"loss": report.loss}))
-        if report.nonfinite_grad:
+        if report.nonfinite_grad and not extra.get("scaler", {}).get("overflow"):
             bad = [b for b, v in report.grad_norm.items() if not math.isfinite(v)]
             found.append(Verdict("nonfinite_grad", CRITICAL, report.step, bad[0] if bad else None,
                                  {"blocks": bad, "grad_norm_total": report.grad_norm_total}))
@@ -228,6 +228,30 @@ class Activations(Rule):
         return found
 
 
+class AttentionSaturation(Rule):
+    """One head's softmax going one-hot: its entropy collapses, or the max logit grows huge."""
+
+    patterns = ("attention_saturation",)
+
+    def __init__(self, t: Thresholds):
+        self.t = t
+
+    def observe(self, report, extra):
+        seen = {b: a for b, a in report.activations.items() if "attention_entropy" in a}
+        if not seen:
+            return None
+        found = []
+        for b, a in seen.items():
+            entropy, logit = a["attention_entropy"], a.get("attention_logit_max", math.nan)
+            if entropy <= self.t.attention_entropy or logit >= self.t.attention_logit:
+                found.append(Verdict("attention_saturation", WARNING, report.step, b, {
+                    "entropy_min": entropy, "logit_max": logit,
+                    "fired": "attention_entropy" if entropy <= self.t.attention_entropy
+                    else "attention_logit", "attention_entropy": self.t.attention_entropy,
+                    "attention_logit": self.t.attention_logit}))
+        return found
+
+
 class DeadPipeline(Rule):
     """Flat loss from the first step with exactly-zero or tiny gradients."""
 
@@ -256,6 +280,33 @@ class DeadPipeline(Rule):
                 "steps": len(self.norms), "loss_spread": spread, "max_grad_norm": max(self.norms),
                 "detached": zero, "fired": "tiny_grad", "tiny_grad": self.t.tiny_grad})]
         self.live = False    # the run came alive: the pattern is "from the start" only
+        return []
+
+
+class Fp16Overflow(Rule):
+    """GradScaler overflows: Inf gradients, a halved scale and a skipped step, again and again."""
+
+    patterns = ("fp16_overflow",)
+
+    def __init__(self, t: Thresholds):
+        self.t = t
+        self.overflows: deque[int] = deque()
+        self.scales: deque[float] = deque(maxlen=8)
+
+    def observe(self, report, extra):
+        info = extra.get("scaler")
+        if info is None:
+            return None
+        self.scales.append(info["scale"])
+        if info["overflow"]:
+            self.overflows.append(report.step)
+        while self.overflows and self.overflows[0] <= report.step - self.t.window:
+            self.overflows.popleft()
+        if len(self.overflows) >= self.t.overflow_skips:
+            return [Verdict("fp16_overflow", WARNING, report.step, None, {
+                "skipped_steps": list(self.overflows), "scales": list(self.scales),
+                "window": self.t.window, "fired": "overflow_skips",
+                "overflow_skips": self.t.overflow_skips})]
         return []
 
 
@@ -321,7 +372,7 @@ class GeneralizationGap(Rule):
 def make_rules(names: list[str], kinds: list[str], t: Thresholds) -> list[Rule]:
     norms = BlockNorms(t, names)
     return [NonFinite(), norms, LossSpike(t, norms), UpdateRatios(t, names), Vanishing(t, names, kinds),
-            Activations(t), DeadPipeline(t), Straggler(t), GeneralizationGap(t)]
+            Activations(t), AttentionSaturation(t), DeadPipeline(t), Fp16Overflow(t), Straggler(t), GeneralizationGap(t)]
 
 
 def wiring_verdicts(blocks: Any, optimizer: Any) -> list[Verdict]:
