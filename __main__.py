@@ -1,0 +1,89 @@
+"""torchvitals command line: diagnose a finished run, or preflight a training setup.
+
+    python -m torchvitals diagnose torchvitals_runs/<run>/events.jsonl
+    python -m torchvitals preflight mypkg.train:preflight_setup --steps 300 --png lr_range.png
+
+``diagnose`` prints the decision-tree diagnosis of a run's event log (exit 0; exit 2 with a
+one-line error when the log is missing or corrupt).
+
+``preflight`` imports MODULE, calls FACTORY() and runs the memorization test, the learning-rate
+range test and the wiring checks (exit 0 when all pass, 1 when one fails, 2 when the factory
+cannot be loaded). FACTORY returns a dict:
+
+    # mypkg/train.py
+    def preflight_setup():
+        model = MyModel()
+        x, y = next(iter(train_loader))
+        return {
+            "model": model,                                        # required
+            "loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1]),  # required: (model, batch) -> loss
+            "batch": (x[:12], y[:12]),                             # required: memorization batch
+            "batches": [next(it) for _ in range(20)],              # LR test (default: [batch])
+            "optimizer": lambda params: torch.optim.AdamW(params, lr=3e-4),  # default: Adam(3e-3)
+            "evaluate": lambda m: run_validation(m, val_loader),   # checks train/eval wiring
+            "model_factory": MyModel,                              # LR test (default: copies)
+        }
+
+MODULE is imported from the current directory and sys.path. Every option can also be set from
+the environment; precedence: argument > environment > default. ``--steps``
+(TORCHVITALS_PREFLIGHT_STEPS, 300), ``--lr-steps`` (TORCHVITALS_PREFLIGHT_LR_STEPS, 100),
+``--png`` (TORCHVITALS_PREFLIGHT_PNG, no plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .agent.diagnose import diagnose_events
+from .agent.preflight import load_setup, preflight
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (``sys.argv[1:]`` when ``argv`` is None)."""
+    # Defaults stay strings: argparse runs them through `type`, so a bad environment value
+    # fails like a bad flag, with a usage line and exit 2.
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="python -m torchvitals", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("diagnose", help="name the root cause of a run from its event log")
+    d.add_argument("events", help="the run's events.jsonl")
+    p = sub.add_parser("preflight", help="memorization, LR range and wiring checks before a long run")
+    p.add_argument("factory", metavar="MODULE:FACTORY", help="callable returning the setup dict")
+    p.add_argument("--steps", type=int, default=env("TORCHVITALS_PREFLIGHT_STEPS", "300"),
+                   help="memorization steps")
+    p.add_argument("--lr-steps", type=int, default=env("TORCHVITALS_PREFLIGHT_LR_STEPS", "100"),
+                   help="LR range test steps")
+    p.add_argument("--png", default=env("TORCHVITALS_PREFLIGHT_PNG") or None,
+                   help="save the LR range plot here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command.
+
+    Args:
+        argv: the arguments after ``python -m torchvitals`` (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code: 0 done/passed, 1 preflight failed, 2 unreadable input or bad factory.
+    """
+    args = parse_args(argv)
+    try:
+        if args.command == "diagnose":
+            print(diagnose_events(args.events).render())
+            return 0
+        setup = load_setup(args.factory)
+    except (OSError, ValueError, ImportError, AttributeError) as exc:
+        # One line, not a traceback: the usual causes are a wrong path or a wrong name. Errors
+        # raised while the checks run are the user's code failing and keep their traceback.
+        print(f"torchvitals {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    report = preflight(**setup, steps=args.steps, lr_steps=args.lr_steps, png=args.png)
+    print(report.render())
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

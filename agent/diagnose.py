@@ -1,0 +1,289 @@
+"""Diagnosis: one named cause, its evidence and a targeted fix, from a run's verdicts and losses.
+
+    python -m torchvitals diagnose torchvitals_runs/<run>/events.jsonl
+
+The decision tree of ../shared/background (``diagnose(history)``), fed with the detector's
+verdicts instead of raw traces: several root causes share a symptom, so the tree orders the
+symptom classes by what happened first and names where it started. The causes:
+
+- optimization failures: "numerical instability", "gradient explosion", "vanishing gradients",
+  "dead pipeline";
+- not optimization failures: "generalization gap" (the descent succeeds at the wrong
+  objective), "dead layer" (one block does not move), "straggler" (one rank is slow);
+- "no anomaly".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .detect import Verdict
+from .eventlog import read_events
+
+NUMERICAL, EXPLOSION, VANISHING = "numerical instability", "gradient explosion", "vanishing gradients"
+DEAD_PIPELINE, GAP, DEAD_LAYER = "dead pipeline", "generalization gap", "dead layer"
+STRAGGLER, NO_ANOMALY = "straggler", "no anomaly"
+CAUSES = (NUMERICAL, EXPLOSION, VANISHING, DEAD_PIPELINE, GAP, DEAD_LAYER, STRAGGLER, NO_ANOMALY)
+
+CLASSES = {
+    NUMERICAL: ("nonfinite_loss", "nonfinite_grad", "fp16_overflow"),
+    # hot_lr leads: the update ratio drifts up before the gradient norm and the loss follow.
+    EXPLOSION: ("hot_lr", "layer_divergence", "grad_explosion", "loss_spike", "activation_explosion"),
+    VANISHING: ("vanishing_gradients", "saturation", "attention_saturation", "dead_relu"),
+    DEAD_PIPELINE: ("dead_pipeline",), GAP: ("generalization_gap",),
+    DEAD_LAYER: ("dead_layer",), STRAGGLER: ("straggler",),
+}
+"""Cause -> the verdict patterns that are its symptoms."""
+
+SHOWN = {
+    "nonfinite_loss": ("loss",), "nonfinite_grad": ("blocks", "grad_norm_total"),
+    "loss_spike": ("loss", "median", "threshold"), "grad_explosion": ("grad_norm_total", "median"),
+    "layer_divergence": ("ratio_to_median", "grad_norm"), "hot_lr": ("update_ratio", "healthy"),
+    "dead_layer": ("update_ratio", "others_median", "requires_grad_false", "not_in_optimizer"), "vanishing_gradients": ("ratio", "first", "last"),
+    "saturation": ("saturation_fraction",), "dead_relu": ("zero_fraction",),
+    "activation_explosion": ("abs_max", "first_abs_max"), "dead_pipeline": ("max_grad_norm", "detached"),
+    "generalization_gap": ("validation", "best_validation"), "straggler": ("rank", "seconds", "others_median"),
+}
+"""Pattern -> the evidence values worth a reader's attention (others: the first few numbers)."""
+
+FIXES = {
+    NUMERICAL: "Find the overflowing op: compute the loss from logits (log_softmax/cross_entropy, "
+               "never log of a softmax), add eps to divisions and logs, prefer bf16 to fp16 (or "
+               "keep a GradScaler), and clip gradients (watch(..., clip_grad_norm=1.0)) with warmup.",
+    EXPLOSION: "Clip gradients (watch(..., clip_grad_norm=1.0)), lower the learning rate or lengthen "
+               "warmup, and check the init scale of {block}; if a spike ruined the run, restart from "
+               "the last healthy checkpoint with a lower LR and skip the offending batch.",
+    VANISHING: "Fix the initialization scale (Xavier/Kaiming for the nonlinearity; the symptoms "
+               "start in {block}), add normalization or residual connections, or replace saturating "
+               "tanh/sigmoid units (GELU/LeakyReLU also cure dead ReLUs); clipping would only hide it.",
+    DEAD_PIPELINE: "Check the wiring before tuning: a loss built from detached tensors, frozen "
+                   "parameters or ones missing from the optimizer, mis-loaded inputs/labels, or a "
+                   "loss that ignores the output; `python -m torchvitals preflight` checks these.",
+    GAP: "Not an optimization failure: stop early at the best validation step, get more data or "
+         "augmentation, add regularization (weight decay, dropout) or use a smaller model.",
+    DEAD_LAYER: "Unfreeze {block} (requires_grad=True), check its parameters are in the optimizer "
+                "with a non-zero learning rate, or reinitialize it.",
+    STRAGGLER: "Look at the slow rank's host: input pipeline, CPU contention, thermal throttling or "
+               "a degraded link; every other rank waits for it at each collective.",
+    NO_ANOMALY: "Nothing to fix in the optimization signals; if results are poor, look at data "
+                "quality, labels and model capacity.",
+}
+
+
+@dataclass
+class Diagnosis:
+    """The most likely root cause of a run's trouble and what to do about it."""
+
+    cause: str
+    """One of CAUSES."""
+    summary: str
+    """One sentence naming the cause, where and when it started."""
+    evidence: list[str] = field(default_factory=list)
+    """Short lines citing the verdicts (step, pattern, block, values), earliest first."""
+    fix: str = ""
+    """The targeted fix for this cause."""
+    first_step: int | None = None
+    """The step of the cause's earliest symptom."""
+    block: str | None = None
+    """The block where the cause's earliest symptom appeared, when one was named."""
+    also: list[str] = field(default_factory=list)
+    """Other causes seen in the run, each with its first step."""
+
+    def render(self) -> str:
+        """The diagnosis as a few readable lines for a terminal."""
+        where = ", ".join(x for x in (f"from step {self.first_step}" if self.first_step else "",
+                                      f"block {self.block}" if self.block else "") if x)
+        lines = [f"cause: {self.cause}" + (f" ({where})" if where else ""), f"  {self.summary}"]
+        if self.evidence:
+            lines += ["evidence:"] + [f"  - {e}" for e in self.evidence]
+        lines.append(f"fix: {self.fix}")
+        if self.also:
+            lines.append("also seen: " + "; ".join(self.also))
+        return "\n".join(lines)
+
+
+def diagnose(verdicts: Iterable[Verdict | Mapping[str, Any]], losses: Iterable[tuple[int, float]],
+             validation: Iterable[tuple[int, float]] = ()) -> Diagnosis:
+    """Walk the decision tree over a run's verdicts, backed by its loss curves.
+
+    Args:
+        verdicts: ``Verdict`` objects or their dicts (pattern, severity, step, block, evidence).
+        losses: (step, training loss) pairs; a NaN/Inf loss counts as a crash even without a
+            verdict.
+        validation: (step, validation loss) pairs; a validation loss rising while the training
+            loss falls counts as a generalization gap even without a verdict.
+
+    Returns:
+        The Diagnosis.
+    """
+    found = [_as_dict(v) for v in verdicts]
+    found = [v for v in found if v is not None]
+    losses = sorted((int(s), _num(x)) for s, x in losses)
+    found += _from_curves(found, losses, [(int(s), _num(x)) for s, x in validation])
+    first = {c: _earliest(found, pats) for c, pats in CLASSES.items()}
+    seen = {c: v for c, v in first.items() if v is not None}
+    if not seen:
+        return Diagnosis(NO_ANOMALY, "No failure pattern was detected in the loss, gradient, "
+                         "update or activation signals.", [], FIXES[NO_ANOMALY])
+    crash = seen.get(NUMERICAL)
+    # Root cause before crash site: a symptom class that began before the NaN is what fed it
+    # (the tanh-MLP case: saturation starves the gradients long before the log-softmax overflows).
+    early = [c for c in (EXPLOSION, VANISHING) if c in seen and (crash is None or seen[c]["step"] < crash["step"])]
+    if crash is not None and not early:
+        cause = NUMERICAL
+    elif DEAD_PIPELINE in seen and crash is None:
+        cause = DEAD_PIPELINE
+    elif early:
+        cause = min(early, key=lambda c: seen[c]["step"])   # ties: explosion, as in the pseudo-code
+    else:
+        cause = next(c for c in (GAP, DEAD_LAYER, STRAGGLER) if c in seen)
+    lead = seen[cause]
+    related = [v for v in found if v["pattern"] in CLASSES[cause]]
+    if cause in (EXPLOSION, VANISHING) and crash is not None:
+        related.append(crash)
+    return Diagnosis(cause, _summary(cause, lead, crash), _evidence(related),
+                     FIXES[cause].format(block=f"block {lead['block']}" if lead.get("block")
+                                         else "the first layers"),
+                     lead["step"], lead.get("block"),
+                     [f"{c} from step {v['step']}" for c, v in seen.items()
+                      if c != cause and not (c == NUMERICAL and cause in (EXPLOSION, VANISHING))])
+
+
+def diagnose_events(path: str | os.PathLike) -> Diagnosis:
+    """Diagnose a run from its event log.
+
+    Args:
+        path: a run's ``events.jsonl``: step reports (lines without an "event" key or with
+            ``"event": "step"``) and ``"event": "validation"`` lines with "step" and "loss".
+
+    Returns:
+        The Diagnosis.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: a line is not JSON, or the log holds no step report.
+    """
+    verdicts: list[Mapping[str, Any]] = []
+    losses: list[tuple[int, float]] = []
+    validation: list[tuple[int, float]] = []
+    for event in read_events(path):
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("event", "step")
+        if kind == "validation" and "step" in event:
+            validation.append((int(event["step"]), _num(event.get("loss"))))
+        elif kind == "step" and "step" in event:
+            losses.append((int(event["step"]), _num(event.get("loss", math.nan))))
+            verdicts += [v for v in event.get("verdicts") or [] if isinstance(v, dict)]
+    if not losses:
+        raise ValueError(f"{path}: no step reports in the event log")
+    return diagnose(verdicts, losses, validation)
+
+
+def _as_dict(v: Any) -> dict[str, Any] | None:
+    d = v.to_dict() if isinstance(v, Verdict) else dict(v) if isinstance(v, Mapping) else None
+    if d is None or "pattern" not in d or "step" not in d:
+        return None
+    d.setdefault("evidence", {})
+    return d
+
+
+def _num(x: Any) -> float:
+    try:
+        return float(x)        # the event log writes non-finite floats as "nan"/"inf"/"-inf"
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _earliest(found: list[dict[str, Any]], patterns: tuple[str, ...]) -> dict[str, Any] | None:
+    hits = [v for v in found if v["pattern"] in patterns]
+    # Same step: the pattern listed first in the class leads (hot_lr before loss_spike).
+    return min(hits, key=lambda v: (v["step"], patterns.index(v["pattern"])), default=None)
+
+
+def _from_curves(found: list[dict[str, Any]], losses: list[tuple[int, float]],
+                 validation: list[tuple[int, float]]) -> list[dict[str, Any]]:
+    """Verdict-shaped symptoms read from the loss curves, where no verdict reported them."""
+    have = {v["pattern"] for v in found}
+    extra = []
+    bad = [(s, x) for s, x in losses if not math.isfinite(x)]
+    if bad and not have & set(CLASSES[NUMERICAL]):
+        extra.append({"pattern": "nonfinite_loss", "step": bad[0][0], "block": None,
+                      "evidence": {"loss": bad[0][1], "source": "loss curve"}})
+    if len(validation) >= 4 and "generalization_gap" not in have:
+        # The detector's reading: the last 3 validations rising past their best by 2% while the
+        # training loss (EMA, as of each validation) keeps falling.
+        recent = validation[-4:]
+        val = [x for _, x in recent]
+        train = [_ema_at(losses, s) for s, _ in recent]
+        best = min(x for _, x in validation)
+        rising = all(b > a for a, b in zip(val, val[1:])) and val[-1] >= 1.02 * best
+        if rising and all(b < a for a, b in zip(train, train[1:])):
+            extra.append({"pattern": "generalization_gap", "step": recent[1][0], "block": None,
+                          "evidence": {"validation": val, "best_validation": best,
+                                       "source": "validation curve"}})
+    return extra
+
+
+def _ema_at(losses: list[tuple[int, float]], step: int) -> float:
+    ema = math.nan
+    for s, x in losses:
+        if s > step:
+            break
+        if math.isfinite(x):
+            ema = x if math.isnan(ema) else 0.9 * ema + 0.1 * x
+    return ema
+
+
+def _summary(cause: str, lead: dict[str, Any], crash: dict[str, Any] | None) -> str:
+    at = f"step {lead['step']}" + (f" in block {lead['block']}" if lead.get("block") else "")
+    crashed = (f", and the run crashed with {crash['pattern']} at step {crash['step']}: the crash "
+               f"site and the root cause are far apart" if crash is not None and crash is not lead else "")
+    text = {
+        NUMERICAL: f"The run went non-finite ({lead['pattern']}) at {at} with no earlier explosion "
+                   f"or vanishing signal, pointing at an overflow in log/exp, a division or the precision",
+        EXPLOSION: f"Gradients exploded, first seen as {lead['pattern']} at {at}{crashed}",
+        # A NaN after vanishing gradients is the saturated units' log-softmax overflowing.
+        VANISHING: ("Dead ReLUs starve the gradients" if lead["pattern"] == "dead_relu" and crash is None
+                    else "Saturation-driven vanishing gradients"
+                    if crash is not None or "saturation" in lead["pattern"] else "Gradients vanish")
+                   + f", first seen as {lead['pattern']} at {at}{crashed}",
+        DEAD_PIPELINE: f"The loss was flat from the start with ~zero gradients (dead pipeline at {at}): "
+                       f"the graph, the data or the loss is miswired",
+        GAP: f"Training loss falls while validation loss rises from {at}: overfitting, not an "
+             f"optimization failure",
+        DEAD_LAYER: f"Block {lead.get('block')} barely moves from step {lead['step']} while the others "
+                    f"train: frozen, left out of the optimizer, or given a zero learning rate",
+        STRAGGLER: f"Rank {lead['evidence'].get('rank', '?')} is a straggler from step {lead['step']}",
+    }[cause]
+    return text + "."
+
+
+def _evidence(verdicts: list[dict[str, Any]], limit: int = 8) -> list[str]:
+    """One line per (pattern, block), earliest first: critical verdicts repeat every step."""
+    lines, keys = [], set()
+    for v in sorted(verdicts, key=lambda v: v["step"]):
+        key = (v["pattern"], v.get("block"))
+        if key in keys:
+            continue
+        keys.add(key)
+        where = f" in {v['block']}" if v.get("block") else ""
+        lines.append(f"step {v['step']}: {v['pattern']}{where} ({_values(v)})".replace(" ()", ""))
+    return lines[:limit]
+
+
+def _values(v: dict[str, Any]) -> str:
+    ev = v.get("evidence") or {}
+    names = SHOWN.get(v["pattern"]) or [k for k, x in ev.items() if isinstance(x, (int, float))][:3]
+    return ", ".join(f"{k}={_fmt(ev[k])}" for k in names if ev.get(k) not in (None, [], ""))
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(_fmt(y) for y in x[:5]) + (", ..." if len(x) > 5 else "") + "]"
+    return str(x)
