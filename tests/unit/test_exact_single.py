@@ -172,3 +172,20 @@ def test_tanh_mlp_blocks_measure_after_the_activation():
     assert 0 < report.activations["0"]["saturation_fraction"] <= 1
     assert report.activations["0"]["abs_max"] <= 1.0
     agent.close()
+
+
+def test_nonfinite_activations_are_counted_exactly():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    recorder = OutputRecorder(model, ["1", "2"])
+    agent = torchvitals.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(16, 4)
+    x[3, 0], x[7, 2] = float("inf"), float("nan")
+    loss = model(x).sum()
+    loss.backward()
+    report = agent.step(loss)
+    expected = recorder.stats()
+    for block, path in (("0", "1"), ("2", "2")):
+        assert expected[path]["nonfinite"] > 0
+        assert report.activations[block]["nonfinite"] == expected[path]["nonfinite"]
+    assert report.action == "skip" and report.nonfinite_loss
+    agent.close()
