@@ -68,6 +68,9 @@ class Thresholds:
     loss_spike_floor: float = 0.05
     """The spike scale is at least this fraction of the median loss, so a flat series does not
     alarm on noise."""
+    loss_spike_abs_floor: float = 1e-3
+    """... and at least this fraction of the first step's loss, so a loss memorised down to 1e-7
+    does not page on every wiggle."""
     explosion_growth: float = 1.5
     """Total grad norm growing by at least this factor per step ..."""
     explosion_steps: int = 3
@@ -77,7 +80,8 @@ class Thresholds:
     divergence_factor: float = 4.0
     """A block whose grad norm is this many times its own rolling median ..."""
     divergence_cluster: float = 1.5
-    """... while the other blocks' median of the same ratio stays below this, diverges."""
+    """... while the other blocks' median of the same ratio stays below this, diverges (on two
+    consecutive steps: one noisy step of a small head is not a divergence)."""
     hot_lr_ratio: float = 1e-2
     """An update ratio at least this (10x the healthy 1e-3) ..."""
     hot_lr_rise: float = 2.0
@@ -129,6 +133,10 @@ class Thresholds:
         return cls(**overrides)
 
 
+def _key(v: Verdict) -> tuple[str, str | None, Any]:
+    return (v.pattern, v.block, v.evidence.get("rank"))
+
+
 def median(values: Iterable[float]) -> float:
     ordered = sorted(values)
     n = len(ordered)
@@ -153,7 +161,9 @@ class Detector:
         self.block_names = block_names
         self.rules = make_rules(block_names, block_kinds, self.thresholds)
         self._static = list(static or [])
-        self.active: dict[tuple[str, str | None], Verdict] = {}
+        # Keyed by (pattern, block, rank): a straggler has no block but one verdict per rank.
+        self.active: dict[tuple[str, str | None, Any], Verdict] = {}
+        self._pinned: set[tuple[str, str | None, Any]] = set()
         self.history: list[Verdict] = []
         self._validation: list[tuple[int, float]] = []
 
@@ -170,19 +180,22 @@ class Detector:
             self._validation = []
         emitted: list[Verdict] = []
         if self._static:
+            # Wiring facts (a frozen block) hold for the whole run: no rule may clear them.
             emitted += [dataclasses.replace(v, step=report.step) for v in self._static]
             for v in emitted:
-                self.active[(v.pattern, v.block)] = v
+                self.active[_key(v)] = v
+                self._pinned.add(_key(v))
             self._static = []
         for rule in self.rules:
             found = rule.observe(report, extra)
             if found is None:          # the rule had nothing to judge this step
                 continue
-            keys = {(v.pattern, v.block) for v in found}
-            for key in [k for k in self.active if k[0] in rule.patterns and k not in keys]:
+            keys = {_key(v) for v in found}
+            for key in [k for k in self.active
+                        if k[0] in rule.patterns and k not in keys and k not in self._pinned]:
                 del self.active[key]
             for v in found:
-                key = (v.pattern, v.block)
+                key = _key(v)
                 if v.severity == CRITICAL or key not in self.active:
                     emitted.append(v)
                 self.active[key] = v
@@ -193,9 +206,13 @@ class Detector:
         """Queue a validation loss (already identical on every rank) for the next report."""
         self._validation.append((step, float(loss)))
 
+    def is_active(self, pattern: str, block: str | None = None) -> bool:
+        """Whether ``pattern`` is active now (in ``block``, when given)."""
+        return any(k[0] == pattern and (block is None or k[1] == block) for k in self.active)
+
     def active_counts(self) -> dict[str, int]:
         """pattern -> number of (pattern, block) pairs active now."""
         counts: dict[str, int] = {}
-        for pattern, _ in self.active:
+        for pattern, _, _ in self.active:
             counts[pattern] = counts.get(pattern, 0) + 1
         return counts

@@ -50,25 +50,43 @@ class LossSpike(Rule):
     def __init__(self, t: Thresholds, norms: "BlockNorms"):
         self.t, self.norms = t, norms
         self.losses: deque[float] = deque(maxlen=t.window)
+        self.above = False
+        self.early: float | None = None
 
     def observe(self, report, extra):
         loss = report.loss
         if not math.isfinite(loss):
             return []
+        if self.early is None:
+            self.early = abs(loss)      # the loss's natural scale: where training started
         if report.step <= self.t.warmup_steps or len(self.losses) < self.t.min_history:
             if report.step > self.t.warmup_steps:
                 self.losses.append(loss)
             return []
-        center = median(self.losses)
-        spread = mad(self.losses, center)
-        scale = max(MAD_SCALE * spread, self.t.loss_spike_floor * abs(center))
+        # The level is the median of the most recent healthy losses and the noise comes from
+        # step-to-step differences, so a falling loss trend neither lags the level nor
+        # inflates the noise (a median/MAD over the whole window does both).
+        recent = list(self.losses)[-self.t.min_history:]
+        center = median(recent)
+        values = list(self.losses)
+        diffs = [b - a for a, b in zip(values, values[1:])]
+        spread = mad(diffs, median(diffs)) / math.sqrt(2)
+        scale = max(MAD_SCALE * spread, self.t.loss_spike_floor * abs(center),
+                    self.t.loss_spike_abs_floor * self.early)
         threshold = center + self.t.loss_spike_mads * scale
-        if loss > threshold:
+        above, self.above = self.above, loss > threshold
+        # One noisy batch a little past the threshold is not a spike (seen once in 40 healthy
+        # runs, at the tail of a cosine schedule): it must persist a second step, unless it is
+        # twice as far out.
+        severe = loss > center + 2 * self.t.loss_spike_mads * scale
+        if self.above and (above or severe):
             evidence = {"loss": loss, "median": center, "mad": spread, "scale": scale,
                         "threshold": threshold, "fired": "loss_spike_mads",
-                        "loss_spike_mads": self.t.loss_spike_mads, "window": len(self.losses)}
+                        "loss_spike_mads": self.t.loss_spike_mads, "window": len(self.losses),
+                        "z": (loss - center) / scale}
             return [Verdict("loss_spike", CRITICAL, report.step, self.norms.leader(), evidence)]
-        self.losses.append(loss)
+        if not self.above:
+            self.losses.append(loss)
         return []
 
 
@@ -83,6 +101,7 @@ class BlockNorms(Rule):
         self.recent: deque[float] = deque(maxlen=t.explosion_steps + 1)
         self.blocks = {b: deque(maxlen=t.window) for b in names}
         self.ratios: dict[str, float] = {}
+        self.diverging: str | None = None
 
     def leader(self) -> str | None:
         """The block whose grad norm rose most over its own median at the last step."""
@@ -122,7 +141,9 @@ class BlockNorms(Rule):
             return []
         top = max(finite, key=finite.get)
         others = median(r for b, r in finite.items() if b != top)
-        if finite[top] >= self.t.divergence_factor and others <= self.t.divergence_cluster:
+        out = finite[top] >= self.t.divergence_factor and others <= self.t.divergence_cluster
+        previous, self.diverging = self.diverging, top if out else None
+        if out and previous == top:
             return [Verdict("layer_divergence", WARNING, report.step, top, {
                 "ratio_to_median": finite[top], "others_median_ratio": others,
                 "grad_norm": report.grad_norm[top], "fired": "divergence_factor",
@@ -360,7 +381,10 @@ class GeneralizationGap(Rule):
         val = [p[1] for p in recent]
         train = [p[2] for p in recent]
         best = min(p[1] for p in self.points)
-        rising = all(b > a for a, b in zip(val, val[1:])) and val[-1] >= best * (1 + self.t.gap_min_rise)
+        rise = 1 + self.t.gap_min_rise
+        # Each rise must add up to a real one inside the window, not creep on a plateau.
+        rising = (all(b > a for a, b in zip(val, val[1:])) and val[-1] >= best * rise
+                  and val[-1] >= val[0] * rise)
         falling = all(b < a for a, b in zip(train, train[1:]))
         if rising and falling:
             return [Verdict("generalization_gap", WARNING, report.step, None, {

@@ -137,3 +137,30 @@ def test_thresholds_are_configurable_and_unknown_ones_refused():
     assert Thresholds.from_overrides({"loss_spike_mads": 9}).loss_spike_mads == 9
     with pytest.raises(TypeError, match="loss_spike_madz"):
         Thresholds.from_overrides({"loss_spike_madz": 9})
+
+
+def test_two_slow_ranks_are_both_named():
+    extras = {s: {"rank_compute_seconds": [0.01, 0.2, 0.01, 0.2]} for s in range(1, 8)}
+    detector, fired = run([report(s) for s in range(1, 8)], extras=extras)
+    assert sorted(v.evidence["rank"] for v in fired) == [1, 3]
+    assert detector.active_counts()["straggler"] == 2
+
+
+def test_memorised_loss_wiggling_near_zero_is_not_a_spike():
+    rng = random.Random(0)
+    stream = [report(s, 2.3 * 0.5 ** s + 1e-7 * (1 + rng.random())) for s in range(1, 40)]
+    stream += [report(s, 1e-4 * (1 + rng.random())) for s in range(40, 80)]
+    _, fired = run(stream)
+    assert [v.pattern for v in fired] == []
+
+
+def test_one_noisy_step_past_the_threshold_is_not_a_spike_but_two_are():
+    stream = [report(s, 2.0 + 0.01 * (-1) ** s) for s in range(1, 40)]
+    stream.append(report(40, 2.0 * 1.4))                     # z ~ 8: needs a second step
+    stream += [report(s, 2.0 + 0.01 * (-1) ** s) for s in range(41, 50)]
+    _, fired = run(stream)
+    assert fired == []
+    stream.append(report(50, 2.0 * 1.4))
+    stream.append(report(51, 2.0 * 1.45))
+    _, fired = run(stream)
+    assert [(v.pattern, v.step) for v in fired] == [("loss_spike", 51)]
