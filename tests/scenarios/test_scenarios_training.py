@@ -19,6 +19,7 @@ from torch import nn
 import torchvitals
 from tinygpt import TinyGPT, random_batches
 from torchvitals.agent.detect import CRITICAL, WARNING, Thresholds
+from torchvitals.agent.diagnose import diagnose
 
 VOCAB, D_MODEL, HEADS, SEQ, BATCH = 64, 32, 4, 16, 8
 EARLY_WARNINGS = {"hot_lr", "layer_divergence", "grad_explosion", "activation_explosion"}
@@ -125,6 +126,8 @@ def test_hot_lr_ramp_warns_at_least_5_steps_before_the_loss_spike():
     assert first.pattern == "hot_lr" and first.block.startswith("blocks."), first
     assert first.evidence["update_ratio"] >= Thresholds().hot_lr_ratio
     assert first.evidence["update_ratio"] >= 2 * first.evidence["earlier_median"]
+    cause = diagnose(history, [(r.step, r.loss) for r in reports])
+    assert cause.cause == "gradient explosion" and cause.first_step == first.step, cause.render()
 
 
 # 2. No false alarms on a healthy run, default thresholds and sampling.
@@ -250,6 +253,7 @@ def test_sigmoid_mlp_vanishing_gradients_named_in_the_first_layer():
     assert first.step <= 20 and first.step < first_nonfinite(reports)
     late = statistics.mean(r.loss for r in reports[-20:])
     assert late > 0.9 * math.log(CLASSES), f"it should be stuck near chance: {late:.2f}"
+    assert diagnose(history, [(r.step, r.loss) for r in reports]).cause == "vanishing gradients"
 
 
 # 4. Bad initialisation -> activation explosion where it starts.
