@@ -30,10 +30,10 @@ from .config import Config
 from .detect import Detector, Thresholds
 from .eventlog import EventLog
 from .exporter import Exporter
-from .patterns import wiring_verdicts
 from .reduce import Packer, Reducer
 from .report import Report
 from .stats import GradStats, UpdateRatio, local
+from .wiring import wiring_verdicts
 
 F64 = torch.float64
 
@@ -129,31 +129,10 @@ class Agent:
             The Report, identical on every rank except its ``local_*``/``step_seconds`` fields.
         """
         step = self.step_count + 1
-        now = self._clock()
-        step_seconds = now - self._last_end
-        compute = self._forward_end - self._last_end if self._forward_end > self._last_end else step_seconds
-        packer = Packer(self.device)
-        packer.add_host_sum("rank_step_seconds", self._onehot(step_seconds))
-        packer.add_host_sum("rank_compute_seconds", self._onehot(compute))
+        step_seconds = self._clock() - self._last_end
         use_scaler = amp.enabled(scaler)
-        if use_scaler:
-            packer.add_sum("loss_scale", amp.unscale(scaler, self.optimizer) / self.world_size)
-        packer.add_sum("grad_sq", self._grads.block_sq(self.device))
-        self._pack_loss(packer, loss)
-        pending = self._pending_update
-        self._pending_update = None
-        if pending is not None:
-            packer.add_sum("update_dsq", pending[0])
-            packer.add_sum("update_wsq", pending[1])
-        if self._acts is not None and self._acts.armed:
-            counts, sums, maxes = self._acts.take(self.device)
-            packer.add_host_sum("act_count", counts)
-            packer.add_sum("act_sums", sums)
-            packer.add_max("act_max", maxes)
-            counts, neg_entropy, logit = self._attn.take(self.device)
-            packer.add_host_sum("attn_count", counts)
-            packer.add_max("attn_neg_entropy", neg_entropy)
-            packer.add_max("attn_logit", logit)
+        pending, self._pending_update = self._pending_update, None
+        packer = self._measure(loss, step_seconds, scaler if use_scaler else None, pending)
         layout, host = self._reducer.reduce(packer)
         report = self._report(step, layout, host, pending)
         report.step_seconds, report.samples = step_seconds, samples
@@ -178,6 +157,32 @@ class Agent:
         self.step_count = step
         self._last_end = self._clock()
         return report
+
+    def _measure(self, loss: torch.Tensor | float, step_seconds: float, scaler: Any,
+                 pending: tuple[Any, ...] | None) -> Packer:
+        """This rank's statistics of the step, on the device, packed for the reduction."""
+        compute = (self._forward_end - self._last_end if self._forward_end > self._last_end
+                   else step_seconds)
+        packer = Packer(self.device)
+        packer.add_host_sum("rank_step_seconds", self._onehot(step_seconds))
+        packer.add_host_sum("rank_compute_seconds", self._onehot(compute))
+        if scaler is not None:
+            packer.add_sum("loss_scale", amp.unscale(scaler, self.optimizer) / self.world_size)
+        packer.add_sum("grad_sq", self._grads.block_sq(self.device))
+        self._pack_loss(packer, loss)
+        if pending is not None:
+            packer.add_sum("update_dsq", pending[0])
+            packer.add_sum("update_wsq", pending[1])
+        if self._acts is not None and self._acts.armed:
+            counts, sums, maxes = self._acts.take(self.device)
+            packer.add_host_sum("act_count", counts)
+            packer.add_sum("act_sums", sums)
+            packer.add_max("act_max", maxes)
+            counts, neg_entropy, logit = self._attn.take(self.device)
+            packer.add_host_sum("attn_count", counts)
+            packer.add_max("attn_neg_entropy", neg_entropy)
+            packer.add_max("attn_logit", logit)
+        return packer
 
     def _onehot(self, value: float) -> list[float]:
         slots = [0.0] * self.world_size

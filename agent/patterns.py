@@ -398,16 +398,3 @@ def make_rules(names: list[str], kinds: list[str], t: Thresholds) -> list[Rule]:
     return [NonFinite(), norms, LossSpike(t, norms), UpdateRatios(t, names), Vanishing(t, names, kinds),
             Activations(t), AttentionSaturation(t), DeadPipeline(t), Fp16Overflow(t), Straggler(t), GeneralizationGap(t)]
 
-
-def wiring_verdicts(blocks: Any, optimizer: Any) -> list[Verdict]:
-    """dead_layer verdicts known before any step: frozen parameters, or ones no optimizer steps."""
-    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    found = []
-    for name, params in zip(blocks.names, blocks.params):
-        frozen = [n for n, p in params if not p.requires_grad]
-        missing = [n for n, p in params if p.requires_grad and id(p) not in in_optimizer]
-        if frozen or missing:
-            found.append(Verdict("dead_layer", WARNING, 0, name, {
-                "requires_grad_false": frozen[:10], "not_in_optimizer": missing[:10],
-                "parameters": len(params), "fired": "wiring"}))
-    return found

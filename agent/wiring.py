@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
-from .detect import CRITICAL, INFO, WARNING
+from .detect import CRITICAL, INFO, WARNING, Verdict
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,17 @@ def _by_module(names: Iterable[str]) -> dict[str, list[str]]:
         module, _, leaf = n.rpartition(".")
         groups.setdefault(module or "(root)", []).append(leaf)
     return groups
+
+
+def wiring_verdicts(blocks: Any, optimizer: Any) -> list[Verdict]:
+    """dead_layer verdicts known before any step: frozen parameters, or ones no optimizer steps."""
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    found = []
+    for name, params in zip(blocks.names, blocks.params):
+        frozen = [n for n, p in params if not p.requires_grad]
+        missing = [n for n, p in params if p.requires_grad and id(p) not in in_optimizer]
+        if frozen or missing:
+            found.append(Verdict("dead_layer", WARNING, 0, name, {
+                "requires_grad_false": frozen[:10], "not_in_optimizer": missing[:10],
+                "parameters": len(params), "fired": "wiring"}))
+    return found

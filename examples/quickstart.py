@@ -19,6 +19,11 @@ import torchvitals  # noqa: E402
 from tinygpt import TinyGPT, random_batches  # noqa: E402
 
 
+def _num(values: dict, key: str, width: int, fmt: str) -> str:
+    """A right-aligned number, or blank where the block has no such value ("other")."""
+    return f"{values[key]:>{width}{fmt}}" if key in values else " " * width
+
+
 def show(report: torchvitals.Report) -> None:
     print(f"step {report.step:4d}  loss {report.loss:7.4f}  grad_norm_total "
           f"{report.grad_norm_total:8.4f}  action {report.action}")
@@ -30,8 +35,8 @@ def show(report: torchvitals.Report) -> None:
         ratio = report.update_ratio.get(name)
         act = report.activations.get(name, {})
         print(f"  {name:<12} {norm:>10.4f} {'' if ratio is None else f'{ratio:.2e}':>13} "
-              f"{act.get('rms', float('nan')):>9.3f} {act.get('abs_max', float('nan')):>12.3f} "
-              f"{act.get('zero_fraction', float('nan')):>10.4f}")
+              f"{_num(act, 'rms', 9, '.3f')} {_num(act, 'abs_max', 12, '.3f')} "
+              f"{_num(act, 'zero_fraction', 10, '.4f')}")
 
 
 def main() -> None:
@@ -55,6 +60,9 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             if report.activations or report.step == args.steps:
                 show(report)
+            for verdict in report.verdicts:
+                print(f"  verdict: {verdict}  {verdict.evidence}")
+        print(agent.diagnose().render())
         if getattr(agent, "run_dir", None):
             print(f"event log: {agent.run_dir}/events.jsonl")
 
