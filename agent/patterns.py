@@ -50,7 +50,7 @@ class LossSpike(Rule):
     def __init__(self, t: Thresholds, norms: "BlockNorms"):
         self.t, self.norms = t, norms
         self.losses: deque[float] = deque(maxlen=t.window)
-        self.above = False
+        self.above: deque[bool] = deque(maxlen=3)
         self.early: float | None = None
 
     def observe(self, report, extra):
@@ -63,29 +63,28 @@ class LossSpike(Rule):
             if report.step > self.t.warmup_steps:
                 self.losses.append(loss)
             return []
-        # The level is the median of the most recent healthy losses and the noise comes from
-        # step-to-step differences, so a falling loss trend neither lags the level nor
-        # inflates the noise (a median/MAD over the whole window does both).
-        recent = list(self.losses)[-self.t.min_history:]
-        center = median(recent)
+        # The level is the window's median, slow on purpose so a gradual divergence does not
+        # drag it along; the noise comes from step-to-step differences, which a falling trend
+        # does not inflate (a MAD around the median would, and hide a tripled loss).
+        center = median(self.losses)
         values = list(self.losses)
         diffs = [b - a for a, b in zip(values, values[1:])]
         spread = mad(diffs, median(diffs)) / math.sqrt(2)
         scale = max(MAD_SCALE * spread, self.t.loss_spike_floor * abs(center),
                     self.t.loss_spike_abs_floor * self.early)
         threshold = center + self.t.loss_spike_mads * scale
-        above, self.above = self.above, loss > threshold
+        self.above.append(loss > threshold)
         # One noisy batch a little past the threshold is not a spike (seen once in 40 healthy
-        # runs, at the tail of a cosine schedule): it must persist a second step, unless it is
-        # twice as far out.
+        # runs, at the tail of a cosine schedule): it must be back within 3 steps, unless it is
+        # twice as far out. (A rising spike can dip once on its way up: 2 of 3, not 2 in a row.)
         severe = loss > center + 2 * self.t.loss_spike_mads * scale
-        if self.above and (above or severe):
+        if self.above[-1] and (sum(self.above) >= 2 or severe):
             evidence = {"loss": loss, "median": center, "mad": spread, "scale": scale,
                         "threshold": threshold, "fired": "loss_spike_mads",
                         "loss_spike_mads": self.t.loss_spike_mads, "window": len(self.losses),
                         "z": (loss - center) / scale}
             return [Verdict("loss_spike", CRITICAL, report.step, self.norms.leader(), evidence)]
-        if not self.above:
+        if not self.above[-1]:
             self.losses.append(loss)
         return []
 
