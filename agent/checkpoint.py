@@ -1,0 +1,387 @@
+"""Healthy checkpoints: ``torch.distributed.checkpoint`` shards plus JSON state, committed atomically.
+
+    store = CheckpointStore("checkpoints", keep=3)
+    store.save(step, model, optimizer, scheduler, extra={"position": 1234})   # on every rank
+    restored = store.load(model, optimizer, scheduler)    # the newest checkpoint that verifies
+
+One checkpoint, ``<root>/step-00000120/``:
+
+    .metadata, __<rank>_0.distcp   DCP's model and optimizer shards (DDP and FSDP2 alike)
+    state.json                      step, world size, scheduler state, the caller's ``extra``
+    rng-rank-00000.json, ...        each rank's torch / CUDA / Python / NumPy RNG states
+    manifest.json                   size and SHA-256 of every other file, written last
+
+A save fills ``<root>/.tmp-step-00000120`` and rank 0 renames it into place only once every rank
+has succeeded, so a crash leaves at worst a ``.tmp-*`` folder that is never loaded. Nothing is
+unpickled but DCP's own ``.metadata``, and only after its SHA-256 matched the manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, NoReturn
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from .durable import fsync_dir, write_json
+from .rng import rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+STATE = "state.json"
+_COMMITTED = re.compile(r"step-(\d{8,})")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written on some rank, or was refused on load."""
+
+
+class CheckpointStore:
+    """The job's checkpoints under one folder, shared by every rank (a shared filesystem).
+
+    Every method but ``list``/``latest`` is collective: call it on every rank of ``group``.
+    A rank that dies inside one leaves the others waiting until the process group's timeout;
+    that is the supervisor's to handle.
+
+    Args:
+        root: the folder; created on the first save.
+        keep: how many complete checkpoints to keep (the oldest are removed after a save).
+        group: the process group; None is the default group (or a single process).
+        clock: seconds, for ``last_save_seconds``.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, keep: int = 3, group: dist.ProcessGroup | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+        self._group = group
+        self._clock = clock
+        self.last_save_seconds: float | None = None
+        """Duration of the last successful save, every phase included."""
+
+    @property
+    def _distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def _rank(self) -> int:
+        return dist.get_rank(self._group) if self._distributed else 0
+
+    @property
+    def _world(self) -> int:
+        return dist.get_world_size(self._group) if self._distributed else 1
+
+    def list(self) -> list[Path]:
+        """Committed checkpoint folders, oldest first (not verified: ``load`` verifies)."""
+        if not self.root.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.root.iterdir()
+                 if (m := _COMMITTED.fullmatch(p.name)) and p.is_dir()]
+        return [p for _, p in sorted(found)]
+
+    def latest(self) -> Path | None:
+        """The newest committed checkpoint folder, or None."""
+        folders = self.list()
+        return folders[-1] if folders else None
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: Any = None, extra: dict[str, Any] | None = None) -> Path:
+        """Write a checkpoint of ``step`` and commit it; collective.
+
+        Args:
+            step: the training step it holds (names the folder; an existing one is replaced).
+            model: the model, plain, DDP or FSDP2.
+            optimizer: its optimizer.
+            scheduler: an LR scheduler whose ``state_dict()`` is JSON-able (the usual ones are).
+            extra: JSON-able state of the caller (data position, skip list, ...); rank 0's is kept.
+
+        Returns:
+            The committed folder.
+
+        Raises:
+            CheckpointError: on every rank, when any rank failed; earlier checkpoints are untouched.
+        """
+        start = self._clock()
+        name = f"step-{step:08d}"
+        tmp, final = self.root / f".tmp-{name}", self.root / name
+        leader = self._rank == 0
+
+        def prepare() -> None:
+            if not leader:
+                return
+            state = {"step": step, "world_size": self._world, "time": time.time(),
+                     "scheduler": None if scheduler is None
+                     else _jsonable(scheduler.state_dict(), "scheduler.state_dict()"),
+                     "extra": _jsonable(extra or {}, "extra")}
+            self.root.mkdir(parents=True, exist_ok=True)
+            for stale in self.root.glob(".tmp-*"):     # an interrupted earlier save
+                if stale.is_dir():
+                    shutil.rmtree(stale)
+                else:
+                    stale.unlink()
+            tmp.mkdir()
+            write_json(tmp / STATE, state)
+
+        def write_shards() -> None:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            try:
+                with _quiet_single_process():
+                    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(tmp),
+                             process_group=self._group, no_dist=not self._distributed)
+            except dcp.CheckpointException as e:
+                # torch.save inside DCP reports a short write (full disk) as "unexpected pos".
+                raise CheckpointError(f"{_describe(e)} ({shutil.disk_usage(tmp).free} bytes free there)") from e
+
+        def commit() -> None:
+            if not leader:
+                return
+            fsync_dir(tmp)
+            write_json(tmp / MANIFEST, {"step": step, "files": {
+                n: {"size": size, "sha256": digest} for n, (size, digest) in files.items()}})
+            fsync_dir(tmp)
+            replaced = self.root / f".tmp-replaced-{name}"
+            if final.exists():      # a step saved again after a rollback: the new one wins
+                os.rename(final, replaced)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if replaced.exists():
+                    os.rename(replaced, final)
+                raise
+            fsync_dir(self.root)
+            shutil.rmtree(replaced, ignore_errors=True)
+
+        self._agree("preparing", prepare, step, tmp)
+        self._agree("writing the RNG states",
+                    lambda: write_json(tmp / f"rng-rank-{self._rank:05d}.json", rng_state()), step, tmp)
+        self._agree("writing the model and optimizer shards", write_shards, step, tmp)
+        try:
+            files = self._digests(tmp, self._on_leader(lambda: sorted(p.name for p in tmp.iterdir())))
+        except CheckpointError as e:
+            self._fail("hashing the files", str(e), step, tmp)
+        self._agree("committing", commit, step, tmp)
+        if leader:
+            self._prune()
+        self.last_save_seconds = self._clock() - start
+        return final
+
+    def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
+             path: str | os.PathLike | None = None) -> dict[str, Any]:
+        """Restore model, optimizer, scheduler and this rank's RNG states in place; collective.
+
+        Args:
+            model, optimizer, scheduler: as passed to ``save`` (scheduler None: not restored).
+            path: a checkpoint folder; None takes the newest that verifies, warning about each
+                newer one refused.
+
+        Returns:
+            ``{"step", "path", "extra", "refused"}``: ``refused`` lists ``(folder, reason)``.
+
+        Raises:
+            CheckpointError: ``path`` (or, without it, every checkpoint) fails verification.
+        """
+        if path is not None:
+            candidates = [Path(path)]
+        else:
+            candidates = [Path(p) for p in self._on_leader(self._candidates)]
+        refused: list[tuple[Path, str]] = []
+        for folder in candidates:
+            problem = self._verify(folder)
+            if problem is None:
+                return self._restore(folder, model, optimizer, scheduler, refused)
+            if path is not None:
+                raise CheckpointError(f"refusing checkpoint {folder}: {problem}")
+            log.warning("refusing checkpoint %s: %s; trying the previous one", folder, problem)
+            refused.append((folder, problem))
+        reasons = "; ".join(f"{f.name}: {r}" for f, r in refused) or "none was saved"
+        raise CheckpointError(f"no checkpoint under {self.root} verifies ({reasons})")
+
+    def _candidates(self) -> list[str]:
+        for leftover in sorted(self.root.glob(".tmp-*")) if self.root.is_dir() else []:
+            log.warning("ignoring %s: a save that never committed", leftover)
+        return [str(p) for p in reversed(self.list())]
+
+    def _restore(self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any, refused: list[tuple[Path, str]]) -> dict[str, Any]:
+        state = json.loads((folder / STATE).read_text())
+        if scheduler is not None and state["scheduler"] is None:
+            raise CheckpointError(f"{folder} holds no scheduler state, but a scheduler was passed")
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        tensors = {"model": model_sd, "optim": optim_sd}
+        with _quiet_single_process():
+            dcp.load(tensors, storage_reader=dcp.FileSystemReader(folder), process_group=self._group,
+                     no_dist=not self._distributed)
+        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        rng = folder / f"rng-rank-{self._rank:05d}.json"
+        if state["world_size"] == self._world:
+            set_rng_state(json.loads(rng.read_text()))
+        else:   # DCP reshards the tensors; per-rank RNG streams have no such mapping
+            log.warning("%s was saved by %d ranks, now %d: RNG states not restored",
+                        folder, state["world_size"], self._world)
+        return {"step": state["step"], "path": folder, "extra": state["extra"], "refused": refused}
+
+    def _verify(self, folder: Path) -> str | None:
+        """Why ``folder`` must not be loaded, or None; the same answer on every rank."""
+        listing = self._on_leader(lambda: _listing_problem(folder))
+        if isinstance(listing, str):
+            return listing
+        try:
+            actual = self._digests(folder, sorted(listing))
+        except CheckpointError as e:    # raised alike on every rank
+            return str(e)
+        for name, expected in sorted(listing.items()):
+            size, digest = actual[name]
+            if size != expected.get("size"):
+                return f"{name}: {size} bytes, the manifest says {expected.get('size')}"
+            if digest != expected.get("sha256"):
+                return f"{name}: SHA-256 differs from the manifest (altered on disk)"
+        return None
+
+    def _digests(self, folder: Path, names: list[str]) -> dict[str, Any]:
+        """Size and SHA-256 of each file, the hashing split over the ranks; on every rank."""
+        shares = self._gather(lambda: {n: _digest(folder / n) for n in names[self._rank::self._world]})
+        if errors := _failures(shares):
+            raise CheckpointError(f"cannot read {folder}: {errors}")
+        return {name: d for _, share in shares for name, d in share.items()}
+
+    def _agree(self, phase: str, fn: Callable[[], None], step: int, tmp: Path) -> None:
+        """Run ``fn`` on every rank; if it failed anywhere, raise on every rank."""
+        if errors := _failures(self._gather(fn)):
+            self._fail(phase, errors, step, tmp)
+
+    def _fail(self, phase: str, why: str, step: int, tmp: Path) -> NoReturn:
+        if self._rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if self._distributed:       # every rank raises only once the folder is settled
+            dist.barrier(group=self._group)
+        previous = self.latest()
+        raise CheckpointError(f"saving step {step} into {tmp} failed while {phase}: {why}"
+                              + (f"; the previous checkpoint ({previous}) is untouched" if previous else ""))
+
+    def _gather(self, fn: Callable[[], Any]) -> list[tuple[bool, Any]]:
+        """``(True, fn())`` or ``(False, the error)`` of every rank, in rank order, on every rank."""
+        try:
+            mine: tuple[bool, Any] = (True, fn())
+        except (Exception, dcp.CheckpointException) as e:  # every rank must hear of it
+            mine = (False, _describe(e))
+        if not self._distributed:
+            return [mine]
+        out: list[Any] = [None] * self._world
+        dist.all_gather_object(out, mine, group=self._group)
+        return out
+
+    def _on_leader(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on rank 0, its result on every rank (its exception raised on every rank)."""
+        box: list[Any] = [None]
+        if self._rank == 0:
+            try:
+                box[0] = (True, fn())
+            except Exception as e:  # noqa: BLE001 - raised on every rank below
+                box[0] = (False, _describe(e))
+        if self._distributed:
+            dist.broadcast_object_list(box, group=self._group, group_src=0)
+        ok, value = box[0]
+        if not ok:
+            raise CheckpointError(f"rank 0 failed on {self.root}: {value}")
+        return value
+
+    def _prune(self) -> None:
+        complete = [p for p in self.list() if (p / MANIFEST).is_file()]
+        if len(complete) <= self.keep:
+            return
+        oldest_kept = _step_of(complete[-self.keep])
+        for folder in self.list():
+            if _step_of(folder) < oldest_kept:
+                try:
+                    shutil.rmtree(folder)
+                except OSError as e:
+                    log.warning("could not remove old checkpoint %s: %s", folder, e)
+
+
+def _listing_problem(folder: Path) -> str | dict[str, dict[str, Any]]:
+    """A reason to refuse ``folder`` from its names and manifest alone, or the manifest's files."""
+    if not _COMMITTED.fullmatch(folder.name):
+        return "not a committed checkpoint folder (a .tmp-* folder is a save that never finished)"
+    if not folder.is_dir():
+        return "no such folder"
+    if not (folder / MANIFEST).is_file():
+        return f"no {MANIFEST}: a partial checkpoint"
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        return f"{MANIFEST} is unreadable or malformed ({type(e).__name__}: {e})"
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        return f"{MANIFEST} is malformed (no file table)"
+    present = {p.name for p in folder.iterdir()} - {MANIFEST}
+    if missing := sorted(set(files) - present):
+        return f"missing file {missing[0]} (listed in the manifest)"
+    if unexpected := sorted(present - set(files)):
+        return f"unexpected file {unexpected[0]} (not in the manifest)"
+    return files
+
+
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns when it saves or loads in one process, which is just what a plain run does."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, dcp.CheckpointException):      # one (exception, traceback) per failed rank
+        return "; ".join(f"DCP on rank {r}: {_describe(exc)}" for r, (exc, _) in sorted(e.failures.items()))
+    return str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {str(e).strip()}"
+
+
+def _failures(results: list[tuple[bool, Any]]) -> str:
+    """``"ranks 0, 1: <error>; rank 3: <other error>"`` from ``_gather``'s results, or ``""``."""
+    ranks: dict[str, list[str]] = {}
+    for rank, (ok, value) in enumerate(results):
+        if not ok:
+            ranks.setdefault(value, []).append(str(rank))
+    return "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(r)}: {error}" for error, r in ranks.items())
+
+
+def _step_of(folder: Path) -> int:
+    return int(_COMMITTED.fullmatch(folder.name).group(1))
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return path.stat().st_size, sha.hexdigest()
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    """``value`` with tuples as lists, or a CheckpointError naming what JSON cannot hold."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise CheckpointError(f"{where} has the non-string key {key!r}; checkpoints keep it as JSON")
+        return {k: _jsonable(v, f"{where}[{k!r}]") for k, v in value.items()}
+    raise CheckpointError(f"{where} holds a {type(value).__name__}, which a checkpoint cannot keep "
+                          "(JSON only: numbers, strings, lists, dicts with string keys)")

@@ -1,0 +1,157 @@
+"""The recovery ledger: one JSON document in the checkpoint folder that a restart resumes from.
+
+    ledger = Ledger("checkpoints/ledger.json").load()     # empty on a first run
+    ledger.record_checkpoint(120, "checkpoints/step-00000120")
+    ledger.record_rollback(131, to_step=120, reason="loss spike", lr_scale=0.5, skipped=(120, 140))
+    ledger.lr_scale, ledger.skipped, ledger.is_skipped(125)          # 0.5, [(120, 140)], True
+
+Every rank keeps the same ledger in memory (every rank takes the same decisions); only the
+writer (global rank 0 by default) writes the file: a temporary file, fsync, rename, fsync of the
+folder, so a crash leaves the old document or the new one, never half of one. A file that does
+not parse or does not match the schema is refused: starting over from an empty ledger would
+replay skipped batches and forget the learning-rate back-off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from .durable import replace_json
+
+VERSION = 1
+_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "checkpoint": {"step": (int,), "path": (str,), "time": (int, float)},
+    "rollback": {"step": (int,), "to_step": (int,), "reason": (str,), "lr_scale": (int, float),
+                 "skipped": (list,), "time": (int, float)},
+    "abort": {"step": (int,), "reason": (str,), "time": (int, float)},
+}
+
+
+class LedgerError(RuntimeError):
+    """The ledger file exists but cannot be trusted."""
+
+
+class Ledger:
+    """Healthy checkpoints, rollbacks, aborts, the LR scale and the skipped batch ranges.
+
+    Args:
+        path: the JSON file, normally ``<checkpoint root>/ledger.json``.
+        writer: whether this process writes the file; None means global rank 0 (or a single
+            process).
+        clock: wall-clock seconds for the entries' ``time``.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, writer: bool | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        if writer is None:
+            writer = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        self.writer = writer
+        self._clock = clock
+        self.lr_scale = 1.0
+        """The factor every rollback's back-off has left on the learning rate."""
+        self.skipped: list[tuple[int, int]] = []
+        """Batch index ranges ``[start, stop)`` never to be consumed, sorted."""
+        self.entries: list[dict[str, Any]] = []
+        """Every event, oldest first."""
+
+    def load(self) -> "Ledger":
+        """Read the file (a missing one is a fresh ledger) and return this ledger.
+
+        Raises:
+            LedgerError: the file is not valid JSON or not a ledger; it is left as it is.
+        """
+        if not self.path.exists():
+            return self
+        try:
+            document = json.loads(self.path.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as e:
+            raise self._corrupt(f"{type(e).__name__}: {e}") from None
+        self._check(document)
+        self.lr_scale = float(document["lr_scale"])
+        self.skipped = [(start, stop) for start, stop in document["skipped"]]
+        self.entries = document["entries"]
+        return self
+
+    @property
+    def last_checkpoint(self) -> dict[str, Any] | None:
+        """The newest ``checkpoint`` entry, or None."""
+        return next((e for e in reversed(self.entries) if e["event"] == "checkpoint"), None)
+
+    def is_skipped(self, index: int) -> bool:
+        """Whether batch ``index`` lies in a skipped range."""
+        return any(start <= index < stop for start, stop in self.skipped)
+
+    def record_checkpoint(self, step: int, path: str | os.PathLike) -> None:
+        """A healthy checkpoint of ``step`` was committed at ``path``."""
+        self._append({"event": "checkpoint", "step": step, "path": str(path)})
+
+    def record_rollback(self, step: int, *, to_step: int, reason: str, lr_scale: float,
+                        skipped: tuple[int, int]) -> None:
+        """Every rank went back from ``step`` to the checkpoint of ``to_step``.
+
+        Args:
+            step: the step whose verdict caused it.
+            to_step: the checkpoint's step.
+            reason: why, for a person reading the ledger.
+            lr_scale: the learning-rate scale from now on (the cumulative back-off).
+            skipped: the batch indices ``[start, stop)`` that will never be consumed.
+        """
+        start, stop = skipped
+        if not (0 <= start < stop) or not (math.isfinite(lr_scale) and lr_scale > 0):
+            raise ValueError(f"need 0 <= start < stop and lr_scale > 0, got {skipped}, {lr_scale}")
+        self.lr_scale = float(lr_scale)
+        self.skipped = sorted([*self.skipped, (start, stop)])
+        self._append({"event": "rollback", "step": step, "to_step": to_step, "reason": reason,
+                      "lr_scale": self.lr_scale, "skipped": [start, stop]})
+
+    def record_abort(self, step: int, reason: str) -> None:
+        """The job gave up at ``step`` (the loop guard, or a fault recovery cannot fix)."""
+        self._append({"event": "abort", "step": step, "reason": reason})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": VERSION, "lr_scale": self.lr_scale,
+                "skipped": [list(r) for r in self.skipped], "entries": self.entries}
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        self.entries.append({**entry, "time": self._clock()})
+        if self.writer:
+            self._write()
+
+    def _write(self) -> None:
+        replace_json(self.path, self.to_dict(), indent=1)
+
+    def _check(self, document: Any) -> None:
+        if not isinstance(document, dict) or document.get("version") != VERSION:
+            raise self._corrupt(f"not a version-{VERSION} ledger document")
+        scale = document.get("lr_scale")
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
+            raise self._corrupt(f"lr_scale {scale!r} is not a positive number")
+        skipped = document.get("skipped")
+        if not isinstance(skipped, list) or not all(
+                isinstance(r, list) and len(r) == 2 and all(type(i) is int for i in r) and 0 <= r[0] < r[1]
+                for r in skipped):
+            raise self._corrupt(f"skipped {skipped!r} is not a list of [start, stop] batch ranges")
+        entries = document.get("entries")
+        if not isinstance(entries, list):
+            raise self._corrupt("entries is not a list")
+        for i, entry in enumerate(entries):
+            event = entry.get("event") if isinstance(entry, dict) else None
+            fields = _FIELDS.get(event) if isinstance(event, str) else None
+            if fields is None:
+                raise self._corrupt(f"entry {i} is not a checkpoint, rollback or abort event")
+            for key, types in fields.items():
+                if not isinstance(entry.get(key), types) or isinstance(entry.get(key), bool):
+                    raise self._corrupt(f"entry {i} ({entry['event']}) has no valid {key!r}")
+
+    def _corrupt(self, why: str) -> LedgerError:
+        return LedgerError(f"ledger {self.path} is corrupt ({why}); refusing to start over from an "
+                           "empty ledger, which would forget the skipped batches and the LR back-off: "
+                           "repair or remove the file")
