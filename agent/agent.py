@@ -27,12 +27,14 @@ from .activations import ActivationStats, summarize
 from .attention import AttentionStats
 from .blocks import Blocks, discover, unwrap
 from .config import Config
-from .detect import Detector, Thresholds
+from .detect import CRITICAL, Detector, Thresholds, Verdict
 from .eventlog import EventLog
 from .exporter import Exporter
 from .reduce import Packer, Reducer
+from .sampler import SkipAwareBatches
 from .report import Report
 from .stats import GradStats, UpdateRatio, local
+from .watchdog import TrainingAborted, Watchdog
 from .wiring import wiring_verdicts
 
 F64 = torch.float64
@@ -72,6 +74,9 @@ class Agent:
         self.detector = Detector(self.blocks.names, self.blocks.kinds,
                                  Thresholds.from_overrides(self.config.detect),
                                  static=wiring_verdicts(self.blocks, optimizer))
+        self.watchdog = Watchdog(self.config, self._group) if self.config.checkpoint_dir else None
+        self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
+        self._ticks = 0
         self._exporter = self._start_exporter(registry)
         self._events = None
         if self.rank == 0 and self.config.log_dir:
@@ -84,12 +89,39 @@ class Agent:
         self._losses: deque[tuple[int, float]] = deque(maxlen=100_000)
         self._validation: list[tuple[int, float]] = []
         self._pending_update: tuple[torch.Tensor, torch.Tensor, list[bool], int] | None = None
+        self.resumed_from = (self.watchdog.resume(model, optimizer, scheduler)
+                             if self.watchdog is not None else None)
+        if self.resumed_from is not None:
+            self.step_count = self.resumed_from
         self._last_end = clock()
         self._forward_end = -math.inf
         # Always on and O(1): the end of each forward pass, for per-rank compute time.
         self._forward_hook = model.register_forward_hook(self._on_forward)
-        if self.sampled(1):
+        if self.sampled(self.step_count + 1):
             self._arm()
+
+    def batches(self, loader: Any) -> Any:
+        """Iterate ``loader`` (each epoch), never yielding a skipped batch; resumable.
+
+        The global batch position and the skip list live in the watchdog's checkpoints, so after
+        a rollback or a restart every rank continues at the right batch (see ``sampler``).
+        """
+        return self._data.iterate(loader)
+
+    @property
+    def data_position(self) -> int:
+        """Global index of the next batch ``batches`` draws."""
+        return self._data.position
+
+    @property
+    def skipped_batches(self) -> list[tuple[int, int]]:
+        """Half-open ranges of global batch indices that are never trained on."""
+        return list(self._data.skipped)
+
+    @property
+    def lr_scale(self) -> float:
+        """What the rollbacks' back-off has left of the learning rate (1.0 without watchdog)."""
+        return self.watchdog.lr_scale if self.watchdog is not None else 1.0
 
     def _arm(self) -> None:
         if self._acts is not None:
@@ -143,20 +175,55 @@ class Agent:
             extra["scaler"] = {"scale": report.loss_scale, "overflow": report.overflow}
         report.verdicts = self.detector.observe(report, extra)
         self._losses.append((step, report.loss))
-        if report.nonfinite and (self.config.skip_nonfinite or report.overflow):
+        self._ticks += 1
+        critical = sorted({v.pattern for v in report.verdicts if v.severity == CRITICAL})
+        if self.watchdog is not None:
+            self.watchdog.note(step, report.verdicts)
+        if critical and self.watchdog is not None:
+            self._rollback(report, ", ".join(critical))
+        elif report.nonfinite and (self.config.skip_nonfinite or report.overflow):
             report.action = "skip"
         else:
             self._optimizer_step(report, measure=self.sampled(step + 1))
+            if self.watchdog is not None:
+                report.checkpointed = self.watchdog.maybe_save(
+                    step, self.model, self.optimizer, self.scheduler, self.detector.history)
         if use_scaler:
-            amp.finish(scaler, self.optimizer, overflow=report.action == "skip")
-        if self.sampled(step + 1):
+            amp.finish(scaler, self.optimizer, overflow=report.action != "step")
+        self.step_count = report.rollback["to_step"] if report.rollback else step
+        if self.sampled(self.step_count + 1):
             self._arm()
-        self._exporter.update(report, self.detector.active_counts())
-        if self._events is not None:
-            self._events.write(report)
-        self.step_count = step
+        self._publish(report)
         self._last_end = self._clock()
         return report
+
+    def _rollback(self, report: Report, reason: str) -> None:
+        """Every rank, same step: back to the last healthy checkpoint, or skip without one."""
+        try:
+            rolled = self.watchdog.rollback(report.step, self._ticks, reason, self.model,
+                                            self.optimizer, self.scheduler)
+        except TrainingAborted:
+            verdict = Verdict("rollback_loop", CRITICAL, report.step, None, {
+                "reason": reason, "max_rollbacks": self.config.max_rollbacks,
+                "rollback_window": self.config.rollback_window,
+                "exit_code": self.config.abort_exit_code})
+            report.verdicts.append(verdict)
+            self.detector.history.append(verdict)
+            report.action = "abort"
+            self._publish(report)
+            raise
+        if rolled is None:
+            report.action = "skip"
+            return
+        report.action, report.rollback = "rollback", rolled
+        self._pending_update = None
+        self.detector.reset()
+
+    def _publish(self, report: Report) -> None:
+        recovery = self.watchdog.metrics() if self.watchdog is not None else None
+        self._exporter.update(report, self.detector.active_counts(), recovery)
+        if self._events is not None:
+            self._events.write(report)
 
     def _measure(self, loss: torch.Tensor | float, step_seconds: float, scaler: Any,
                  pending: tuple[Any, ...] | None) -> Packer:

@@ -57,6 +57,34 @@ class Config:
     """Skip the optimizer (and scheduler) step on every rank when any rank's loss or gradient
     is NaN or Inf."""
 
+    checkpoint_dir: str | None = None
+    """Folder of the watchdog's healthy checkpoints and ledger; None turns the watchdog off. A
+    run started again with the same folder resumes from its last healthy checkpoint."""
+
+    checkpoint_every: int = 50
+    """Save a healthy checkpoint after every this many steps (when the step is healthy)."""
+
+    checkpoint_keep: int = 3
+    """Healthy checkpoints kept on disk."""
+
+    healthy_window: int = 20
+    """A step is healthy when no warning or critical verdict came in this many steps before it."""
+
+    lr_backoff: float = 0.5
+    """Each rollback multiplies the learning rate by this (persisted across scheduler steps)."""
+
+    skip_margin: int = 2
+    """Batches skipped past the one that broke the run, on top of those since the checkpoint."""
+
+    max_rollbacks: int = 3
+    """More rollbacks than this within ``rollback_window`` steps aborts the run."""
+
+    rollback_window: int = 500
+    """Steps over which ``max_rollbacks`` is counted."""
+
+    abort_exit_code: int = 75
+    """Exit code of ``TrainingAborted`` when the loop guard gives up (EX_TEMPFAIL)."""
+
     metrics_port: int = 9400
     """Base port of each rank's Prometheus /metrics endpoint; the rank serves on
     base + LOCAL_RANK. 0 turns the endpoint off."""
@@ -82,6 +110,12 @@ class Config:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if not 0.0 < self.saturation_level:
             raise ValueError(f"saturation_level must be > 0, got {self.saturation_level}")
+        if self.checkpoint_every < 1 or self.checkpoint_keep < 1 or self.healthy_window < 0:
+            raise ValueError("checkpoint_every and checkpoint_keep must be >= 1, healthy_window >= 0")
+        if not 0.0 < self.lr_backoff <= 1.0:
+            raise ValueError(f"lr_backoff must be in (0, 1], got {self.lr_backoff}")
+        if self.skip_margin < 0 or self.max_rollbacks < 0 or self.rollback_window < 1:
+            raise ValueError("skip_margin and max_rollbacks must be >= 0, rollback_window >= 1")
         if self.update_ratio_max_bytes < 0:
             raise ValueError("update_ratio_max_bytes must be >= 0")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:

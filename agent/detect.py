@@ -25,7 +25,7 @@ PATTERNS = {
     "dead_layer": WARNING, "vanishing_gradients": WARNING, "saturation": WARNING,
     "dead_relu": WARNING, "activation_explosion": WARNING, "attention_saturation": WARNING,
     "fp16_overflow": WARNING, "dead_pipeline": WARNING, "generalization_gap": WARNING,
-    "straggler": WARNING,
+    "straggler": WARNING, "rollback_loop": CRITICAL,
 }
 """Every pattern the detector can name, with its severity (bounded label set for metrics)."""
 
@@ -158,7 +158,7 @@ class Detector:
                  thresholds: Thresholds | None = None, static: list[Verdict] | None = None):
         from .patterns import make_rules
         self.thresholds = thresholds or Thresholds()
-        self.block_names = block_names
+        self.block_names, self.block_kinds = block_names, block_kinds
         self.rules = make_rules(block_names, block_kinds, self.thresholds)
         self._static = list(static or [])
         # Keyed by (pattern, block, rank): a straggler has no block but one verdict per rank.
@@ -201,6 +201,12 @@ class Detector:
                 self.active[key] = v
         self.history.extend(emitted)
         return emitted
+
+    def reset(self) -> None:
+        """Forget every rolling window and active verdict (after a rollback); keep the history."""
+        from .patterns import make_rules
+        self.rules = make_rules(self.block_names, self.block_kinds, self.thresholds)
+        self.active = {k: v for k, v in self.active.items() if k in self._pinned}
 
     def observe_validation(self, step: int, loss: float) -> None:
         """Queue a validation loss (already identical on every rank) for the next report."""

@@ -51,6 +51,7 @@ class _Snapshot:
     activations: dict[str, dict[str, float]]
     verdicts: dict[str, int]
     active: dict[str, int]
+    recovery: dict[str, float] | None
 
 
 def _last(attr: str, default: float = math.nan) -> Callable[[_Snapshot], float]:
@@ -62,6 +63,11 @@ def _samples_per_second(s: _Snapshot) -> float | None:
     if r is None or r.samples is None or not r.step_seconds > 0:  # also rejects NaN
         return None
     return r.samples / r.step_seconds
+
+
+def _recovery(s: "_Snapshot", key: str) -> float | None:
+    """A watchdog value; None (no series) when the watchdog is off."""
+    return None if s.recovery is None else float(s.recovery[key])
 
 
 def _activation(key: str) -> Callable[[_Snapshot, str], float]:
@@ -142,6 +148,16 @@ METRICS: tuple[MetricSpec, ...] = (
                "when a scaler is passed to agent.step).", GLOBAL,
                lambda s: None if s.report is None or s.report.loss_scale is None
                else float(s.report.loss_scale)),
+    MetricSpec("torchvitals_rollbacks_total", "counter", "Rollbacks to a healthy checkpoint (this "
+               "process).", GLOBAL, lambda s: _recovery(s, "rollbacks")),
+    MetricSpec("torchvitals_last_healthy_step", "gauge", "Step of the last healthy checkpoint.",
+               GLOBAL, lambda s: _recovery(s, "last_healthy_step")),
+    MetricSpec("torchvitals_lr_scale", "gauge", "Factor the rollbacks' back-off left on the "
+               "learning rate.", GLOBAL, lambda s: _recovery(s, "lr_scale")),
+    MetricSpec("torchvitals_skipped_batches_total", "counter", "Batches never trained on after "
+               "rollbacks (the skip list).", GLOBAL, lambda s: _recovery(s, "skipped_batches")),
+    MetricSpec("torchvitals_checkpoint_seconds", "gauge", "Duration of the last healthy "
+               "checkpoint save.", GLOBAL, lambda s: _recovery(s, "checkpoint_seconds")),
     MetricSpec("torchvitals_verdicts_total", "counter", "Verdicts emitted, by pattern.", PATTERN,
                lambda s, p: float(s.verdicts.get(p, 0))),
     MetricSpec("torchvitals_active_verdicts", "gauge", "Blocks (or 1 for job-wide patterns) in "
@@ -187,6 +203,7 @@ class Exporter:
         self._activations: dict[str, dict[str, float]] = {}
         self._verdicts: dict[str, int] = {}
         self._active: dict[str, int] = {}
+        self._recovery: dict[str, float] | None = None
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._collector = _Collector(self)
@@ -215,12 +232,14 @@ class Exporter:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
-    def update(self, report: Report, active: dict[str, int] | None = None) -> None:
+    def update(self, report: Report, active: dict[str, int] | None = None,
+               recovery: dict[str, float] | None = None) -> None:
         """Cache the step's report; called on the training thread, so it only swaps references.
 
         Args:
             report: the step's report (kept by reference, not copied).
             active: pattern -> number of currently active verdicts (the detector's view).
+            recovery: the watchdog's numbers (rollbacks, lr_scale, ...), None without one.
         """
         verdicts = self._verdicts
         if self.rank == 0 and report.verdicts:
@@ -244,12 +263,13 @@ class Exporter:
             self._verdicts = verdicts
             if active is not None:
                 self._active = active
+            self._recovery = recovery
 
     def _snapshot(self) -> _Snapshot:
         with self._lock:
             return _Snapshot(self._report, self._steps, self._skipped, self._nonfinite,
                              self._world_size, self._update_ratio, self._activations,
-                             self._verdicts, self._active)
+                             self._verdicts, self._active, self._recovery)
 
     def close(self) -> None:
         """Stop serving and unregister the collector; safe to call twice."""

@@ -41,7 +41,8 @@ class Report:
     verdicts: list[Any] = field(default_factory=list)
     """Named failure patterns (filled by detection)."""
     action: str = "step"
-    """"step" (the optimizer stepped) or "skip" (no optimizer step on any rank)."""
+    """"step" (the optimizer stepped), "skip" (no optimizer step on any rank), "rollback" (every
+    rank restored the last healthy checkpoint) or "abort" (the loop guard gave up)."""
     clip_coef: float = 1.0
     """Factor the gradients were scaled by when ``clip_grad_norm`` is set (1.0 otherwise)."""
     world_size: int = 1
@@ -58,6 +59,10 @@ class Report:
     loading and forward, before the backward's collectives make every rank wait for the slowest."""
     loss_scale: float | None = None
     """The GradScaler scale used this step (when ``agent.step(loss, scaler=...)``)."""
+    rollback: dict[str, Any] | None = None
+    """With action "rollback": {"to_step", "lr_scale", "skipped": [start, stop)} (batch indices)."""
+    checkpointed: bool = False
+    """A healthy checkpoint of this step was saved."""
     overflow: bool = False
     """The scaler found Inf/NaN gradients on some rank: the step was skipped, the scale backed off."""
 

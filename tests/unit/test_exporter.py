@@ -21,6 +21,9 @@ from torchvitals.agent.exporter import (BLOCK, GLOBAL, METRICS, PATTERN, RANK, E
                                        MetricsPortError)
 from torchvitals.agent.report import Report
 
+RECOVERY = {"torchvitals_rollbacks", "torchvitals_last_healthy_step", "torchvitals_lr_scale",
+            "torchvitals_skipped_batches", "torchvitals_checkpoint_seconds"}
+
 BLOCKS = ["embed", "layers.0", "layers.1", "head"]
 NAME = re.compile(r"^torchvitals_[a-z][a-z0-9_]*$")
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_ratio", "_info")
@@ -146,8 +149,8 @@ def test_before_first_report_every_series_is_present(served):
     # Samples per second is the one series that waits for a report that counts samples.
     exported = {n for n in got}
     expected = {m.name.removesuffix("_total") for m in METRICS}
-    # Present only when the caller passes the sample count, or a GradScaler.
-    assert expected - exported == {"torchvitals_samples_per_second", "torchvitals_loss_scale"}
+    # Present only when the caller passes the sample count, a GradScaler, or runs the watchdog.
+    assert expected - exported == {"torchvitals_samples_per_second", "torchvitals_loss_scale"} | RECOVERY
 
 
 def test_samples_per_second_only_when_samples_known(served):
@@ -173,7 +176,8 @@ def test_names_follow_conventions(served):
     ex = served()
     report = make_report(1, sampled=True)
     report.loss_scale = 1024.0
-    ex.update(report)
+    ex.update(report, recovery={"rollbacks": 1, "lr_scale": 0.5, "last_healthy_step": 50,
+                                "skipped_batches": 12, "checkpoint_seconds": 0.2})
     got = scrape(ex.url)
     kinds = {m.name: m.kind for m in METRICS}
     assert {s for f in got.values() for s, _ in f["samples"]} == set(table), \

@@ -1,0 +1,143 @@
+"""The watchdog: healthy checkpoints, rollback with LR back-off and skipped batches, loop guard.
+
+    agent = torchvitals.watch(model, optimizer, scheduler, checkpoint_dir="ckpt")
+
+Every decision here is a function of the reduced report, so every rank takes it in the same
+step. A step is *healthy* when its optimizer step ran and no warning or critical verdict came in
+the ``healthy_window`` steps before it; every ``checkpoint_every`` steps a healthy step is saved.
+On a critical verdict every rank restores the last healthy checkpoint, multiplies the learning
+rate by ``lr_backoff``, and skips the batches from the checkpoint's position to the current one
+plus ``skip_margin``. More than ``max_rollbacks`` rollbacks within ``rollback_window`` steps
+aborts with ``abort_exit_code`` instead of looping.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from .checkpoint import CheckpointStore
+from .config import Config
+from .detect import CRITICAL, WARNING, Verdict
+from .ledger import Ledger
+from .sampler import SkipAwareBatches
+
+log = logging.getLogger(__name__)
+
+
+class TrainingAborted(SystemExit):
+    """The loop guard gave up: the run keeps failing after rollbacks. ``code`` is the exit code."""
+
+
+class Watchdog:
+    """Checkpoint store, ledger, LR scale and the rollback decisions of one rank."""
+
+    def __init__(self, config: Config, group: Any = None):
+        self.config = config
+        self.store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
+        self.ledger = Ledger(os.path.join(config.checkpoint_dir, "ledger.json")).load()
+        self.lr_scale = self.ledger.lr_scale
+        self.data = SkipAwareBatches(skipped=self.ledger.skipped)
+        self.last_bad = -(10 ** 9)
+        self.last_healthy: int | None = None
+        self.rollbacks = 0
+        self._rollback_ticks: list[int] = []
+        self.checkpoint_seconds = float("nan")
+
+    def resume(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> int | None:
+        """After a restart: load the last healthy checkpoint and the ledger's state, if any."""
+        if self.store.latest() is None:
+            return None
+        restored = self.store.load(model, optimizer, scheduler)
+        self._apply_lr_scale(optimizer, scheduler, restored["extra"].get("lr_scale", 1.0))
+        self.data.resume_at = restored["extra"].get("position", 0)
+        self.last_healthy = restored["step"]
+        log.warning("torchvitals: resumed from %s (step %d, lr scale %g, %d batches skipped)",
+                    restored["path"], restored["step"], self.lr_scale, self.data.skipped_count())
+        return restored["step"]
+
+    def note(self, step: int, verdicts: list[Verdict]) -> None:
+        if any(v.severity in (WARNING, CRITICAL) for v in verdicts):
+            self.last_bad = step
+
+    def healthy(self, step: int) -> bool:
+        return step - self.last_bad > self.config.healthy_window
+
+    def maybe_save(self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+                   history: list[Verdict]) -> bool:
+        """Save a healthy checkpoint if one is due; collective when it is (identical on all ranks)."""
+        if step % self.config.checkpoint_every or not self.healthy(step):
+            return False
+        extra = {"position": self.data.position, "lr_scale": self.lr_scale,
+                 "verdicts": [v.to_dict() for v in history[-100:]]}
+        path = self.store.save(step, model, optimizer, scheduler, extra=_plain(extra))
+        self.checkpoint_seconds = self.store.last_save_seconds
+        self.ledger.record_checkpoint(step, str(path))
+        self.last_healthy = step
+        return True
+
+    def rollback(self, step: int, tick: int, reason: str, model: torch.nn.Module, optimizer: Any,
+                 scheduler: Any) -> dict[str, Any] | None:
+        """Restore the last healthy checkpoint with the LR backed off and the bad batches skipped.
+
+        Returns:
+            ``{"to_step", "lr_scale", "skipped"}``, or None when there is no checkpoint yet.
+
+        Raises:
+            TrainingAborted: the loop guard tripped (after the ledger recorded the abort).
+        """
+        if self.store.latest() is None:
+            return None
+        recent = [t for t in self._rollback_ticks if tick - t < self.config.rollback_window]
+        if len(recent) >= self.config.max_rollbacks:
+            why = (f"{len(recent) + 1} rollbacks within {self.config.rollback_window} steps "
+                   f"(max_rollbacks={self.config.max_rollbacks}); last: {reason}")
+            self.ledger.record_abort(step, why)
+            raise TrainingAborted(self.config.abort_exit_code)
+        restored = self.store.load(model, optimizer, scheduler)
+        scale = self.lr_scale * self.config.lr_backoff
+        self._apply_lr_scale(optimizer, scheduler, restored["extra"].get("lr_scale", 1.0), scale)
+        start = restored["extra"].get("position", 0)
+        stop = self.data.position + self.config.skip_margin
+        self.data.skip(start, stop)
+        self.ledger.record_rollback(step, to_step=restored["step"], reason=reason,
+                                    lr_scale=self.lr_scale, skipped=(start, stop))
+        self.rollbacks += 1
+        self._rollback_ticks.append(tick)
+        self.last_bad = restored["step"]
+        return {"to_step": restored["step"], "lr_scale": self.lr_scale, "skipped": [start, stop]}
+
+    def _apply_lr_scale(self, optimizer: Any, scheduler: Any, saved_scale: float,
+                        scale: float | None = None) -> None:
+        """Bring the just-restored LRs (at ``saved_scale``) to ``scale`` (default: the ledger's).
+
+        The scheduler's ``base_lrs`` and each group's ``initial_lr`` scale too, so the back-off
+        survives every later scheduler step (LambdaLR & co. recompute the LR from them).
+        """
+        if scale is not None:
+            self.lr_scale = scale
+        factor = self.lr_scale / saved_scale
+        if factor == 1.0:
+            return
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * factor
+            if "initial_lr" in group:
+                group["initial_lr"] = group["initial_lr"] * factor
+        if scheduler is not None and hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+            scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+    def metrics(self) -> dict[str, float]:
+        return {"rollbacks": self.rollbacks, "lr_scale": self.lr_scale,
+                "last_healthy_step": float("nan") if self.last_healthy is None else self.last_healthy,
+                "skipped_batches": self.data.skipped_count(),
+                "checkpoint_seconds": self.checkpoint_seconds}
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats (a NaN loss in a verdict's evidence) become strings."""
+    from .report import _json_safe
+    return _json_safe(value)

@@ -1,0 +1,109 @@
+"""The watchdog in one process: healthy checkpoints, rollback, LR back-off, skips, resume, guard."""
+
+import json
+
+import pytest
+import torch
+
+import torchvitals
+from tinygpt import TinyGPT, random_batches
+from torchvitals.agent.watchdog import TrainingAborted
+from tvsupport import TINY
+
+BATCHES = list(random_batches(80, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
+
+
+def setup(tmp_path, **config):
+    torch.manual_seed(0)
+    model = TinyGPT(**TINY)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
+    settings = dict(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=10, healthy_window=5)
+    settings.update(config)
+    return model, opt, sched, torchvitals.watch(model, opt, sched, **settings)
+
+
+def train(model, opt, agent, steps, inject=None, seen=None):
+    reports = []
+    while agent.step_count < steps:
+        for x, y in agent.batches(BATCHES):
+            if seen is not None:
+                seen.append(int(x[0, 0]) * 1000 + int(x[0, 1]))
+            loss = model.loss(x, y)
+            if inject is not None:
+                loss = inject(agent.step_count + 1, loss)
+            loss.backward()
+            report = agent.step(loss)
+            opt.zero_grad(set_to_none=True)
+            reports.append(report)
+            if agent.step_count >= steps:
+                break
+    return reports
+
+
+def nan_once_at(at):
+    fired = []
+
+    def inject(step, loss):
+        if step == at and not fired:
+            fired.append(step)
+            return loss * float("nan")
+        return loss
+    return inject
+
+
+def test_nan_rolls_back_to_the_last_healthy_checkpoint(tmp_path):
+    model, opt, sched, agent = setup(tmp_path)
+    reports = train(model, opt, agent, 40, inject=nan_once_at(27))
+    rollbacks = [r for r in reports if r.action == "rollback"]
+    assert len(rollbacks) == 1
+    rb = rollbacks[0]
+    assert rb.step == 27 and rb.rollback["to_step"] == 20 and rb.rollback["lr_scale"] == 0.5
+    assert rb.rollback["skipped"] == [20, 29]       # checkpoint position .. batch 27 + margin 2
+    assert agent.skipped_batches == [(20, 29)]
+    assert [r.step for r in reports if r.checkpointed] == [10, 20, 30, 40]
+    assert agent.lr_scale == 0.5
+    assert sched.base_lrs == [pytest.approx(1.5e-3)] * len(sched.base_lrs)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1.5e-3)
+    ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
+    assert ledger["lr_scale"] == 0.5 and ledger["skipped"] == [[20, 29]]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    agent.close()
+
+
+def test_restart_resumes_position_lr_scale_and_skips(tmp_path):
+    model, opt, sched, agent = setup(tmp_path)
+    train(model, opt, agent, 35, inject=nan_once_at(27))
+    agent.close()
+    expected = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    position = agent.data_position
+    # A new process: same command, same folder -> resumes from step 30's checkpoint.
+    model2, opt2, sched2, agent2 = setup(tmp_path)
+    assert agent2.resumed_from == 30 and agent2.step_count == 30
+    assert agent2.lr_scale == 0.5 and agent2.skipped_batches == [(20, 29)]
+    assert opt2.param_groups[0]["lr"] == pytest.approx(1.5e-3)
+    seen = []
+    train(model2, opt2, agent2, 35, seen=seen)
+    assert agent2.data_position == position
+    for name, value in model2.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=0)
+    agent2.close()
+
+
+def test_a_spike_that_keeps_coming_back_aborts_with_the_exit_code(tmp_path):
+    model, opt, sched, agent = setup(tmp_path, max_rollbacks=2, abort_exit_code=77)
+    with pytest.raises(TrainingAborted) as info:
+        train(model, opt, agent, 60, inject=lambda s, l: l * float("nan") if s >= 23 else l)
+    assert info.value.code == 77
+    assert agent.watchdog.rollbacks == 2
+    assert agent.detector.history[-1].pattern == "rollback_loop"
+    ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
+    assert ledger["entries"][-1]["event"] == "abort"
+    agent.close()
+
+
+def test_without_a_checkpoint_yet_a_critical_step_is_skipped(tmp_path):
+    model, opt, sched, agent = setup(tmp_path)
+    reports = train(model, opt, agent, 5, inject=lambda s, l: l * float("nan") if s == 3 else l)
+    assert [r.action for r in reports] == ["step", "step", "skip", "step", "step"]
+    agent.close()
