@@ -3,6 +3,9 @@
 import os
 import sys
 
+import pytest
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 for path in (HERE, os.path.join(ROOT, "examples")):
@@ -13,3 +16,13 @@ for path in (HERE, os.path.join(ROOT, "examples")):
 # passes it explicitly.
 os.environ["TORCHVITALS_METRICS_PORT"] = "0"
 os.environ["TORCHVITALS_LOG_DIR"] = ""
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: the models are tiny, reductions stay deterministic, and CI's two
+    cores are shared with the spawned ranks."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

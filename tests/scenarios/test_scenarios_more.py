@@ -23,15 +23,6 @@ from tinygpt import TinyGPT, random_batches
 from tvsupport import TINY, run_world
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine, spinning OpenMP threads of these tiny
-    models turn a 0.3 s run into a 5 s one; the results do not depend on it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # ---------------------------------------------------------------- models, data, the loop
 

@@ -26,14 +26,6 @@ EARLY_WARNINGS = {"hot_lr", "layer_divergence", "grad_explosion", "activation_ex
 """The warnings of the hot-learning-rate fingerprint: update ratio, grad norms, activation max."""
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: deterministic reductions, and fair to a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(autouse=True)
 def default_config(monkeypatch):

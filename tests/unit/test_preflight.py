@@ -20,14 +20,6 @@ from torchvitals.agent.preflight import Finding, lr_range_test, memorization_tes
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Models this small run fastest on one thread, and the CI machine's cores are shared.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def bn_dropout_model() -> nn.Sequential:
     torch.manual_seed(0)
