@@ -10,5 +10,7 @@
 from .agent import Agent, Config, Report, watch
 from .agent.attention import record_attention
 from .agent.detect import Thresholds, Verdict
+from .agent.watchdog import TrainingAborted
 
-__all__ = ["Agent", "Config", "Report", "Thresholds", "Verdict", "record_attention", "watch"]
+__all__ = ["Agent", "Config", "Report", "Thresholds", "TrainingAborted", "Verdict",
+           "record_attention", "watch"]

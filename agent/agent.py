@@ -77,6 +77,7 @@ class Agent:
         self.watchdog = Watchdog(self.config, self._group) if self.config.checkpoint_dir else None
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
         self._ticks = 0
+        self._detector_at_checkpoint: Any = None
         self._exporter = self._start_exporter(registry)
         self._events = None
         if self.rank == 0 and self.config.log_dir:
@@ -188,6 +189,8 @@ class Agent:
             if self.watchdog is not None:
                 report.checkpointed = self.watchdog.maybe_save(
                     step, self.model, self.optimizer, self.scheduler, self.detector.history)
+                if report.checkpointed:
+                    self._detector_at_checkpoint = self.detector.snapshot()
         if use_scaler:
             amp.finish(scaler, self.optimizer, overflow=report.action != "step")
         self.step_count = report.rollback["to_step"] if report.rollback else step
@@ -217,7 +220,8 @@ class Agent:
             return
         report.action, report.rollback = "rollback", rolled
         self._pending_update = None
-        self.detector.reset()
+        if self._detector_at_checkpoint is not None:
+            self.detector.restore(self._detector_at_checkpoint)
 
     def _publish(self, report: Report) -> None:
         recovery = self.watchdog.metrics() if self.watchdog is not None else None

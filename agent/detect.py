@@ -9,6 +9,7 @@ watchdog acts on each.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
@@ -202,11 +203,14 @@ class Detector:
         self.history.extend(emitted)
         return emitted
 
-    def reset(self) -> None:
-        """Forget every rolling window and active verdict (after a rollback); keep the history."""
-        from .patterns import make_rules
-        self.rules = make_rules(self.block_names, self.block_kinds, self.thresholds)
-        self.active = {k: v for k, v in self.active.items() if k in self._pinned}
+    def snapshot(self) -> Any:
+        """The rules' windows as they are now (a few hundred floats), for ``restore``."""
+        return copy.deepcopy(self.rules)
+
+    def restore(self, rules: Any) -> None:
+        """Go back to a ``snapshot`` (the detector as it was at a checkpoint); keep the history,
+        so a failure that returns after a rollback is judged against the same healthy baseline."""
+        self.rules = copy.deepcopy(rules)
 
     def observe_validation(self, step: int, loss: float) -> None:
         """Queue a validation loss (already identical on every rank) for the next report."""

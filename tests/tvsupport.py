@@ -8,7 +8,10 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import os
+import pickle
 import socket
+import tempfile
+import time
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
@@ -176,3 +179,110 @@ def run_world(fn: Callable, *args: Any, world: int = 2, timeout: float = 180.0) 
     codes = [p.exitcode for p in procs]
     assert codes == [0] * world, f"exit codes {codes}"
     return [results[r] for r in range(world)]
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
+def snapshot_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """An in-memory copy of what a healthy checkpoint holds: model, optimizer, this rank's RNG."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(model, opt)
+    return {"model": _clone(model_sd), "optim": _clone(optim_sd), "rng": torch.get_rng_state()}
+
+
+def restore_state(model: torch.nn.Module, opt: torch.optim.Optimizer, snap: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    set_state_dict(model, opt, model_state_dict=_clone(snap["model"]),
+                   optim_state_dict=_clone(snap["optim"]))
+    torch.set_rng_state(snap["rng"])
+
+
+# ---------------------------------------------------------------- a world that may die
+
+def _job_child(fn: Callable, rank: int, world: int, port: int, result_dir: str, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    path = os.path.join(result_dir, f"result-{rank}.pkl")
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+        try:
+            value = fn(rank, world, *args)
+        finally:
+            dist.destroy_process_group()
+        with open(path, "wb") as f:
+            pickle.dump(("ok", value), f)
+    except BaseException:  # noqa: BLE001 - the parent reads it; the exit code stays the exception's
+        with open(path, "wb") as f:
+            pickle.dump(("raised", traceback.format_exc()), f)
+        raise
+
+
+def spawn_job(fn: Callable, *args: Any, world: int = 2, timeout: float = 90.0,
+              grace: float = 15.0) -> list[dict[str, Any]]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks that may die.
+
+    A rank killed by a signal makes the parent SIGKILL every other rank at once (the whole job
+    dies, as under a supervisor); a rank that exits non-zero leaves the others ``grace``
+    seconds to exit on their own (an abort reaches every rank in the same step); past
+    ``timeout`` every rank still alive is killed and reported as hung.
+
+    Returns:
+        Per rank: ``{"exitcode", "status" ("ok", "raised" or None), "value" or "traceback",
+        "hung", "killed_by_parent"}``.
+    """
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    result_dir = tempfile.mkdtemp(prefix="tv-job-")
+    procs = [ctx.Process(target=_job_child, args=(fn, r, world, port, result_dir, args))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    killed_by_parent: set[int] = set()
+    hung: set[int] = set()
+    first_failure: float | None = None
+    try:
+        while any(p.is_alive() for p in procs):
+            now = time.monotonic()
+            codes = [p.exitcode for p in procs]
+            alive = [r for r, p in enumerate(procs) if p.is_alive()]
+            if any(c is not None and c > 0 for c in codes) and first_failure is None:
+                first_failure = now
+            doomed: list[int] = []
+            if now > deadline:
+                hung.update(alive)
+                doomed = alive
+            elif any(c is not None and c < 0 for c in codes):
+                doomed = alive
+            elif first_failure is not None and now - first_failure > grace:
+                doomed = alive
+            for r in doomed:
+                killed_by_parent.add(r)
+                procs[r].kill()
+            time.sleep(0.02)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+    out = []
+    for r, p in enumerate(procs):
+        entry: dict[str, Any] = {"exitcode": p.exitcode, "status": None, "hung": r in hung,
+                                 "killed_by_parent": r in killed_by_parent}
+        path = os.path.join(result_dir, f"result-{r}.pkl")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                status, payload = pickle.load(f)
+            entry["status"] = status
+            entry["value" if status == "ok" else "traceback"] = payload
+        out.append(entry)
+    return out

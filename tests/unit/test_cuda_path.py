@@ -12,7 +12,7 @@ import torch
 
 import torchvitals
 from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY, TINY_BLOCKS, OutputRecorder, assert_activations, assert_close, ref_grad_norms
+from tvsupport import TINY, TINY_BLOCKS, OutputRecorder, assert_close, ref_grad_norms
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else []
 

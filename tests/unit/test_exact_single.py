@@ -32,6 +32,7 @@ def test_grad_norms_update_ratios_and_activations_match_reference():
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
     agent = torchvitals.watch(model, opt, sample_every=2)
     checked_updates = checked_acts = 0
+    expected_update: dict = {}
     for step, (x, y) in enumerate(_batches(7), start=1):
         sampled = step == 1 or step % 2 == 0
         recorder = OutputRecorder(reference, ACT_BLOCKS) if sampled else None

@@ -1,0 +1,64 @@
+"""The watchdog's public API in one process: the exception users catch, the agent without a
+checkpoint folder, and a loss spike that persists after every rollback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchvitals
+from tinygpt import TinyGPT, random_batches
+from tvsupport import TINY
+
+BATCHES = list(random_batches(60, batch=8, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
+
+
+def _setup(**config):
+    torch.manual_seed(0)
+    model = TinyGPT(**TINY)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.02 * s))
+    return model, opt, sched, torchvitals.watch(model, opt, sched, metrics_port=0, log_dir="", **config)
+
+
+def test_training_aborted_is_exported_and_a_system_exit():
+    assert hasattr(torchvitals, "TrainingAborted"), "torchvitals.TrainingAborted is not exported"
+    assert issubclass(torchvitals.TrainingAborted, SystemExit)
+    assert torchvitals.TrainingAborted(75).code == 75
+
+
+def test_without_checkpoint_dir_there_is_no_watchdog():
+    model, opt, sched, agent = _setup()
+    seen, actions = [], []
+    for step, (x, y) in enumerate(agent.batches(BATCHES[:12]), start=1):
+        seen.append(step)
+        loss = model.loss(x, y)
+        if step == 5:
+            loss = loss * float("nan")
+        loss.backward()
+        actions.append(agent.step(loss).action)
+        opt.zero_grad(set_to_none=True)
+    agent.close()
+    assert seen == list(range(1, 13))
+    assert actions == ["step"] * 4 + ["skip"] + ["step"] * 7      # today's behaviour
+    assert agent.resumed_from is None and agent.lr_scale == 1.0 and agent.skipped_batches == []
+
+
+def test_a_loss_spike_that_persists_after_rollbacks_trips_the_guard(tmp_path):
+    """The loss x 100 from step 21 on: every rollback to step 20 meets it again at step 21.
+    The detector must judge it against the healthy level it had learnt before the rollback;
+    one that starts afresh accepts x 100 as the new normal and trains on."""
+    model, opt, sched, agent = _setup(checkpoint_dir=str(tmp_path), checkpoint_every=10,
+                                      healthy_window=3, max_rollbacks=3, abort_exit_code=79)
+    actions = []
+    with pytest.raises(SystemExit) as info:
+        for x, y in agent.batches(BATCHES):
+            step = agent.step_count + 1
+            loss = model.loss(x, y) * (100 if step > 20 else 1)
+            loss.backward()
+            report = agent.step(loss)
+            opt.zero_grad(set_to_none=True)
+            actions.append((report.step, report.action))
+    agent.close()
+    assert [a for a in actions if a[1] != "step"] == [(21, "rollback")] * 3, actions
+    assert info.value.code == 79
