@@ -117,6 +117,20 @@ def _fail(message: str) -> None:
     raise AssertionError(message)
 
 
+def wrap(kind: str, model: nn.Module, world: int) -> nn.Module:
+    """DDP, or FSDP2 with every transformer block sharded separately and then the root."""
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 # ---------------------------------------------------------------- world-size-2 harness
 
 def free_port() -> int:

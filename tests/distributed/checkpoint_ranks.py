@@ -11,25 +11,16 @@ import signal
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tinygpt import TinyGPT, random_batches
 from torchvitals.agent.checkpoint import CheckpointError, CheckpointStore
-from tvsupport import TINY, full
+from tvsupport import TINY, full, wrap
 
 
 def _setup(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
     torch.manual_seed(0)
     model = TinyGPT(**TINY)
-    if kind == "ddp":
-        model = DDP(model)
-    else:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (world,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    model = wrap(kind, model, world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
     return model, opt, sched

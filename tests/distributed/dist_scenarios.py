@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import torchvitals
 from tinygpt import TinyGPT, random_batches
 from tvsupport import (TINY, TINY_BLOCKS, OutputRecorder, assert_activations, assert_close,
-                       ref_grad_norms, snapshot, ref_update_ratios)
+                       ref_grad_norms, ref_update_ratios, snapshot, wrap)
 
 GLOBAL_FIELDS = ("step", "loss", "grad_norm", "grad_norm_total", "update_ratio", "update_ratio_step",
                  "activations", "nonfinite", "nonfinite_loss", "nonfinite_grad", "action",
@@ -34,25 +34,13 @@ def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def _wrap(kind: str, model: torch.nn.Module, world: int) -> torch.nn.Module:
-    if kind == "ddp":
-        return DDP(model)
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (world,))
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
-
 def exact(rank: int, world: int, kind: str, steps: int, config: dict) -> list[dict]:
     """Train ``steps`` steps under DDP or FSDP2 and check every signal against the reference."""
     dims = dict(TINY, vocab=65) if kind == "fsdp" else TINY   # 65: uneven FSDP2 shards
     torch.manual_seed(0)
     model = TinyGPT(**dims)
     reference = copy.deepcopy(model)
-    wrapped = _wrap(kind, model, world)
+    wrapped = wrap(kind, model, world)
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     agent = torchvitals.watch(wrapped, opt, sample_every=2, **config)
@@ -102,7 +90,7 @@ def exact(rank: int, world: int, kind: str, steps: int, config: dict) -> list[di
 def nonfinite_on_one_rank(rank: int, world: int, kind: str, where: str, config: dict) -> list[dict]:
     """Rank 1 alone gets a NaN (in its loss, or an Inf in one gradient) at step 3."""
     torch.manual_seed(0)
-    model = _wrap(kind, TinyGPT(**TINY), world)
+    model = wrap(kind, TinyGPT(**TINY), world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     agent = torchvitals.watch(model, opt, sample_every=2, **config)
     out = []

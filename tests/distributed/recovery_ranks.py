@@ -23,11 +23,10 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchvitals
 from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY, full, restore_state, snapshot_state
+from tvsupport import TINY, full, restore_state, snapshot_state, wrap
 
 PER_RANK = 8                 # samples per rank per batch
 BASE_LR = 1e-2
@@ -54,15 +53,7 @@ def build(kind: str, world: int, scheduler: bool = True) -> tuple[torch.nn.Modul
     """The same initial model on every rank, wrapped for DDP or FSDP2, with AdamW (+ LambdaLR)."""
     torch.manual_seed(0)
     model = TinyGPT(**dims(kind))
-    if kind == "ddp":
-        model = DDP(model)
-    else:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (world,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    model = wrap(kind, model, world)
     opt = torch.optim.AdamW(model.parameters(), lr=BASE_LR, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda) if scheduler else None
     return model, opt, sched
