@@ -4,8 +4,8 @@
 
 Each test trains a small model on CPU into one fingerprint of DESIGN.md "Failure patterns" and
 asserts the verdict the agent names (pattern, block, step), plus a healthy control where the
-same model without the fault must stay quiet. The distributed ones run DDP on two gloo ranks
-(tvsupport.run_world) and assert the same verdict on both ranks in the same step.
+same model without the fault must stay quiet. The distributed ones are in
+test_scenarios_distributed.py.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchvitals
-from scenarios_more_ranks import nan_grad_on_one_rank, slow_rank
 from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY, run_world
-
+from tvsupport import TINY
 
 
 # ---------------------------------------------------------------- models, data, the loop
@@ -323,35 +321,6 @@ def test_scaled_attention_logits_saturate_that_block(kind, factor):
     assert verdicts[0].evidence["fired"] == "attention_entropy"
     assert agent.detector.is_active("attention_saturation", "blocks.1")
     assert history == [("attention_saturation", "blocks.1", 1)]
-
-
-# ---------------------------------------------------------------- non-finite gradient (DDP)
-
-def test_nan_gradient_on_one_rank_is_named_on_both_ranks():
-    results = run_world(nan_grad_on_one_rank, 10, 1, 5, "blocks.1.mlp.0.weight")
-    for rank, result in enumerate(results):
-        assert result["history"] == [("nonfinite_grad", "blocks.1", 5)], (rank, result["history"])
-        for s in result["steps"]:
-            if s["step"] == 5:
-                assert s["verdicts"] == [("nonfinite_grad", "blocks.1", 5, None)]
-                assert s["action"] == "skip" and not s["changed"] and not s["nonfinite_loss"]
-                assert "blocks.1" not in s["finite_blocks"] and len(s["finite_blocks"]) == 6
-            else:
-                assert s["action"] == "step" and s["changed"] and s["verdicts"] == []
-    assert results[0]["steps"] == results[1]["steps"]
-    assert results[0]["checksum"] == results[1]["checksum"], "the replicas stayed identical"
-
-
-# ---------------------------------------------------------------- straggler (DDP)
-
-def test_slow_data_loading_on_one_rank_is_a_straggler():
-    results = run_world(slow_rank, 20, 1, 11, 0.15)
-    for rank, result in enumerate(results):
-        # straggler_steps=5 consecutive slow steps from step 11: named at step 15, once.
-        assert result["history"] == [("straggler", None, 15, 1)], (rank, result["history"])
-        steps = result["steps"]
-        assert all(s["compute"][1] >= 0.15 for s in steps[10:]), "the sleep counts as compute"
-    assert [s["verdicts"] for s in results[0]["steps"]] == [s["verdicts"] for s in results[1]["steps"]]
 
 
 # ---------------------------------------------------------------- generalization gap
