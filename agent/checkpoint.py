@@ -9,6 +9,7 @@ One checkpoint, ``<root>/step-00000120/``:
     .metadata, __<rank>_0.distcp   DCP's model and optimizer shards (DDP and FSDP2 alike)
     state.json                      step, world size, scheduler state, the caller's ``extra``
     rng-rank-00000.json, ...        each rank's torch / CUDA / Python / NumPy RNG states
+    data-rank-00000.json, ...       each rank's own state from the caller (a stateful loader's)
     manifest.json                   size and SHA-256 of every other file, written last
 
 A save fills ``<root>/.tmp-step-00000120`` and rank 0 renames it into place only once every rank
@@ -100,7 +101,8 @@ class CheckpointStore:
         return folders[-1] if folders else None
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: Any = None, extra: dict[str, Any] | None = None) -> Path:
+             scheduler: Any = None, extra: dict[str, Any] | None = None,
+             rank_state: dict[str, Any] | None = None) -> Path:
         """Write a checkpoint of ``step`` and commit it; collective.
 
         Args:
@@ -109,6 +111,7 @@ class CheckpointStore:
             optimizer: its optimizer.
             scheduler: an LR scheduler whose ``state_dict()`` is JSON-able (the usual ones are).
             extra: JSON-able state of the caller (data position, skip list, ...); rank 0's is kept.
+            rank_state: JSON-able state of this rank alone (e.g. its data loader's), kept per rank.
 
         Returns:
             The committed folder.
@@ -168,7 +171,7 @@ class CheckpointStore:
 
         self._agree("preparing", prepare, step, tmp)
         self._agree("writing the RNG states",
-                    lambda: write_json(tmp / f"rng-rank-{self._rank:05d}.json", rng_state()), step, tmp)
+                    lambda: self._write_rank_files(tmp, rank_state), step, tmp)
         self._agree("writing the model and optimizer shards", write_shards, step, tmp)
         try:
             files = self._digests(tmp, self._on_leader(lambda: sorted(p.name for p in tmp.iterdir())))
@@ -190,7 +193,9 @@ class CheckpointStore:
                 newer one refused.
 
         Returns:
-            ``{"step", "path", "extra", "refused"}``: ``refused`` lists ``(folder, reason)``.
+            ``{"step", "path", "extra", "rank_state", "refused"}``: ``rank_state`` is this rank's
+            (None when none was saved or the world size changed); ``refused`` lists
+            ``(folder, reason)``.
 
         Raises:
             CheckpointError: ``path`` (or, without it, every checkpoint) fails verification.
@@ -235,7 +240,16 @@ class CheckpointStore:
         else:   # DCP reshards the tensors; per-rank RNG streams have no such mapping
             log.warning("%s was saved by %d ranks, now %d: RNG states not restored",
                         folder, state["world_size"], self._world)
-        return {"step": state["step"], "path": folder, "extra": state["extra"], "refused": refused}
+        mine = folder / f"data-rank-{self._rank:05d}.json"
+        rank_state = (json.loads(mine.read_text())
+                      if mine.exists() and state["world_size"] == self._world else None)
+        return {"step": state["step"], "path": folder, "extra": state["extra"],
+                "rank_state": rank_state, "refused": refused}
+
+    def _write_rank_files(self, tmp: Path, rank_state: dict[str, Any] | None) -> None:
+        write_json(tmp / f"rng-rank-{self._rank:05d}.json", rng_state())
+        if rank_state is not None:
+            write_json(tmp / f"data-rank-{self._rank:05d}.json", _jsonable(rank_state, "rank_state"))
 
     def _verify(self, folder: Path) -> str | None:
         """Why ``folder`` must not be loaded, or None; the same answer on every rank."""

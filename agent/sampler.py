@@ -9,11 +9,18 @@ the batches before the checkpoint's position are drawn and dropped too, so the j
 the right sample as long as the loader yields the same sequence again (a seeded sampler, e.g.
 ``DistributedSampler`` with ``set_epoch``). Every rank counts the same indices, so every rank
 skips the same steps.
+
+A loader with ``state_dict``/``load_state_dict`` -- torchdata's ``StatefulDataLoader``
+(``pip install torchvitals[data]``) -- is resumed from its own state in the checkpoint instead, so
+a restart reads nothing twice.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Iterable, Iterator
+
+import torch
 
 
 class SkipAwareBatches:
@@ -25,6 +32,8 @@ class SkipAwareBatches:
         self.resume_at = position
         self.skipped: list[tuple[int, int]] = [tuple(r) for r in skipped]
         self.used = False
+        self._loader: Any = None
+        self._loader_state: Any = None
 
     @property
     def position(self) -> int:
@@ -42,12 +51,57 @@ class SkipAwareBatches:
     def skipped_count(self) -> int:
         return sum(stop - start for start, stop in self.skipped)
 
+    def rank_state(self) -> dict[str, Any] | None:
+        """This rank's stateful loader's position (JSON-safe), or None for a plain loader."""
+        if not _stateful(self._loader):
+            return None
+        return {"loader": _encode(self._loader.state_dict()), "drawn": self.drawn}
+
+    def restore_rank_state(self, state: dict[str, Any] | None) -> None:
+        """Resume a stateful loader from ``rank_state`` at the next ``iterate``."""
+        if state is not None and "loader" in state:
+            self._loader_state = (_decode(state["loader"]), state["drawn"])
+
     def iterate(self, loader: Iterable[Any]) -> Iterator[Any]:
         """One pass over ``loader``, dropping batches consumed before a resume or skipped."""
         self.used = True
+        self._loader = loader
+        if self._loader_state is not None and _stateful(loader):
+            state, self.drawn = self._loader_state
+            loader.load_state_dict(state)        # continues mid-epoch, reading nothing twice
+        self._loader_state = None
         for batch in loader:
             index = self.drawn
             self.drawn += 1
             if index < self.resume_at or self.is_skipped(index):
                 continue
             yield batch
+
+
+def _stateful(loader: Any) -> bool:
+    return hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
+
+
+def _encode(value: Any) -> Any:
+    """JSON-safe copy of a loader state: tensors (a sampler's generator) as base64."""
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous()
+        return {"__tensor__": base64.b64encode(data.view(torch.uint8).numpy().tobytes()).decode(),
+                "dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape)}
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict) and "__tensor__" in value:
+        raw = bytearray(base64.b64decode(value["__tensor__"]))
+        dtype = getattr(torch, value["dtype"])
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(value["shape"]).clone()
+    if isinstance(value, dict):
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value

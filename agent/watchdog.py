@@ -54,6 +54,7 @@ class Watchdog:
         restored = self.store.load(model, optimizer, scheduler)
         self._apply_lr_scale(optimizer, scheduler, restored["extra"].get("lr_scale", 1.0))
         self.data.resume_at = restored["extra"].get("position", 0)
+        self.data.restore_rank_state(restored["rank_state"])
         self.last_healthy = restored["step"]
         log.warning("torchvitals: resumed from %s (step %d, lr scale %g, %d batches skipped)",
                     restored["path"], restored["step"], self.lr_scale, self.data.skipped_count())
@@ -73,7 +74,8 @@ class Watchdog:
             return False
         extra = {"position": self.data.position, "lr_scale": self.lr_scale,
                  "verdicts": [v.to_dict() for v in history[-100:]]}
-        path = self.store.save(step, model, optimizer, scheduler, extra=_plain(extra))
+        path = self.store.save(step, model, optimizer, scheduler, extra=_plain(extra),
+                               rank_state=self.data.rank_state())
         self.checkpoint_seconds = self.store.last_save_seconds
         self.ledger.record_checkpoint(step, str(path))
         self.last_healthy = step

@@ -88,7 +88,7 @@ def test_round_trip_restores_everything_and_training_continues_identically(tmp_p
     random.seed(1)
     np.random.seed(1)
     restored = store.load(model2, opt2, sched2)
-    assert restored == {"step": 3, "path": path, "extra": extra, "refused": []}
+    assert restored == {"step": 3, "path": path, "extra": extra, "rank_state": None, "refused": []}
     assert _same(_snapshot(model2, opt2, sched2), at_save)
     _train(model2, opt2, sched2, 4)
     assert _same(_snapshot(model2, opt2, sched2), uninterrupted)

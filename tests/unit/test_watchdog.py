@@ -107,3 +107,49 @@ def test_without_a_checkpoint_yet_a_critical_step_is_skipped(tmp_path):
     reports = train(model, opt, agent, 5, inject=lambda s, l: l * float("nan") if s == 3 else l)
     assert [r.action for r in reports] == ["step", "step", "skip", "step", "step"]
     agent.close()
+
+
+class CountingTokens(torch.utils.data.Dataset):
+    """Token sequences that count how often they are read."""
+
+    def __init__(self, n: int):
+        self.items = [(x[0], y[0]) for x, y in random_batches(n, batch=1, seq_len=TINY["seq_len"],
+                                                            vocab=TINY["vocab"], seed=3)]
+        self.reads = 0
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.items[i]
+
+
+def test_stateful_loader_resumes_without_reading_anything_twice(tmp_path):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def run(steps):
+        data = CountingTokens(400)
+        loader = StatefulDataLoader(data, batch_size=4, shuffle=True,
+                                    generator=torch.Generator().manual_seed(7))
+        model, opt, sched, agent = setup(tmp_path)
+        start = agent.step_count
+        while agent.step_count < steps:
+            for x, y in agent.batches(loader):
+                loss = model.loss(x, y)
+                loss.backward()
+                agent.step(loss)
+                opt.zero_grad(set_to_none=True)
+                if agent.step_count >= steps:
+                    break
+        agent.close()
+        return model, data.reads, start
+
+    first, reads, _ = run(35)                       # checkpoints at 10, 20, 30
+    assert reads == 35 * 4
+    resumed, reads, start = run(45)                 # a new process: resumes at step 30
+    assert start == 30 and reads == (45 - 30) * 4, "the resume read batches again"
+    (tmp_path / "ckpt").rename(tmp_path / "first")
+    straight, _, _ = run(45)
+    for (name, a), b in zip(resumed.state_dict().items(), straight.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
