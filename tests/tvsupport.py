@@ -232,12 +232,17 @@ def _job_child(fn: Callable, rank: int, world: int, port: int, result_dir: str, 
             value = fn(rank, world, *args)
         finally:
             dist.destroy_process_group()
-        with open(path, "wb") as f:
-            pickle.dump(("ok", value), f)
+        _write_result(path, ("ok", value))
     except BaseException:  # noqa: BLE001 - the parent reads it; the exit code stays the exception's
-        with open(path, "wb") as f:
-            pickle.dump(("raised", traceback.format_exc()), f)
+        _write_result(path, ("raised", traceback.format_exc()))
         raise
+
+
+def _write_result(path: str, result: tuple) -> None:
+    """Write-then-rename: the parent may SIGKILL this rank mid-write when its peer dies."""
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(result, f)
+    os.replace(path + ".tmp", path)
 
 
 def spawn_job(fn: Callable, *args: Any, world: int = 2, timeout: float = 90.0,
