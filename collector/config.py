@@ -1,0 +1,160 @@
+"""The collector's configuration: one keyword-only dataclass, set by flags and the environment.
+
+    torchvitals-collector --state-dir /var/lib/torchvitals --webhook-token-file /run/secrets/token
+
+Precedence: a command-line flag > an environment variable > the default. The variable of a
+field is ``TORCHVITALS_COLLECTOR_<FIELD>`` (e.g. ``TORCHVITALS_COLLECTOR_PORT=9500``), so it
+cannot be mistaken for an agent setting in a shared environment; the token's are
+``TORCHVITALS_WEBHOOK_TOKEN_FILE`` and ``TORCHVITALS_WEBHOOK_TOKEN``, which a job's agent can
+share. The token itself is never a flag (a flag shows in ``ps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..agent.config import ENV_PREFIX, _parse
+
+_SECRET_FIELDS = ("webhook_token",)
+"""Fields read from the environment only, never from a flag."""
+
+
+def env_name(field_name: str) -> str:
+    """The environment variable of a config field.
+
+    Args:
+        field_name: a ``CollectorConfig`` field.
+
+    Returns:
+        ``TORCHVITALS_WEBHOOK_*`` for the token's fields, else ``TORCHVITALS_COLLECTOR_<FIELD>``.
+    """
+    scoped = field_name if field_name.startswith("webhook_") else "collector_" + field_name
+    return ENV_PREFIX + scoped.upper()
+
+
+@dataclass(kw_only=True)
+class CollectorConfig:
+    host: str = "127.0.0.1"
+    """Address the HTTP service binds to. Use 0.0.0.0 to let Alertmanager on another host in."""
+
+    port: int = 9500
+    """TCP port of the HTTP service (the agents' /metrics use 9400 + LOCAL_RANK); 0 picks a
+    free one."""
+
+    state_dir: str = "torchvitals_collector"
+    """Folder of the directive store (``directives.json``); a collector restarted on the same
+    folder still knows every directive it issued or saw acknowledged."""
+
+    webhook_token_file: str | None = None
+    """File holding the Bearer token Alertmanager sends (``http_config.authorization``);
+    surrounding whitespace is ignored."""
+
+    webhook_token: str | None = field(default=None, repr=False)
+    """The Bearer token itself, from ``TORCHVITALS_WEBHOOK_TOKEN`` only. Set this or
+    ``webhook_token_file``, not both: the collector refuses to start without a token."""
+
+    max_body_bytes: int = 1 << 20
+    """Largest webhook body accepted; a larger Content-Length is answered 413 before the body is
+    read. 1 MiB holds hundreds of alerts (Alertmanager's ``max_alerts`` bounds a notification)."""
+
+    access_log: bool = True
+    """Log one line per request (method, path, status; never headers, so never the token)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if not self.state_dir:
+            raise ValueError("state_dir must not be empty")
+        if self.webhook_token is not None and self.webhook_token_file is not None:
+            raise ValueError("set either webhook_token_file or TORCHVITALS_WEBHOOK_TOKEN, not both")
+
+    def token(self) -> str:
+        """Read the webhook token.
+
+        Returns:
+            The token, stripped of surrounding whitespace.
+
+        Raises:
+            ValueError: no token is configured, or it is empty (the message never holds it).
+        """
+        if self.webhook_token_file is not None:
+            text = Path(self.webhook_token_file).read_text(encoding="utf-8")
+        elif self.webhook_token is not None:
+            text = self.webhook_token
+        else:
+            raise ValueError("no webhook token: set --webhook-token-file, "
+                             "TORCHVITALS_WEBHOOK_TOKEN_FILE or TORCHVITALS_WEBHOOK_TOKEN")
+        token = text.strip()
+        if not token:
+            raise ValueError("the webhook token is empty")
+        return token
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 **overrides: Any) -> "CollectorConfig":
+        """Build a config from defaults, then the variables of ``env_name``, then ``overrides``.
+
+        Args:
+            environ: the environment to read (default ``os.environ``).
+            **overrides: field values given by flags or code; they win over the environment.
+
+        Returns:
+            The validated config.
+        """
+        environ = os.environ if environ is None else environ
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(overrides) - set(names)
+        if unknown:
+            raise TypeError(f"unknown collector setting(s): {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {}
+        for name, f in names.items():
+            key = env_name(name)
+            if key in environ:
+                values[name] = _parse(environ[key], f, key)
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str] | None = None,
+                  environ: Mapping[str, str] | None = None) -> "CollectorConfig":
+        """Parse command-line flags over the environment.
+
+        Args:
+            argv: the arguments (default ``sys.argv[1:]``).
+            environ: the environment to read (default ``os.environ``).
+
+        Returns:
+            The validated config; argparse exits with status 2 on a malformed flag.
+        """
+        parser = argparse.ArgumentParser(
+            prog="torchvitals-collector",
+            description="Alertmanager webhook -> directives for torchvitals jobs. Every flag "
+                        "is also read from the variable shown; a flag wins over the variable. "
+                        "The token: TORCHVITALS_WEBHOOK_TOKEN or --webhook-token-file.")
+        for f in dataclasses.fields(cls):
+            if f.name in _SECRET_FIELDS:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            kind = str(f.type)
+            if kind.startswith("bool"):
+                parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                    default=None, help=env_name(f.name))
+            else:
+                parser.add_argument(flag, dest=f.name, default=None,
+                                    type=int if kind.startswith("int") else str,
+                                    help=env_name(f.name))
+        args = parser.parse_args(argv)
+        given = {k: v for k, v in vars(args).items() if v is not None}
+        if "webhook_token_file" in given:
+            given["webhook_token"] = None   # the flag wins over a token in the environment
+        try:
+            return cls.from_env(environ, **given)
+        except ValueError as exc:
+            parser.error(str(exc))

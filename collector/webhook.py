@@ -1,0 +1,164 @@
+"""Alertmanager webhook (payload version 4): parse, validate, and read the orders in the labels.
+
+    python -m pytest tests/integration/test_collector_webhook.py
+
+Pure functions from bytes to plain data; the HTTP service (``server.py``) calls them and the
+directive store (``directives.py``) acts on what they return. The payload is documented at
+https://prometheus.io/docs/alerting/latest/configuration/#webhook_config.
+
+A firing alert orders something of a job through two labels: ``torchvitals_action`` (one of
+``ACTIONS``) and ``job``. Any other alert is recorded by the store but never acted on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+VERSION = "4"
+"""The only webhook payload version Alertmanager has shipped; another one is rejected."""
+
+ACTIONS = ("rollback", "abort")
+"""Values of the ``torchvitals_action`` label that become directives."""
+
+ACTION_LABEL = "torchvitals_action"
+JOB_LABEL = "job"
+STATUSES = ("firing", "resolved")
+
+
+class PayloadError(ValueError):
+    """A webhook body that cannot be used; ``reason`` is a short, bounded metric label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert of a notification, reduced to what the collector uses."""
+
+    status: str
+    labels: Mapping[str, str]
+    fingerprint: str
+    starts_at: str
+    """Verbatim from the payload: HA replicas send the same string for the same alert."""
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One webhook delivery: a group of alerts."""
+
+    group_key: str
+    status: str
+    receiver: str
+    alerts: tuple[Alert, ...]
+
+
+@dataclass(frozen=True)
+class Order:
+    """What a firing alert asks of a job; the store turns it into at most one directive."""
+
+    job: str
+    action: str
+    fingerprint: str
+    starts_at: str
+    labels: Mapping[str, str]
+
+    @property
+    def key(self) -> str:
+        """The alert's identity: repeats and HA duplicates share fingerprint and startsAt."""
+        return f"{self.fingerprint}@{self.starts_at}"
+
+
+def _require(obj: Mapping[str, Any], name: str, kind: type, where: str) -> Any:
+    if name not in obj:
+        raise PayloadError("missing_field", f"{where}: missing field {name!r}")
+    value = obj[name]
+    if not isinstance(value, kind):
+        raise PayloadError("invalid_field",
+                           f"{where}: field {name!r} must be {kind.__name__}, "
+                           f"got {type(value).__name__}")
+    return value
+
+
+def _status(value: str, where: str) -> str:
+    if value not in STATUSES:
+        raise PayloadError("invalid_field",
+                           f"{where}: status must be 'firing' or 'resolved', got {value!r}")
+    return value
+
+
+def _alert(obj: Any, index: int) -> Alert:
+    where = f"alerts[{index}]"
+    if not isinstance(obj, dict):
+        raise PayloadError("invalid_field", f"{where} must be an object")
+    status = _status(_require(obj, "status", str, where), where)
+    labels = _require(obj, "labels", dict, where)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise PayloadError("invalid_field", f"{where}: labels must map strings to strings")
+    fingerprint = _require(obj, "fingerprint", str, where)
+    if not fingerprint:
+        raise PayloadError("invalid_field", f"{where}: fingerprint must not be empty")
+    starts_at = _require(obj, "startsAt", str, where)
+    try:
+        # Alertmanager writes nanoseconds; Python 3.11 reads them (truncated to microseconds).
+        datetime.fromisoformat(starts_at)
+    except ValueError:
+        raise PayloadError("invalid_field",
+                           f"{where}: startsAt is not an RFC 3339 time: {starts_at!r}") from None
+    return Alert(status=status, labels=dict(labels), fingerprint=fingerprint,
+                 starts_at=starts_at)
+
+
+def parse_notification(body: bytes) -> Notification:
+    """Parse and validate one webhook body.
+
+    Args:
+        body: the raw request body.
+
+    Returns:
+        The notification.
+
+    Raises:
+        PayloadError: with ``reason`` one of ``invalid_json``, ``unsupported_version``,
+            ``missing_field``, ``invalid_field``, and a message naming the offending field.
+    """
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise PayloadError("invalid_json", f"body is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise PayloadError("invalid_field", "body must be a JSON object")
+    version = _require(obj, "version", str, "payload")
+    if version != VERSION:
+        raise PayloadError("unsupported_version",
+                           f"payload version {version!r} is not supported (expected {VERSION!r})")
+    group_key = _require(obj, "groupKey", str, "payload")
+    status = _status(_require(obj, "status", str, "payload"), "payload")
+    receiver = obj.get("receiver", "")
+    alerts = _require(obj, "alerts", list, "payload")
+    return Notification(group_key=group_key, status=status,
+                        receiver=receiver if isinstance(receiver, str) else "",
+                        alerts=tuple(_alert(a, i) for i, a in enumerate(alerts)))
+
+
+def order_of(alert: Alert) -> Order | None:
+    """Read what a firing alert orders.
+
+    Args:
+        alert: one validated alert.
+
+    Returns:
+        The order, or None when the alert is resolved, carries no known ``torchvitals_action``
+        or names no ``job``: such an alert is recorded, not acted on.
+    """
+    action = alert.labels.get(ACTION_LABEL)
+    job = alert.labels.get(JOB_LABEL)
+    if alert.status != "firing" or action not in ACTIONS or not job:
+        return None
+    return Order(job=job, action=action, fingerprint=alert.fingerprint,
+                 starts_at=alert.starts_at, labels=alert.labels)
