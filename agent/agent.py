@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -23,14 +24,15 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from . import scaler as amp
-from .activations import ActivationStats, summarize
+from .activations import ActivationStats
 from .attention import AttentionStats
 from .blocks import Blocks, discover, unwrap
 from .config import Config
+from .directives import CODES, DirectivePoller
 from .detect import CRITICAL, Detector, Thresholds, Verdict
 from .eventlog import EventLog
 from .exporter import Exporter
-from .reduce import Packer, Reducer
+from .reduce import Packer, Reducer, unpack
 from .sampler import SkipAwareBatches
 from .report import Report
 from .stats import GradStats, UpdateRatio, local
@@ -38,6 +40,7 @@ from .watchdog import TrainingAborted, Watchdog
 from .wiring import wiring_verdicts
 
 F64 = torch.float64
+log = logging.getLogger(__name__)
 
 
 class Agent:
@@ -78,6 +81,9 @@ class Agent:
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
         self._ticks = 0
         self._detector_at_checkpoint: Any = None
+        self._poller = (DirectivePoller(self.config.collector_url, self.config.collector_job,
+                                        self.config.collector_poll_seconds)
+                        if self.config.collector_url and self.rank == 0 else None)
         self._exporter = self._start_exporter(registry)
         self._events = None
         if self.rank == 0 and self.config.log_dir:
@@ -167,7 +173,8 @@ class Agent:
         pending, self._pending_update = self._pending_update, None
         packer = self._measure(loss, step_seconds, scaler if use_scaler else None, pending)
         layout, host = self._reducer.reduce(packer)
-        report = self._report(step, layout, host, pending)
+        report = unpack(layout, host, step=step, names=self.blocks.names,
+                        world_size=self.world_size, rank=self.rank, pending=pending)
         report.step_seconds, report.samples = step_seconds, samples
         extra: dict[str, Any] = {"rank_compute_seconds": report.rank_compute_seconds}
         if use_scaler:
@@ -175,6 +182,8 @@ class Agent:
             report.overflow = report.nonfinite_grad and not report.nonfinite_loss
             extra["scaler"] = {"scale": report.loss_scale, "overflow": report.overflow}
         report.verdicts = self.detector.observe(report, extra)
+        if self.config.collector_url:
+            self._directive(report, layout.get(host, "directive")[0])
         self._losses.append((step, report.loss))
         self._ticks += 1
         critical = sorted({v.pattern for v in report.verdicts if v.severity == CRITICAL})
@@ -223,6 +232,23 @@ class Agent:
         if self._detector_at_checkpoint is not None:
             self.detector.restore(self._detector_at_checkpoint)
 
+    def _directive(self, report: Report, code: float) -> None:
+        """Every rank, same step: a collector's directive becomes a critical verdict, or an abort."""
+        action = CODES.get(code)
+        if action is None:
+            return
+        taken = self._poller.take() if self._poller is not None else None
+        if taken is not None:
+            log.warning("torchvitals: collector directive %s (%s) at step %d", taken["id"], action,
+                        report.step)
+        verdict = Verdict("collector_directive", CRITICAL, report.step, None, {"action": action})
+        report.verdicts.append(verdict)
+        self.detector.history.append(verdict)
+        if action == "abort":
+            report.action = "abort"
+            self._publish(report)
+            raise TrainingAborted(self.config.abort_exit_code)
+
     def _publish(self, report: Report) -> None:
         recovery = self.watchdog.metrics() if self.watchdog is not None else None
         self._exporter.update(report, self.detector.active_counts(), recovery)
@@ -241,6 +267,9 @@ class Agent:
             packer.add_sum("loss_scale", amp.unscale(scaler, self.optimizer) / self.world_size)
         packer.add_sum("grad_sq", self._grads.block_sq(self.device))
         self._pack_loss(packer, loss)
+        if self.config.collector_url:
+            # Only rank 0 polls, so the SUM carries its code to every rank unchanged.
+            packer.add_host_sum("directive", [self._poller.code() if self._poller else 0.0])
         if pending is not None:
             packer.add_sum("update_dsq", pending[0])
             packer.add_sum("update_wsq", pending[1])
@@ -315,43 +344,11 @@ class Agent:
             d_sq, w_sq, chosen = self._update.after_step(self.device)
             self._pending_update = (d_sq, w_sq, chosen, report.step)
 
-    def _report(self, step: int, layout: Any, host: list[float],
-                pending: tuple[Any, Any, list[bool], int] | None) -> Report:
-        names = self.blocks.names
-        grad_sq = layout.get(host, "grad_sq")
-        loss_sum = layout.get(host, "loss")[0]
-        nonfinite_loss = layout.get(host, "loss_nonfinite")[0] > 0 or not math.isfinite(loss_sum)
-        total = math.sqrt(sum(grad_sq))
-        nonfinite_grad = not math.isfinite(total)
-        report = Report(
-            step=step, loss=loss_sum / self.world_size,
-            grad_norm={n: math.sqrt(v) for n, v in zip(names, grad_sq)},
-            grad_norm_total=total, nonfinite=nonfinite_loss or nonfinite_grad,
-            nonfinite_loss=nonfinite_loss, nonfinite_grad=nonfinite_grad,
-            world_size=self.world_size, rank=self.rank,
-            rank_step_seconds=layout.get(host, "rank_step_seconds"),
-            rank_compute_seconds=layout.get(host, "rank_compute_seconds"),
-            local_loss=layout.get(host, "local_loss")[0])
-        if pending is not None:
-            d_sq, w_sq, chosen = layout.get(host, "update_dsq"), layout.get(host, "update_wsq"), pending[2]
-            report.update_ratio = {n: _ratio(d, w) for n, d, w, c in zip(names, d_sq, w_sq, chosen) if c}
-            report.update_ratio_step = pending[3]
-        if "act_sums" in layout:
-            counts, sums, maxes = (layout.get(host, "act_count"), layout.get(host, "act_sums"),
-                                   layout.get(host, "act_max"))
-            report.activations = {n: summarize(counts[b], sums[5 * b:5 * b + 5], maxes[b])
-                                  for b, n in enumerate(names) if counts[b] > 0}
-            attn, neg_entropy, logit = (layout.get(host, "attn_count"),
-                                        layout.get(host, "attn_neg_entropy"), layout.get(host, "attn_logit"))
-            for b, n in enumerate(names):
-                if attn[b] > 0 and n in report.activations:
-                    report.activations[n]["attention_entropy"] = -neg_entropy[b]
-                    report.activations[n]["attention_logit_max"] = logit[b] if logit[b] > -math.inf else math.nan
-        return report
-
     def close(self) -> None:
         """Remove hooks, stop the /metrics endpoint and close the event log."""
         self._forward_hook.remove()
+        if self._poller is not None:
+            self._poller.close()
         if self._acts is not None:
             self._acts.close()
             self._attn.close()
@@ -364,12 +361,6 @@ class Agent:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _ratio(d_sq: float, w_sq: float) -> float:
-    if w_sq == 0:
-        return 0.0 if d_sq == 0 else math.inf
-    return math.sqrt(d_sq) / math.sqrt(w_sq)
 
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,

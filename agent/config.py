@@ -85,6 +85,16 @@ class Config:
     abort_exit_code: int = 75
     """Exit code of ``TrainingAborted`` when the loop guard gives up (EX_TEMPFAIL)."""
 
+    collector_url: str | None = None
+    """Base URL of the collector whose directives (rollback, abort) this job obeys; global rank
+    0 polls it off the training thread. The bearer token comes from TORCHVITALS_WEBHOOK_TOKEN."""
+
+    collector_job: str = "default"
+    """The job name the collector addresses directives to (its alerts' ``job`` label)."""
+
+    collector_poll_seconds: float = 2.0
+    """Seconds between polls of the collector."""
+
     metrics_port: int = 9400
     """Base port of each rank's Prometheus /metrics endpoint; the rank serves on
     base + LOCAL_RANK. 0 turns the endpoint off."""
@@ -116,6 +126,8 @@ class Config:
             raise ValueError(f"lr_backoff must be in (0, 1], got {self.lr_backoff}")
         if self.skip_margin < 0 or self.max_rollbacks < 0 or self.rollback_window < 1:
             raise ValueError("skip_margin and max_rollbacks must be >= 0, rollback_window >= 1")
+        if not self.collector_poll_seconds > 0:
+            raise ValueError(f"collector_poll_seconds must be > 0, got {self.collector_poll_seconds}")
         if self.update_ratio_max_bytes < 0:
             raise ValueError("update_ratio_max_bytes must be >= 0")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:

@@ -26,7 +26,7 @@ PATTERNS = {
     "dead_layer": WARNING, "vanishing_gradients": WARNING, "saturation": WARNING,
     "dead_relu": WARNING, "activation_explosion": WARNING, "attention_saturation": WARNING,
     "fp16_overflow": WARNING, "dead_pipeline": WARNING, "generalization_gap": WARNING,
-    "straggler": WARNING, "rollback_loop": CRITICAL,
+    "straggler": WARNING, "rollback_loop": CRITICAL, "collector_directive": CRITICAL,
 }
 """Every pattern the detector can name, with its severity (bounded label set for metrics)."""
 

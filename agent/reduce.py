@@ -1,5 +1,5 @@
 """Pack a step's statistics into one SUM vector (and, on sampled steps, one MAX vector), reduce
-them across ranks, and bring the result to the host in one copy.
+them across ranks, bring the result to the host in one copy, and unpack it into the Report.
 
 At most two collectives per step whatever the model size: the SUM part always, the MAX part only
 when there is something to take the maximum of (activation abs_max, on sampled steps). Every rank
@@ -8,10 +8,15 @@ decides the layout from the same deterministic schedule, so the collectives alwa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from .activations import summarize
+from .report import Report
 
 F64 = torch.float64
 
@@ -123,3 +128,44 @@ class Reducer:
             self.collectives += 1
         parts = [sum_vec] + ([max_vec] if max_vec is not None else []) + [local_vec]
         return layout, torch.cat(parts).tolist()
+
+
+def unpack(layout: Layout, host: list[float], *, step: int, names: list[str], world_size: int,
+           rank: int, pending: tuple[Any, Any, list[bool], int] | None) -> Report:
+    """The step's Report from the reduced host vector (identical on every rank but local_*)."""
+    grad_sq = layout.get(host, "grad_sq")
+    loss_sum = layout.get(host, "loss")[0]
+    nonfinite_loss = layout.get(host, "loss_nonfinite")[0] > 0 or not math.isfinite(loss_sum)
+    total = math.sqrt(sum(grad_sq))
+    nonfinite_grad = not math.isfinite(total)
+    report = Report(
+        step=step, loss=loss_sum / world_size,
+        grad_norm={n: math.sqrt(v) for n, v in zip(names, grad_sq)},
+        grad_norm_total=total, nonfinite=nonfinite_loss or nonfinite_grad,
+        nonfinite_loss=nonfinite_loss, nonfinite_grad=nonfinite_grad,
+        world_size=world_size, rank=rank,
+        rank_step_seconds=layout.get(host, "rank_step_seconds"),
+        rank_compute_seconds=layout.get(host, "rank_compute_seconds"),
+        local_loss=layout.get(host, "local_loss")[0])
+    if pending is not None:
+        d_sq, w_sq, chosen = layout.get(host, "update_dsq"), layout.get(host, "update_wsq"), pending[2]
+        report.update_ratio = {n: _ratio(d, w) for n, d, w, c in zip(names, d_sq, w_sq, chosen) if c}
+        report.update_ratio_step = pending[3]
+    if "act_sums" in layout:
+        counts, sums, maxes = (layout.get(host, "act_count"), layout.get(host, "act_sums"),
+                               layout.get(host, "act_max"))
+        report.activations = {n: summarize(counts[b], sums[5 * b:5 * b + 5], maxes[b])
+                              for b, n in enumerate(names) if counts[b] > 0}
+        attn, neg_entropy, logit = (layout.get(host, "attn_count"),
+                                    layout.get(host, "attn_neg_entropy"), layout.get(host, "attn_logit"))
+        for b, n in enumerate(names):
+            if attn[b] > 0 and n in report.activations:
+                report.activations[n]["attention_entropy"] = -neg_entropy[b]
+                report.activations[n]["attention_logit_max"] = logit[b] if logit[b] > -math.inf else math.nan
+    return report
+
+
+def _ratio(d_sq: float, w_sq: float) -> float:
+    if w_sq == 0:
+        return 0.0 if d_sq == 0 else math.inf
+    return math.sqrt(d_sq) / math.sqrt(w_sq)

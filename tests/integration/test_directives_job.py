@@ -1,0 +1,89 @@
+"""A directive posted to the collector's webhook reaches a running 2-rank job: both ranks roll
+back in the same step, and the directive is acknowledged once."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+from directive_ranks import obedient_job
+from torchvitals.collector import CollectorConfig, CollectorServer
+from tvsupport import run_world
+
+TOKEN = "job-token-123"
+
+
+def post(url: str, path: str, body: dict | None = None, method: str = "POST") -> dict:
+    req = urllib.request.Request(url + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {TOKEN}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read().decode())
+
+
+def rollback_alert() -> dict:
+    return {"version": "4", "groupKey": "{}:{alertname=\"TorchvitalsLossSpike\"}", "status": "firing",
+            "receiver": "torchvitals", "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
+            "externalURL": "", "truncatedAlerts": 0,
+            "alerts": [{"status": "firing", "fingerprint": "abc123", "startsAt": "2026-11-29T10:00:00Z",
+                        "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "annotations": {},
+                        "labels": {"alertname": "TorchvitalsLossSpike", "job": "train-a",
+                                   "torchvitals_action": "rollback"}}]}
+
+
+def test_rollback_directive_rolls_both_ranks_back_in_the_same_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN", TOKEN)       # the ranks inherit it
+    server = CollectorServer(CollectorConfig(port=0, state_dir=str(tmp_path / "state"),
+                                             webhook_token=TOKEN, access_log=False)).start()
+    url = f"http://127.0.0.1:{server.port}"
+    marker = tmp_path / "at-step-25"
+    posted: list[float] = []
+
+    def post_when_ready() -> None:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        posted.append(time.time())
+        post(url, "/alerts", rollback_alert())
+    poster = threading.Thread(target=post_when_ready, daemon=True)
+    poster.start()
+    try:
+        rank0, rank1 = run_world(obedient_job, url, str(tmp_path / "ckpt"), str(marker), 60)
+        poster.join(5)
+        pending = post(url, "/directives?job=train-a", method="GET")["directives"]
+        health = post(url, "/healthz", method="GET")
+    finally:
+        server.stop()
+    steps = [[(r["step"], r["action"]) for r in rank["reports"]] for rank in (rank0, rank1)]
+    assert steps[0] == steps[1], "the ranks took different actions"
+    rollbacks = [r for r in rank0["reports"] if r["action"] == "rollback"]
+    assert len(rollbacks) == 1, steps[0]
+    rb = rollbacks[0]
+    assert "collector_directive" in rb["verdicts"] and rb["rollback"]["to_step"] == 20
+    # Posted after step 25; polled every 0.05 s against 0.02 s+ steps: acted on within a few steps.
+    assert rb["time"] >= posted[0] and rb["step"] - 25 <= 15, (rb["step"], posted)
+    assert pending == [] and health["directives"] == {"pending": 0, "acknowledged": 1}
+
+
+def test_a_collector_that_is_down_is_counted_not_a_training_failure(caplog):
+    import torch
+    import torchvitals
+    from tinygpt import TinyGPT, random_batches
+    from tvsupport import TINY, free_port
+    model = TinyGPT(**TINY)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    agent = torchvitals.watch(model, opt, collector_url=f"http://127.0.0.1:{free_port()}",
+                              collector_poll_seconds=0.02)
+    for x, y in random_batches(10, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]):
+        loss = model.loss(x, y)
+        loss.backward()
+        assert agent.step(loss).action == "step"
+        opt.zero_grad()
+        time.sleep(0.02)
+    agent.close()
+    assert agent._poller.failures > 0
+    down = [r for r in caplog.records if "cannot poll directives" in r.getMessage()]
+    assert len(down) == 1, "an outage is logged once, not once per poll"
