@@ -32,6 +32,7 @@ from .directives import CODES, DirectivePoller
 from .detect import CRITICAL, Detector, Thresholds, Verdict
 from .eventlog import EventLog
 from .exporter import Exporter
+from .heartbeat import Heartbeat
 from .reduce import Packer, Reducer, unpack
 from .sampler import SkipAwareBatches
 from .report import Report
@@ -96,10 +97,18 @@ class Agent:
         self._losses: deque[tuple[int, float]] = deque(maxlen=100_000)
         self._validation: list[tuple[int, float]] = []
         self._pending_update: tuple[torch.Tensor, torch.Tensor, list[bool], int] | None = None
+        self.heartbeat = (Heartbeat(self.config.heartbeat_dir, self.rank)
+                          if self.config.heartbeat_dir else None)
+        if self.heartbeat is not None and self.watchdog is not None:
+            self.watchdog.on_phase = lambda phase: self.heartbeat.beat(phase=phase)
+        if self.heartbeat is not None:
+            self.heartbeat.beat(0, "checkpoint" if self.watchdog is not None else "train")
         self.resumed_from = (self.watchdog.resume(model, optimizer, scheduler)
                              if self.watchdog is not None else None)
         if self.resumed_from is not None:
             self.step_count = self.resumed_from
+        if self.heartbeat is not None:
+            self.heartbeat.beat(0, "train")
         self._last_end = clock()
         self._forward_end = -math.inf
         # Always on and O(1): the end of each forward pass, for per-rank compute time.
@@ -206,6 +215,8 @@ class Agent:
         if self.sampled(self.step_count + 1):
             self._arm()
         self._publish(report)
+        if self.heartbeat is not None:
+            self.heartbeat.beat(self._ticks)
         self._last_end = self._clock()
         return report
 

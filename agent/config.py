@@ -95,6 +95,10 @@ class Config:
     collector_poll_seconds: float = 2.0
     """Seconds between polls of the collector."""
 
+    heartbeat_dir: str | None = None
+    """Folder where each rank keeps a heartbeat file for ``torchvitals supervise`` (which sets
+    TORCHVITALS_HEARTBEAT_DIR for the job); None writes none."""
+
     metrics_port: int = 9400
     """Base port of each rank's Prometheus /metrics endpoint; the rank serves on
     base + LOCAL_RANK. 0 turns the endpoint off."""

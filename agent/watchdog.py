@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -46,6 +46,8 @@ class Watchdog:
         self.rollbacks = 0
         self._rollback_ticks: list[int] = []
         self.checkpoint_seconds = float("nan")
+        self.on_phase: Callable[[str], None] = lambda phase: None
+        """Told "checkpoint" before a checkpoint is written or loaded and "train" after."""
 
     def resume(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> int | None:
         """After a restart: load the last healthy checkpoint and the ledger's state, if any."""
@@ -74,8 +76,12 @@ class Watchdog:
             return False
         extra = {"position": self.data.position, "lr_scale": self.lr_scale,
                  "verdicts": [v.to_dict() for v in history[-100:]]}
-        path = self.store.save(step, model, optimizer, scheduler, extra=_plain(extra),
-                               rank_state=self.data.rank_state())
+        self.on_phase("checkpoint")
+        try:
+            path = self.store.save(step, model, optimizer, scheduler, extra=_plain(extra),
+                                   rank_state=self.data.rank_state())
+        finally:
+            self.on_phase("train")
         self.checkpoint_seconds = self.store.last_save_seconds
         self.ledger.record_checkpoint(step, str(path))
         self.last_healthy = step
@@ -99,7 +105,11 @@ class Watchdog:
                    f"(max_rollbacks={self.config.max_rollbacks}); last: {reason}")
             self.ledger.record_abort(step, why)
             raise TrainingAborted(self.config.abort_exit_code)
-        restored = self.store.load(model, optimizer, scheduler)
+        self.on_phase("checkpoint")
+        try:
+            restored = self.store.load(model, optimizer, scheduler)
+        finally:
+            self.on_phase("train")
         scale = self.lr_scale * self.config.lr_backoff
         self._apply_lr_scale(optimizer, scheduler, restored["extra"].get("lr_scale", 1.0), scale)
         start = restored["extra"].get("position", 0)

@@ -62,3 +62,21 @@ def test_a_loss_spike_that_persists_after_rollbacks_trips_the_guard(tmp_path):
     agent.close()
     assert [a for a in actions if a[1] != "step"] == [(21, "rollback")] * 3, actions
     assert info.value.code == 79
+
+
+def test_heartbeat_reports_progress_and_checkpoint_phases(tmp_path):
+    import json as _json
+    from torchvitals.agent.heartbeat import Heartbeat
+
+    clock = [100.0]
+    beat = Heartbeat(tmp_path, rank=3, interval_s=1.0, clock=lambda: clock[0])
+    read = lambda: _json.loads((tmp_path / "heartbeat-rank00003.json").read_text())  # noqa: E731
+    beat.beat(1)
+    assert read()["step"] == 1 and read()["phase"] == "train" and read()["rank"] == 3
+    beat.beat(2)                       # within interval_s: not written again
+    assert read()["step"] == 1
+    beat.beat(phase="checkpoint")      # a phase change is written at once
+    assert read()["phase"] == "checkpoint" and read()["step"] == 2
+    clock[0] += 1.5
+    beat.beat(7, "train")
+    assert read() == {"step": 7, "time": 101.5, "phase": "train", "pid": read()["pid"], "rank": 3}
