@@ -2,9 +2,15 @@
 
     python -m torchvitals diagnose torchvitals_runs/<run>/events.jsonl
     python -m torchvitals preflight mypkg.train:preflight_setup --steps 300 --png lr_range.png
+    python -m torchvitals supervise --checkpoint-dir ckpt -- torchrun --nproc-per-node 8 train.py
 
 ``diagnose`` prints the decision-tree diagnosis of a run's event log (exit 0; exit 2 with a
 one-line error when the log is missing or corrupt).
+
+``supervise`` runs the command after ``--`` and restarts it when it crashes or its heartbeat
+stalls (collector/supervisor.py: exit 0 when the job exits 0, 76 when restarts stop making
+progress, 77 when the restart budget is spent). Its flags are read from
+``TORCHVITALS_SUPERVISOR_<FLAG>`` too (``--help`` lists them).
 
 ``preflight`` imports MODULE, calls FACTORY() and runs the memorization test, the learning-rate
 range test and the wiring checks (exit 0 when all pass, 1 when one fails, 2 when the factory
@@ -38,6 +44,7 @@ import sys
 
 from .agent.diagnose import diagnose_events
 from .agent.preflight import load_setup, preflight
+from .collector.config import SupervisorConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,7 +64,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="LR range test steps")
     p.add_argument("--png", default=env("TORCHVITALS_PREFLIGHT_PNG") or None,
                    help="save the LR range plot here")
-    return parser.parse_args(argv)
+    s = sub.add_parser("supervise", help="run a training command, restart it on a crash or hang",
+                       usage="%(prog)s [options] -- CMD [ARGS...]")
+    SupervisorConfig.add_arguments(s)
+    if argv is None:
+        argv = sys.argv[1:]
+    command: list[str] = []
+    if argv[:1] == ["supervise"] and "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(argv)
+    args.job_command = command
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         The exit code: 0 done/passed, 1 preflight failed, 2 unreadable input or bad factory.
     """
     args = parse_args(argv)
+    if args.command == "supervise":
+        return _supervise(args)
     try:
         if args.command == "diagnose":
             print(diagnose_events(args.events).render())
@@ -83,6 +103,21 @@ def main(argv: list[str] | None = None) -> int:
     report = preflight(**setup, steps=args.steps, lr_steps=args.lr_steps, png=args.png)
     print(report.render())
     return 0 if report.passed else 1
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    from .collector.supervisor import supervise
+    flags = {k: v for k, v in vars(args).items()
+             if k not in ("command", "job_command") and v is not None}
+    if not args.job_command:
+        print("torchvitals supervise: no command to run (put it after --)", file=sys.stderr)
+        return 2
+    try:
+        config = SupervisorConfig.from_env(**flags)
+    except ValueError as exc:
+        print(f"torchvitals supervise: {exc}", file=sys.stderr)
+        return 2
+    return supervise(config, args.job_command)
 
 
 if __name__ == "__main__":

@@ -158,3 +158,113 @@ class CollectorConfig:
             return cls.from_env(environ, **given)
         except ValueError as exc:
             parser.error(str(exc))
+
+
+SUPERVISOR_ENV_PREFIX = ENV_PREFIX + "SUPERVISOR_"
+"""``TORCHVITALS_SUPERVISOR_<FIELD>``: the variable of each ``SupervisorConfig`` field."""
+
+
+@dataclass(kw_only=True)
+class SupervisorConfig:
+    """How ``torchvitals supervise`` keeps a job alive; flag > environment > default."""
+
+    hang_timeout_s: float | None = None
+    """Seconds without a heartbeat advance (outside a checkpoint) that make a hang. None learns
+    it: ``hang_factor`` x the median interval between advances, at least ``hang_floor_s``."""
+
+    hang_factor: float = 10.0
+    """Safety factor on the median observed interval when the hang timeout is learned."""
+
+    hang_floor_s: float = 30.0
+    """Least learned hang timeout: the agents write at most once a second, and a learned
+    timeout of a few seconds would turn a slow data-loader stall into a restart."""
+
+    checkpoint_timeout_s: float = 600.0
+    """Hang timeout while any rank's phase is "checkpoint" (a save or a load can be long)."""
+
+    startup_timeout_s: float = 600.0
+    """Seconds an attempt may take to write its first heartbeat (imports, rendezvous, resume)."""
+
+    grace_s: float = 10.0
+    """Seconds between SIGTERM and SIGKILL when the job's process group is stopped."""
+
+    max_restarts: int = 10
+    """Restarts allowed in all; when spent the supervisor exits ``budget_exit_code``."""
+
+    no_progress_restarts: int = 3
+    """Consecutive restarts that failed without advancing the last healthy step, after which
+    the supervisor exits ``no_progress_exit_code`` (restarting would repeat the same failure)."""
+
+    backoff_s: float = 1.0
+    """Wait before a restart; doubled for each consecutive restart without progress."""
+
+    backoff_max_s: float = 60.0
+    """Cap of the restart back-off."""
+
+    poll_s: float = 0.2
+    """How often the heartbeat files and the job's process are checked."""
+
+    checkpoint_dir: str | None = None
+    """The job's checkpoint folder; its ``ledger.json`` gives the last healthy step that
+    measures progress. None: the highest heartbeat step of an attempt is used instead."""
+
+    heartbeat_root: str | None = None
+    """Folder holding one fresh heartbeat folder per attempt (``attempt-0001`` ...); None makes
+    a temporary one."""
+
+    metrics_port: int = 0
+    """Port of the supervisor's own /metrics on 127.0.0.1; 0 turns it off."""
+
+    no_progress_exit_code: int = 76
+    """Exit status when ``no_progress_restarts`` restarts in a row made no progress."""
+
+    budget_exit_code: int = 77
+    """Exit status when the job failed again after ``max_restarts`` restarts."""
+
+    def __post_init__(self) -> None:
+        for name in ("hang_factor", "hang_floor_s", "checkpoint_timeout_s", "startup_timeout_s",
+                     "poll_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
+            raise ValueError(f"hang_timeout_s must be > 0 or None, got {self.hang_timeout_s}")
+        if self.grace_s < 0 or self.backoff_s < 0 or self.backoff_max_s < self.backoff_s:
+            raise ValueError("need grace_s >= 0 and 0 <= backoff_s <= backoff_max_s")
+        if self.max_restarts < 0 or self.no_progress_restarts < 1:
+            raise ValueError("need max_restarts >= 0 and no_progress_restarts >= 1")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+        codes = {self.no_progress_exit_code, self.budget_exit_code}
+        if len(codes) != 2 or not all(0 < c < 256 for c in codes):
+            raise ValueError("the two exit codes must differ and lie in 1..255")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 **overrides: Any) -> "SupervisorConfig":
+        """Defaults, then ``TORCHVITALS_SUPERVISOR_<FIELD>``, then ``overrides`` (flags).
+
+        Args:
+            environ: the environment to read (default ``os.environ``).
+            **overrides: field values from flags or code; they win over the environment.
+
+        Returns:
+            The validated config.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = SUPERVISOR_ENV_PREFIX + f.name.upper()
+            if key in environ:
+                values[f.name] = _parse(environ[key], f, key)
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one ``--<field>`` flag per field (default None: not given)."""
+        for f in dataclasses.fields(cls):
+            kind = str(f.type)
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                                type=int if kind.startswith("int") else
+                                float if kind.startswith("float") else str,
+                                help=SUPERVISOR_ENV_PREFIX + f.name.upper())

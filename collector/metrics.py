@@ -74,3 +74,32 @@ class CollectorMetrics:
             self.directives_issued.labels(action)
             self.directives_acknowledged.labels(action)
         self.registry.register(_StoreCollector(store))
+
+
+SUPERVISOR_PREFIX = "torchvitals_supervisor_"
+RESTART_REASONS = ("crash", "hang")
+"""Every ``reason`` label of the supervisor's restart counter."""
+
+
+class SupervisorMetrics:
+    """The supervisor's restarts, current attempt and heartbeat age, in ``registry``.
+
+    Args:
+        registry: where to register (default: a fresh registry).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import Gauge
+        self.registry = CollectorRegistry() if registry is None else registry
+        self.restarts = Counter(
+            f"{SUPERVISOR_PREFIX}restarts", "Restarts of the supervised job, by reason "
+            "(crash: non-zero exit; hang: heartbeat stalled).", ["reason"], registry=self.registry)
+        self.attempt = Gauge(
+            f"{SUPERVISOR_PREFIX}attempt", "Current attempt of the supervised job (1 = first run).",
+            registry=self.registry)
+        self.heartbeat_age = Gauge(
+            f"{SUPERVISOR_PREFIX}heartbeat_age_seconds", "Seconds since the job's heartbeat last "
+            "advanced (since the attempt started, before the first heartbeat).",
+            registry=self.registry)
+        for reason in RESTART_REASONS:
+            self.restarts.labels(reason)

@@ -1,0 +1,66 @@
+"""The supervisor's pure parts: config precedence, heartbeat reading, the hang clock, names.
+
+    python -m pytest tests/unit/test_supervisor_unit.py
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+import pytest
+
+from torchvitals.__main__ import parse_args
+from torchvitals.agent.heartbeat import Heartbeat
+from torchvitals.collector.config import SupervisorConfig
+from torchvitals.collector.metrics import SupervisorMetrics
+from torchvitals.collector.supervisor import Beat, HangClock, read_heartbeats
+
+
+def test_flag_wins_over_environment_wins_over_default(monkeypatch):
+    monkeypatch.setenv("TORCHVITALS_SUPERVISOR_MAX_RESTARTS", "4")
+    monkeypatch.setenv("TORCHVITALS_SUPERVISOR_HANG_TIMEOUT_S", "7.5")
+    args = parse_args(["supervise", "--max-restarts", "2", "--", "torchrun", "--nproc-per-node",
+                       "2", "train.py"])
+    assert args.job_command == ["torchrun", "--nproc-per-node", "2", "train.py"]
+    config = SupervisorConfig.from_env(max_restarts=args.max_restarts)
+    assert (config.max_restarts, config.hang_timeout_s, config.grace_s) == (2, 7.5, 10.0)
+
+
+@pytest.mark.parametrize("bad", [dict(hang_timeout_s=0), dict(no_progress_restarts=0),
+                                 dict(backoff_s=5, backoff_max_s=1),
+                                 dict(no_progress_exit_code=77)])
+def test_invalid_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        SupervisorConfig(**bad)
+
+
+def test_heartbeats_combine_the_ranks(tmp_path):
+    assert read_heartbeats(tmp_path) is None
+    Heartbeat(tmp_path, 0).beat(7)
+    Heartbeat(tmp_path, 1).beat(5, "checkpoint")
+    beat = read_heartbeats(tmp_path)
+    assert (beat.step, beat.checkpointing) == (7, True)
+
+
+def test_hang_clock_startup_checkpoint_and_learned_timeouts():
+    config = SupervisorConfig(startup_timeout_s=50, checkpoint_timeout_s=90, hang_floor_s=4,
+                              hang_factor=10)
+    clock = HangClock(config, deque(), now=0.0)
+    assert clock.timeout() == 50 and not clock.hung(49) and clock.hung(51)
+    for t in range(1, 6):                               # a step advance every 0.5 s
+        clock.observe(Beat(step=t, time=100.0 + t, checkpointing=False), now=t * 0.5)
+    assert clock.timeout() == 5.0                       # 10 x median 0.5 s, above the floor
+    assert not clock.hung(2.5 + 4.9) and clock.hung(2.5 + 5.1)
+    clock.observe(Beat(step=5, time=200.0, checkpointing=True), now=3.0)
+    assert clock.timeout() == 90 and not clock.hung(80)
+    fixed = HangClock(SupervisorConfig(hang_timeout_s=3), deque(), now=0.0)
+    fixed.observe(Beat(step=1, time=1.0, checkpointing=False), now=1.0)
+    assert fixed.timeout() == 3 and fixed.hung(4.1)
+
+
+def test_metric_names_follow_the_conventions():
+    names = {m.name for m in SupervisorMetrics().registry.collect()}
+    assert names == {"torchvitals_supervisor_restarts", "torchvitals_supervisor_attempt",
+                     "torchvitals_supervisor_heartbeat_age_seconds"}
+    assert all(re.fullmatch(r"torchvitals_[a-z_]+", n) for n in names)
