@@ -20,7 +20,6 @@ unpickled but DCP's own ``.metadata``, and only after its SHA-256 matched the ma
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -36,7 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from .durable import fsync_dir, write_json
+from .durable import fsync_dir, sha256_file, write_json
 from .rng import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -270,7 +269,7 @@ class CheckpointStore:
 
     def _digests(self, folder: Path, names: list[str]) -> dict[str, Any]:
         """Size and SHA-256 of each file, the hashing split over the ranks; on every rank."""
-        shares = self._gather(lambda: {n: _digest(folder / n) for n in names[self._rank::self._world]})
+        shares = self._gather(lambda: {n: sha256_file(folder / n) for n in names[self._rank::self._world]})
         if errors := _failures(shares):
             raise CheckpointError(f"cannot read {folder}: {errors}")
         return {name: d for _, share in shares for name, d in share.items()}
@@ -376,14 +375,6 @@ def _failures(results: list[tuple[bool, Any]]) -> str:
 
 def _step_of(folder: Path) -> int:
     return int(_COMMITTED.fullmatch(folder.name).group(1))
-
-
-def _digest(path: Path) -> tuple[int, str]:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-    return path.stat().st_size, sha.hexdigest()
 
 
 def _jsonable(value: Any, where: str) -> Any:

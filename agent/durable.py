@@ -6,6 +6,7 @@ place; these helpers are the pieces both use.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -36,3 +37,12 @@ def replace_json(path: Path, value: Any, indent: int | None = None) -> None:
     write_json(tmp, value, indent)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def sha256_file(path: Path) -> tuple[int, str]:
+    """(size in bytes, SHA-256 hex digest) of a file, read in 1 MiB chunks."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return path.stat().st_size, sha.hexdigest()
