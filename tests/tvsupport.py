@@ -10,6 +10,7 @@ import multiprocessing as mp
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -233,9 +234,15 @@ def _job_child(fn: Callable, rank: int, world: int, port: int, result_dir: str, 
         finally:
             dist.destroy_process_group()
         _write_result(path, ("ok", value))
-    except BaseException:  # noqa: BLE001 - the parent reads it; the exit code stays the exception's
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - the parent reads it; the exit code is the exception's
         _write_result(path, ("raised", traceback.format_exc()))
-        raise
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+    # Leave without interpreter teardown: destroying a DDP/gloo rank's C++ objects after its peer
+    # left sometimes ends in std::terminate (SIGABRT), which would hide the exit code under test.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _write_result(path: str, result: tuple) -> None:
