@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 ENV_PREFIX = "TORCHVITALS_"
 
@@ -150,19 +150,37 @@ class Config:
         Returns:
             The validated Config.
         """
-        environ = os.environ if environ is None else environ
-        names = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = set(overrides) - set(names)
-        if unknown:
-            raise TypeError(f"unknown torchvitals setting(s): {', '.join(sorted(unknown))}; "
-                            f"known: {', '.join(sorted(names))}")
-        values: dict[str, Any] = {}
-        for name, f in names.items():
-            key = ENV_PREFIX + name.upper()
-            if key in environ:
-                values[name] = _parse(environ[key], f, key)
-        values.update(overrides)
-        return cls(**values)
+        return cls(**settings(cls, environ, overrides, lambda name: ENV_PREFIX + name.upper(),
+                              "torchvitals"))
+
+
+def settings(cls: type, environ: Mapping[str, str] | None, overrides: Mapping[str, Any],
+             env_key: Callable[[str], str], what: str) -> dict[str, Any]:
+    """A config dataclass's values: its environment variables, then ``overrides`` on top.
+
+    Args:
+        cls: the dataclass.
+        environ: the environment to read (default ``os.environ``).
+        overrides: values given by flags or code (they win).
+        env_key: field name -> its environment variable.
+        what: the kind of setting, for the error about an unknown one.
+
+    Returns:
+        Keyword arguments for ``cls``.
+    """
+    environ = os.environ if environ is None else environ
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(overrides) - set(names)
+    if unknown:
+        raise TypeError(f"unknown {what} setting(s): {', '.join(sorted(unknown))}; "
+                        f"known: {', '.join(sorted(names))}")
+    values: dict[str, Any] = {}
+    for name, f in names.items():
+        key = env_key(name)
+        if key in environ:
+            values[name] = _parse(environ[key], f, key)
+    values.update(overrides)
+    return values
 
 
 def _parse(text: str, f: dataclasses.Field, key: str) -> Any:

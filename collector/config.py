@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..agent.config import ENV_PREFIX, _parse
+from ..agent.config import ENV_PREFIX, settings
 
 _SECRET_FIELDS = ("webhook_token",)
 """Fields read from the environment only, never from a flag."""
@@ -108,18 +107,7 @@ class CollectorConfig:
         Returns:
             The validated config.
         """
-        environ = os.environ if environ is None else environ
-        names = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = set(overrides) - set(names)
-        if unknown:
-            raise TypeError(f"unknown collector setting(s): {', '.join(sorted(unknown))}")
-        values: dict[str, Any] = {}
-        for name, f in names.items():
-            key = env_name(name)
-            if key in environ:
-                values[name] = _parse(environ[key], f, key)
-        values.update(overrides)
-        return cls(**values)
+        return cls(**settings(cls, environ, overrides, env_name, "collector"))
 
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None,
@@ -250,14 +238,8 @@ class SupervisorConfig:
         Returns:
             The validated config.
         """
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            key = SUPERVISOR_ENV_PREFIX + f.name.upper()
-            if key in environ:
-                values[f.name] = _parse(environ[key], f, key)
-        values.update(overrides)
-        return cls(**values)
+        return cls(**settings(cls, environ, overrides,
+                              lambda name: SUPERVISOR_ENV_PREFIX + name.upper(), "supervisor"))
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
