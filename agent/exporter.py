@@ -65,6 +65,13 @@ def _samples_per_second(s: _Snapshot) -> float | None:
     return r.samples / r.step_seconds
 
 
+def _rank_compute(s: _Snapshot) -> float | None:
+    r = s.report
+    if r is None or not 0 <= r.rank < len(r.rank_compute_seconds):
+        return None
+    return float(r.rank_compute_seconds[r.rank])
+
+
 def _recovery(s: "_Snapshot", key: str) -> float | None:
     """A watchdog value; None (no series) when the watchdog is off."""
     return None if s.recovery is None else float(s.recovery[key])
@@ -107,6 +114,11 @@ METRICS: tuple[MetricSpec, ...] = (
                lambda s: float(s.nonfinite)),
     MetricSpec("torchvitals_step_duration_seconds", "gauge", "This rank's wall time of the "
                "last step.", RANK, _last("step_seconds")),
+    # Synchronous ranks all wait for the slowest in the collectives, so their step times agree;
+    # the time before the backward's collectives is what tells a straggler.
+    MetricSpec("torchvitals_compute_duration_seconds", "gauge", "This rank's compute time of the "
+               "last step (from the previous step's end to the end of its forward and loss).",
+               RANK, _rank_compute),
     MetricSpec("torchvitals_local_loss", "gauge", "This rank's loss at the last step.", RANK,
                _last("local_loss")),
     MetricSpec("torchvitals_samples_per_second", "gauge", "This rank's samples / step duration "
