@@ -137,4 +137,7 @@ def serve_metrics(rank: int, world: int, base_port: int) -> dict:
     return {"url": url, "names": sorted({s.name for s in samples}),
             "ranks": sorted({s.labels.get("rank") for s in samples}),
             "local_loss": next(s.value for s in samples if s.name == "torchvitals_local_loss"),
-            "report_local_loss": report.local_loss, "loss": report.loss}
+            "report_local_loss": report.local_loss, "loss": report.loss,
+            "compute": next(s.value for s in samples
+                            if s.name == "torchvitals_compute_duration_seconds"),
+            "report_compute": report.rank_compute_seconds}

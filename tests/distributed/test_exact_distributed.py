@@ -62,7 +62,9 @@ def test_each_rank_serves_its_scalars_and_rank0_the_blocks():
     assert not any(n.startswith(("torchvitals_grad_norm", "torchvitals_activation", "torchvitals_update"))
                    for n in rank1["names"])
     assert "torchvitals_step_duration_seconds" in rank1["names"]
-    for r in (rank0, rank1):
+    for rank, r in enumerate((rank0, rank1)):
         assert r["local_loss"] == r["report_local_loss"]
+        # Each rank exports its own compute time; the report holds every rank's.
+        assert r["compute"] == r["report_compute"][rank] > 0
     assert rank0["local_loss"] != rank1["local_loss"]
     assert math.isclose(rank0["loss"], (rank0["local_loss"] + rank1["local_loss"]) / 2, rel_tol=1e-12)
