@@ -4,8 +4,8 @@
     python helm/sync.py --check    # exit 1 and list the stale copies, change nothing
 
 Helm reads no file outside the chart's folder, so the chart carries copies of
-``grafana/rules/*.yml`` and ``grafana/dashboards/*.json``; the PrometheusRule and the dashboard
-ConfigMaps are rendered from them. ``tests/deploy/test_helm_chart.py`` fails when a copy differs
+``grafana/rules/*.rules.yml`` (not the rules' promtool tests) and ``grafana/dashboards/*.json``;
+the PrometheusRule and the dashboard ConfigMaps are rendered from them. ``tests/deploy/test_helm_chart.py`` fails when a copy differs
 from its canonical file, so edit grafana/ and run this, never the copies.
 """
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART_FILES = ROOT / "helm" / "torchvitals" / "files"
 COPIES = {
     # canonical folder -> (glob, folder of the copies in the chart)
-    ROOT / "grafana" / "rules": ("*.yml", CHART_FILES / "rules"),
+    ROOT / "grafana" / "rules": ("*.rules.yml", CHART_FILES / "rules"),
     ROOT / "grafana" / "dashboards": ("*.json", CHART_FILES / "dashboards"),
 }
 

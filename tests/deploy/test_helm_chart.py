@@ -266,7 +266,7 @@ def test_the_example_job_is_scraped_rank_by_rank_under_its_collector_job_name(ch
 def test_chart_copies_equal_the_canonical_rules_and_dashboards(chart):
     sync = _sync_module()
     assert sync.stale() == [], "run: python helm/sync.py"
-    canonical_rules = sorted((ROOT / "grafana" / "rules").glob("*.yml"))
+    canonical_rules = sorted((ROOT / "grafana" / "rules").glob("*.rules.yml"))
     assert canonical_rules, "grafana/rules/ holds no rule file"
     docs = render(chart)
     groups = [g for p in canonical_rules for g in yaml.safe_load(p.read_text())["groups"]]
