@@ -65,10 +65,10 @@ def _samples_per_second(s: _Snapshot) -> float | None:
     return r.samples / r.step_seconds
 
 
-def _rank_compute(s: _Snapshot) -> float | None:
+def _rank_compute(s: _Snapshot) -> float:
     r = s.report
     if r is None or not 0 <= r.rank < len(r.rank_compute_seconds):
-        return None
+        return math.nan
     return float(r.rank_compute_seconds[r.rank])
 
 

@@ -227,7 +227,7 @@ def test_series_count_constant_as_steps_go_by(served):
             after_10 = scrape(ex.url)
     after_200 = scrape(ex.url)
     assert series_count(after_10) == series_count(after_200) == \
-        9 + 3 + 10 * len(BLOCKS) + 2 * len(PATTERNS)  # rank + global scalars, per block, per pattern
+        10 + 3 + 10 * len(BLOCKS) + 2 * len(PATTERNS)  # rank + global scalars, per block, per pattern
     assert set(after_10) == set(after_200)
     # Step 200 was sampled; check an unsampled last step keeps the sampled values.
     ex.update(make_report(201))
