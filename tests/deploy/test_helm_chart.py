@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import helm_python as helm
 import jsonschema
@@ -349,3 +350,22 @@ def test_alertmanager_snippet_passes_amtool_and_matches_the_alertmanagerconfig(c
     assert as_text == snippet["route"]["routes"][0]["matchers"]
     assert amc_webhook["httpConfig"]["authorization"]["credentials"] == {
         "name": "tv-torchvitals-webhook-token", "key": "token"}
+
+
+def test_the_chart_routes_to_the_collector_as_the_canonical_alertmanager_config_does(chart):
+    canonical = yaml.safe_load((ROOT / "grafana" / "alertmanager" / "alertmanager.yml").read_text())
+    webhook_receivers = {r["name"] for r in canonical["receivers"]
+                         if any(urlsplit(w["url"]).path == "/alerts"
+                                for w in r.get("webhook_configs", []))}
+    (route,) = [r for r in canonical["route"]["routes"] if r["receiver"] in webhook_receivers]
+    docs = render(chart)
+    cm = next(d for d in by_kind(docs, "ConfigMap")
+              if d["metadata"]["name"].endswith("-alertmanager-snippet"))
+    (ours,) = yaml.safe_load(cm["data"]["torchvitals-receiver.yml"])["route"]["routes"]
+    no_spaces = lambda matchers: [re.sub(r"\s*(=~|!~|!=|=)\s*", r"\1", m) for m in matchers]
+    assert no_spaces(ours["matchers"]) == no_spaces(route["matchers"])
+    for key in ("group_by", "group_wait", "group_interval", "repeat_interval", "continue"):
+        assert ours[key] == route[key], key
+    amc = one(docs, "AlertmanagerConfig")["spec"]["route"]
+    assert (amc["groupBy"], amc["groupWait"], amc["groupInterval"], amc["repeatInterval"]) == \
+        (route["group_by"], route["group_wait"], route["group_interval"], route["repeat_interval"])
