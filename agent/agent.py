@@ -28,7 +28,7 @@ from .activations import ActivationStats
 from .attention import AttentionStats
 from .blocks import Blocks, discover, unwrap
 from .config import Config
-from .directives import CODES, DirectivePoller
+from .directives import CODES, DirectivePoller, token_from_env
 from .detect import CRITICAL, Detector, Thresholds, Verdict
 from .eventlog import EventLog
 from .exporter import Exporter
@@ -82,8 +82,11 @@ class Agent:
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
         self._ticks = 0
         self._detector_at_checkpoint: Any = None
+        # Every rank reads the token, so a missing secret fails every rank alike, not rank 0
+        # alone while the others wait in a collective; only rank 0 polls.
+        token = token_from_env() if self.config.collector_url else None
         self._poller = (DirectivePoller(self.config.collector_url, self.config.collector_job,
-                                        self.config.collector_poll_seconds)
+                                        self.config.collector_poll_seconds, token=token)
                         if self.config.collector_url and self.rank == 0 else None)
         self._exporter = self._start_exporter(registry)
         self._events = None

@@ -1,7 +1,8 @@
 """Directives from the collector, polled off the training thread by global rank 0.
 
     watch(..., collector_url="http://127.0.0.1:9500", collector_job="train-a")
-    # token: TORCHVITALS_WEBHOOK_TOKEN (never a setting, so it never lands in a log)
+    # token: TORCHVITALS_WEBHOOK_TOKEN, or a file named by TORCHVITALS_WEBHOOK_TOKEN_FILE (a
+    # mounted secret); never a setting, so it never lands in a log
 
 A daemon thread asks ``GET /directives?job=...`` every ``collector_poll_seconds``; a collector
 that is down is logged once per outage and counted, never a training failure. The oldest pending
@@ -26,6 +27,28 @@ ACTIONS = {"rollback": 1.0, "abort": 2.0}
 """Directive action -> the code packed into the step's reduction (0: none)."""
 CODES = {code: action for action, code in ACTIONS.items()}
 TOKEN_ENV = "TORCHVITALS_WEBHOOK_TOKEN"
+TOKEN_FILE_ENV = "TORCHVITALS_WEBHOOK_TOKEN_FILE"
+
+
+def token_from_env(environ: Any = None) -> str:
+    """The collector's bearer token: ``TORCHVITALS_WEBHOOK_TOKEN``, or the content of the file
+    ``TORCHVITALS_WEBHOOK_TOKEN_FILE`` names (surrounding whitespace stripped), as the collector
+    reads its own; "" when neither is set.
+
+    Raises:
+        ValueError: both are set, or the file cannot be read (the message never holds the token).
+    """
+    environ = os.environ if environ is None else environ
+    token, path = environ.get(TOKEN_ENV), environ.get(TOKEN_FILE_ENV)
+    if token is not None and path:
+        raise ValueError(f"set either {TOKEN_ENV} or {TOKEN_FILE_ENV}, not both")
+    if not path:
+        return token or ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"{TOKEN_FILE_ENV}: cannot read {path}: {exc.strerror or exc}") from None
 
 
 class DirectivePoller:
@@ -35,12 +58,12 @@ class DirectivePoller:
         url: the collector's base URL.
         job: the job name directives are addressed to.
         poll_seconds: seconds between polls.
-        token: bearer token (default: ``TORCHVITALS_WEBHOOK_TOKEN``).
+        token: bearer token (default: ``token_from_env()``).
     """
 
     def __init__(self, url: str, job: str, poll_seconds: float, token: str | None = None):
         self.url, self.job, self.poll_seconds = url.rstrip("/"), job, poll_seconds
-        self._token = token if token is not None else os.environ.get(TOKEN_ENV, "")
+        self._token = token if token is not None else token_from_env()
         self._lock = threading.Lock()
         self._pending: dict[str, Any] | None = None
         self._taken: set[str] = set()

@@ -32,7 +32,6 @@ RUN groupadd --system --gid 10001 torchvitals \
  && install -d -o 10001 -g 10001 /workspace /checkpoints
 COPY --from=build /opt/torchvitals /opt/torchvitals
 COPY examples/tinygpt.py examples/quickstart.py examples/ddp_train.py /app/examples/
-COPY docker/trainer-entrypoint.sh /usr/local/bin/trainer-entrypoint
 ENV PATH=/opt/torchvitals/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -49,6 +48,5 @@ EXPOSE 9400-9407
 # Local rank 0's /metrics: it answers once the job has started (torch imported, rendezvous done).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ.get('TORCHVITALS_METRICS_PORT', '9400'), timeout=3)"]
-ENTRYPOINT ["trainer-entrypoint"]
 CMD ["torchvitals", "supervise", "--checkpoint-dir", "/checkpoints", "--", \
      "torchrun", "--nproc-per-node", "2", "/app/examples/ddp_train.py", "--steps", "0", "--sleep", "0.2"]

@@ -278,18 +278,3 @@ def test_trainer_healthcheck_reads_rank_zero_metrics(tmp_path):
     finally:
         server.shutdown()
         thread.join(10)
-
-
-def test_trainer_entrypoint_exports_the_token_file_and_keeps_an_explicit_token(tmp_path):
-    token = tmp_path / "token"
-    token.write_text("from-the-file")
-    entrypoint = str(DOCKER / "trainer-entrypoint.sh")
-    assert os.access(entrypoint, os.X_OK)
-    base = {"PATH": os.environ["PATH"], "TORCHVITALS_WEBHOOK_TOKEN_FILE": str(token)}
-    out = subprocess.run([entrypoint, "sh", "-c", "echo \"$TORCHVITALS_WEBHOOK_TOKEN\""],
-                         env=base, capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0 and out.stdout.strip() == "from-the-file"
-    out = subprocess.run([entrypoint, "sh", "-c", "echo \"$TORCHVITALS_WEBHOOK_TOKEN\""],
-                         env={**base, "TORCHVITALS_WEBHOOK_TOKEN": "explicit"},
-                         capture_output=True, text=True, timeout=30)
-    assert out.stdout.strip() == "explicit"

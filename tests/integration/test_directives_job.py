@@ -87,3 +87,48 @@ def test_a_collector_that_is_down_is_counted_not_a_training_failure(caplog):
     assert agent._poller.failures > 0
     down = [r for r in caplog.records if "cannot poll directives" in r.getMessage()]
     assert len(down) == 1, "an outage is logged once, not once per poll"
+
+
+def test_the_job_reads_its_token_from_a_mounted_secret_file(tmp_path, monkeypatch):
+    import torch
+    import torchvitals
+    from tinygpt import TinyGPT, random_batches
+    from tvsupport import TINY
+    (tmp_path / "token").write_text(TOKEN + "\n")          # as a Kubernetes secret mounts it
+    monkeypatch.delenv("TORCHVITALS_WEBHOOK_TOKEN", raising=False)
+    monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN_FILE", str(tmp_path / "token"))
+    server = CollectorServer(CollectorConfig(port=0, state_dir=str(tmp_path / "state"),
+                                             webhook_token=TOKEN, access_log=False)).start()
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        post(url, "/alerts", rollback_alert())
+        model = TinyGPT(**TINY)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        agent = torchvitals.watch(model, opt, collector_url=url, collector_job="train-a",
+                                  collector_poll_seconds=0.02)
+        taken = []
+        for x, y in random_batches(100, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]):
+            loss = model.loss(x, y)
+            loss.backward()
+            taken += [v for v in agent.step(loss).verdicts if v.pattern == "collector_directive"]
+            opt.zero_grad()
+            if taken:
+                break
+            time.sleep(0.02)
+        agent.close()
+        assert [v.evidence["action"] for v in taken] == ["rollback"]
+        assert agent._poller.failures == 0, "the token from the file was accepted"
+    finally:
+        server.stop()
+
+
+def test_an_unreadable_token_file_is_a_clear_error_at_watch(tmp_path, monkeypatch):
+    import pytest
+    import torch
+    import torchvitals
+    monkeypatch.delenv("TORCHVITALS_WEBHOOK_TOKEN", raising=False)
+    monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN_FILE", str(tmp_path / "missing"))
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="TORCHVITALS_WEBHOOK_TOKEN_FILE: cannot read"):
+        torchvitals.watch(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                          collector_url="http://127.0.0.1:9")
