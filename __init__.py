@@ -5,12 +5,40 @@
     ...
     loss.backward()
     report = agent.step(loss)
+
+The names below load on first use, so the collector and the supervisor (``torchvitals.collector``)
+import without torch: their image and their start-up do not carry it.
 """
 
-from .agent import Agent, Config, Report, watch
-from .agent.attention import record_attention
-from .agent.detect import Thresholds, Verdict
-from .agent.watchdog import TrainingAborted
+from __future__ import annotations
 
-__all__ = ["Agent", "Config", "Report", "Thresholds", "TrainingAborted", "Verdict",
-           "record_attention", "watch"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "Agent": ".agent.agent", "watch": ".agent.agent", "Config": ".agent.config",
+    "Report": ".agent.report", "record_attention": ".agent.attention",
+    "Thresholds": ".agent.detect", "Verdict": ".agent.detect",
+    "TrainingAborted": ".agent.watchdog",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .agent.agent import Agent, watch
+    from .agent.attention import record_attention
+    from .agent.config import Config
+    from .agent.detect import Thresholds, Verdict
+    from .agent.report import Report
+    from .agent.watchdog import TrainingAborted
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

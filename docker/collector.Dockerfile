@@ -4,24 +4,25 @@
 #     docker run -p 9500:9500 -e TORCHVITALS_WEBHOOK_TOKEN_FILE=/run/secrets/token \
 #         -v "$PWD/token:/run/secrets/token:ro" torchvitals/collector
 #
-# The package's __init__ imports torch, so the image carries the CPU build of torch (the
-# collector never touches a GPU; a CUDA build would add gigabytes).
+# The collector imports no torch, so the image installs the package without it (the other
+# dependencies come from pyproject.toml through docker/collector-requirements.py).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/torchvitals
 ENV PATH=/opt/torchvitals/bin:$PATH
-# The same pin as pyproject.toml, from the CPU index: PyPI's default Linux wheel is the CUDA one.
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.13,<2.14"
 WORKDIR /src
 COPY pyproject.toml README.md __init__.py __main__.py ./
+COPY docker/collector-requirements.py ./docker/
 COPY agent ./agent
 COPY collector ./collector
-# pip resolves the other dependencies from PyPI and keeps the torch above; then the installers
+# Every dependency but torch, then the package without its dependencies; then the installers
 # leave the environment, so the final image has nothing that builds or installs packages.
-RUN pip install . \
+RUN python docker/collector-requirements.py pyproject.toml > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt \
+ && pip install --no-deps . \
+ && python -c "import sys, torchvitals.collector; assert 'torch' not in sys.modules" \
  && pip uninstall --yes pip setuptools wheel
 
 FROM ${PYTHON_IMAGE}

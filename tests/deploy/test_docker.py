@@ -214,10 +214,16 @@ def test_images_are_multi_stage_non_root_with_healthcheck_and_pinned_torch(name)
     assert any("pip uninstall --yes pip setuptools" in r for r in _args(build, "RUN"))
     torch_pin = re.search(r'^\s*"(torch[<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text(),
                           re.MULTILINE).group(1)
-    torch_runs = [r for r in _args(build, "RUN") if "torch" in r and "pip install" in r]
-    assert torch_runs and all(f'"{torch_pin}"' in r and "--index-url" in r for r in torch_runs)
-    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in \
-        (DOCKER / name).read_text()
+    torch_runs = [r for r in _args(build, "RUN") if f'"{torch_pin}"' in r]
+    if name == "collector.Dockerfile":
+        # The collector imports no torch: every other dependency, then the package alone.
+        assert not torch_runs and "TORCH_INDEX_URL" not in (DOCKER / name).read_text()
+        assert any("collector-requirements.py" in r and "pip install --no-deps ." in r
+                   for r in _args(build, "RUN"))
+    else:
+        assert torch_runs and all("--index-url" in r for r in torch_runs)
+        assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in \
+            (DOCKER / name).read_text()
     ignored = (ROOT / ".dockerignore").read_text().split()
     for stage in stages[1:]:
         for copy in _args(stage, "COPY"):
@@ -278,3 +284,13 @@ def test_trainer_healthcheck_reads_rank_zero_metrics(tmp_path):
     finally:
         server.shutdown()
         thread.join(10)
+
+
+def test_the_collector_requirements_are_the_package_dependencies_without_torch():
+    import tomllib
+    out = subprocess.run([sys.executable, str(DOCKER / "collector-requirements.py"),
+                          str(ROOT / "pyproject.toml")], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert out.stdout.split("\n")[:-1] == [d for d in deps if not d.startswith("torch")]
+    assert any(d.startswith("torch") for d in deps) and "starlette" in out.stdout
