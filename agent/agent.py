@@ -237,6 +237,7 @@ class Agent:
             self.detector.history.append(verdict)
             report.action = "abort"
             self._publish(report)
+            self._beat_aborted()
             raise
         if rolled is None:
             report.action = "skip"
@@ -261,7 +262,14 @@ class Agent:
         if action == "abort":
             report.action = "abort"
             self._publish(report)
+            self._beat_aborted()
             raise TrainingAborted(self.config.abort_exit_code)
+
+    def _beat_aborted(self) -> None:
+        """Tell the supervisor this exit is on purpose: launchers such as torchrun turn every
+        worker failure into exit status 1, so the exit code alone cannot say it."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat(self._ticks, phase="aborted")
 
     def _publish(self, report: Report) -> None:
         recovery = self.watchdog.metrics() if self.watchdog is not None else None

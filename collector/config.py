@@ -203,6 +203,10 @@ class SupervisorConfig:
     metrics_port: int = 0
     """Port of the supervisor's own /metrics on 127.0.0.1; 0 turns it off."""
 
+    abort_exit_code: int = 75
+    """Exit status when the job aborted on purpose (a rank's heartbeat says "aborted": the
+    agent's loop guard, or the collector's abort order); such a job is never restarted."""
+
     no_progress_exit_code: int = 76
     """Exit status when ``no_progress_restarts`` restarts in a row made no progress."""
 
@@ -222,9 +226,9 @@ class SupervisorConfig:
             raise ValueError("need max_restarts >= 0 and no_progress_restarts >= 1")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
-        codes = {self.no_progress_exit_code, self.budget_exit_code}
-        if len(codes) != 2 or not all(0 < c < 256 for c in codes):
-            raise ValueError("the two exit codes must differ and lie in 1..255")
+        codes = {self.abort_exit_code, self.no_progress_exit_code, self.budget_exit_code}
+        if len(codes) != 3 or not all(0 < c < 256 for c in codes):
+            raise ValueError("the three exit codes must differ and lie in 1..255")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,

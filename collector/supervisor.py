@@ -11,8 +11,10 @@ before the first heartbeat, ``checkpoint_timeout_s`` while a rank is in a checkp
 ``hang_timeout_s`` (or one learned from the observed intervals). The whole group is then stopped
 (SIGTERM, SIGKILL after ``grace_s``) and the same command restarted after a back-off; the job
 resumes itself through the watchdog's ledger. Exit status: 0 when the job exits 0,
-``no_progress_exit_code`` (76) when ``no_progress_restarts`` restarts in a row failed without
-advancing the last healthy step, ``budget_exit_code`` (77) when ``max_restarts`` restarts are spent.
+``abort_exit_code`` (75) when the job aborted on purpose (the agent's loop guard or a collector's
+abort order, told by the heartbeat's "aborted" phase: never restarted), ``no_progress_exit_code``
+(76) when ``no_progress_restarts`` restarts in a row failed without advancing the last healthy
+step, ``budget_exit_code`` (77) when ``max_restarts`` restarts are spent.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Beat:
     """The newest write (wall clock of the writing rank)."""
     checkpointing: bool
     """Whether any rank is in the "checkpoint" phase."""
+    aborted: bool = False
+    """Whether any rank aborted on purpose (the loop guard, or the collector's abort order)."""
 
 
 def read_heartbeats(folder: str | os.PathLike) -> Beat | None:
@@ -67,7 +71,8 @@ def read_heartbeats(folder: str | os.PathLike) -> Beat | None:
     if not beats:
         return None
     return Beat(step=max(int(b["step"]) for b in beats), time=max(float(b["time"]) for b in beats),
-                checkpointing=any(b.get("phase") == "checkpoint" for b in beats))
+                checkpointing=any(b.get("phase") == "checkpoint" for b in beats),
+                aborted=any(b.get("phase") == "aborted" for b in beats))
 
 
 @dataclass(frozen=True)
@@ -269,6 +274,13 @@ class Supervisor:
             if reason == "exit" and status == 0:
                 log.info("torchvitals supervise: the job finished (attempt %d)", self.attempt)
                 return 0
+            beat = read_heartbeats(folder)
+            if beat is not None and beat.aborted:
+                # A restart would undo the decision: the loop guard found rollbacks not curing
+                # the run, or the collector ordered it stopped. A person decides what is next.
+                log.error("torchvitals supervise: the job aborted itself (attempt %d, status %s, "
+                          "step %d): not restarting", self.attempt, status, beat.step)
+                return self.config.abort_exit_code
             reason = "hang" if reason == "hang" else "crash"
             progress = self._progress(folder)
             if progress is not None and (best is None or progress > best):

@@ -4,7 +4,9 @@
 
 The parent forks two ranks and, like torchrun, exits 1 (killing the other rank) as soon as one
 rank dies, 0 when both finish. Rank 1 injects ``--fault`` (SIGKILL or SIGSTOP of itself) at
-``--fault-step`` once per ``--ckpt``: a marker file there keeps a restarted job from repeating it.
+``--fault-step`` once per ``--ckpt``: a marker file there keeps a restarted job from repeating it;
+``--fault nan`` makes its loss NaN at every step from ``--fault-step`` on, so the watchdog's
+rollbacks cannot cure it and its loop guard aborts the job.
 Rank 0 appends one JSON line per attempt to ``--out``: the step it resumed from and its last step.
 """
 
@@ -52,6 +54,8 @@ def rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                  y.reshape(-1))
+        if rank == 1 and args.fault == "nan" and agent.step_count + 1 >= args.fault_step:
+            loss = loss * float("nan")          # every time: rollbacks cannot cure it
         loss.backward()
         report = agent.step(loss)
         opt.zero_grad(set_to_none=True)
@@ -74,7 +78,7 @@ def main() -> int:
     parser.add_argument("--ckpt", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--fault", choices=["none", *FAULTS], default="none")
+    parser.add_argument("--fault", choices=["none", "nan", *FAULTS], default="none")
     parser.add_argument("--fault-step", type=int, default=12)
     parser.add_argument("--sleep", type=float, default=0.02)
     args = parser.parse_args()

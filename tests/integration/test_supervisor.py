@@ -132,3 +132,19 @@ def test_a_worker_outside_the_launchers_process_group_is_stopped_too(tmp_path):
     assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] == "Z", \
         "the stopped worker outlived the supervision"
     assert [a.reason for a in supervisor.history] == ["hang", "exit"]
+
+
+def test_a_job_that_aborts_itself_is_not_restarted(tmp_path):
+    # NaN at every step from 12 on: the watchdog rolls back to step 10 three times, then its
+    # loop guard aborts every rank. The launcher (like torchrun) reports only "a worker failed",
+    # exit 1; the heartbeat says the abort was on purpose, and a restart would undo it.
+    run = supervise_cli("--checkpoint-dir", str(tmp_path / "ckpt"), "--heartbeat-root",
+                        str(tmp_path / "hb"), "--backoff-s", "0.1", "--grace-s", "2",
+                        "--hang-timeout-s", "30", "--startup-timeout-s", "60", "--",
+                        *job(tmp_path, "nan"))
+    assert run.returncode == 75, run.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "hb").iterdir()) == ["attempt-0001"]
+    assert "aborted itself" in run.stderr
+    ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
+    events = [e["event"] for e in ledger["entries"]]
+    assert events.count("rollback") == 3 and events[-1] == "abort", events
