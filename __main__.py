@@ -55,6 +55,7 @@ import os
 import sys
 
 from .agent.diagnose import diagnose_events
+from .agent.ledger import LedgerError
 from .agent.preflight import load_setup, preflight
 from .collector.config import SupervisorConfig
 from .demo.train import FAULTS
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"report: {report.html}")
             return 0
         setup = load_setup(args.factory)
-    except (OSError, ValueError, ImportError, AttributeError) as exc:
+    except (OSError, ValueError, ImportError, AttributeError, LedgerError) as exc:
         # One line, not a traceback: the usual causes are a wrong path or a wrong name. Errors
         # raised while the checks run are the user's code failing and keep their traceback.
         print(f"torchvitals {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
