@@ -1,8 +1,20 @@
-"""torchvitals command line: diagnose a finished run, or preflight a training setup.
+"""torchvitals command line: the demo, a run's report or diagnosis, preflight, the supervisor.
 
+    torchvitals demo --fault lr-spike --ranks 2 --steps 150 --out torchvitals_demo/run
+    python -m torchvitals report torchvitals_runs/<run>
     python -m torchvitals diagnose torchvitals_runs/<run>/events.jsonl
     python -m torchvitals preflight mypkg.train:preflight_setup --steps 300 --png lr_range.png
     python -m torchvitals supervise --checkpoint-dir ckpt -- torchrun --nproc-per-node 8 train.py
+
+``demo`` trains a small GPT on the bundled text with ``--ranks`` CPU ranks (gloo) under the agent,
+injects ``--fault`` (lr-spike, nan, frozen or none) mid-run, shows the live view, and writes the
+run report into ``--out`` (default ``torchvitals_demo/<time>``; an existing run folder is refused:
+the watchdog would resume it). Exit 0 when it finished, 1 when a rank failed (named), 2 on bad
+options. Flags from ``TORCHVITALS_DEMO_<FLAG>`` too.
+
+``report`` writes the run report of a run folder (the one holding events.jsonl): loss, grad norm,
+update ratio and activation plots (PNG) and report.html with the diagnosis; exit 2 when the log
+is missing or corrupt.
 
 ``diagnose`` prints the decision-tree diagnosis of a run's event log (exit 0; exit 2 with a
 one-line error when the log is missing or corrupt).
@@ -43,8 +55,10 @@ import os
 import sys
 
 from .agent.diagnose import diagnose_events
+from .agent.ledger import LedgerError
 from .agent.preflight import load_setup, preflight
 from .collector.config import SupervisorConfig
+from .agent.demo.train import FAULTS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,6 +78,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="LR range test steps")
     p.add_argument("--png", default=env("TORCHVITALS_PREFLIGHT_PNG") or None,
                    help="save the LR range plot here")
+    demo = sub.add_parser("demo", help="train a small GPT on 2 CPU ranks, inject a fault, "
+                                        "watch torchvitals catch it and roll back")
+    demo.add_argument("--fault", choices=FAULTS, default=env("TORCHVITALS_DEMO_FAULT", "lr-spike"),
+                      help="the fault injected mid-run (default: lr-spike)")
+    demo.add_argument("--ranks", type=int, default=env("TORCHVITALS_DEMO_RANKS", "2"),
+                      help="CPU ranks (default: 2)")
+    demo.add_argument("--steps", type=int, default=env("TORCHVITALS_DEMO_STEPS", "200"),
+                      help="training steps (default: 200)")
+    demo.add_argument("--out", default=env("TORCHVITALS_DEMO_OUT") or None,
+                      help="run folder (default: torchvitals_demo/<time>)")
+    demo.add_argument("--metrics-port", type=int, default=env("TORCHVITALS_DEMO_METRICS_PORT", "0"),
+                      help="base port of the ranks' /metrics (default: free ports)")
+    demo.add_argument("--timeout-s", type=float, default=env("TORCHVITALS_DEMO_TIMEOUT_S", "600"),
+                      help="stop the ranks past this many seconds (default: 600)")
+    r = sub.add_parser("report", help="plots and an HTML page with the diagnosis of a run")
+    r.add_argument("run_dir", help="the run folder (holding events.jsonl)")
+    r.add_argument("--ledger", default=None, help="the watchdog's ledger.json (default: found "
+                                                  "in the run folder or one below it)")
     s = sub.add_parser("supervise", help="run a training command, restart it on a crash or hang",
                        usage="%(prog)s [options] -- CMD [ARGS...]")
     SupervisorConfig.add_arguments(s)
@@ -90,12 +122,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "supervise":
         return _supervise(args)
+    if args.command == "demo":
+        return _demo(args)
     try:
         if args.command == "diagnose":
             print(diagnose_events(args.events).render())
             return 0
+        if args.command == "report":
+            from .agent.runreport import write_report
+            report = write_report(args.run_dir, ledger=args.ledger)
+            print(report.render_summary())
+            print(f"report: {report.html}")
+            return 0
         setup = load_setup(args.factory)
-    except (OSError, ValueError, ImportError, AttributeError) as exc:
+    except (OSError, ValueError, ImportError, AttributeError, LedgerError) as exc:
         # One line, not a traceback: the usual causes are a wrong path or a wrong name. Errors
         # raised while the checks run are the user's code failing and keep their traceback.
         print(f"torchvitals {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -103,6 +143,26 @@ def main(argv: list[str] | None = None) -> int:
     report = preflight(**setup, steps=args.steps, lr_steps=args.lr_steps, png=args.png)
     print(report.render())
     return 0 if report.passed else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import time
+
+    from .agent.demo.launch import run_demo
+    from .agent.demo.train import DemoRun
+    out = args.out or os.path.join("torchvitals_demo", time.strftime("%Y%m%d-%H%M%S"))
+    if os.path.exists(os.path.join(out, "events.jsonl")) or os.path.exists(os.path.join(out, "checkpoints")):
+        print(f"torchvitals demo: {out} holds a run already (its watchdog would resume it); "
+              f"choose another --out or remove it", file=sys.stderr)
+        return 2
+    try:
+        if args.ranks < 1:
+            raise ValueError(f"--ranks must be >= 1, got {args.ranks}")
+        run = DemoRun(out=out, steps=args.steps, fault=args.fault, metrics_port=args.metrics_port)
+    except ValueError as exc:
+        print(f"torchvitals demo: {exc}", file=sys.stderr)
+        return 2
+    return run_demo(run, world=args.ranks, timeout_s=args.timeout_s)
 
 
 def _supervise(args: argparse.Namespace) -> int:

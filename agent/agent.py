@@ -95,6 +95,13 @@ class Agent:
             self.run_dir = os.path.join(self.config.log_dir, run)
             self._events = EventLog(os.path.join(self.run_dir, "events.jsonl"),
                                     every=self.config.log_every)
+        self._live = None
+        if self.rank == 0 and self.config.live:
+            from .live import LiveView
+            # Plain lines: a status line every ~10 steps, on a sampled step (with its ratios).
+            every = self.config.sample_every * math.ceil(10 / self.config.sample_every)
+            self._live = LiveView(self.blocks.names, every=every,
+                                  title=f"torchvitals  {self.metrics_url or ''}".rstrip())
         self.step_count = 0
         # For diagnose(): bounded, so a million-step run does not grow the agent.
         self._losses: deque[tuple[int, float]] = deque(maxlen=100_000)
@@ -276,6 +283,8 @@ class Agent:
         self._exporter.update(report, self.detector.active_counts(), recovery)
         if self._events is not None:
             self._events.write(report)
+        if self._live is not None:
+            self._live.update(report, self.detector.active.values(), recovery)
 
     def _measure(self, loss: torch.Tensor | float, step_seconds: float, scaler: Any,
                  pending: tuple[Any, ...] | None) -> Packer:
@@ -377,6 +386,8 @@ class Agent:
         self._exporter.close()
         if self._events is not None:
             self._events.close()
+        if self._live is not None:
+            self._live.close()
 
     def __enter__(self) -> "Agent":
         return self

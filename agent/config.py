@@ -115,6 +115,10 @@ class Config:
     log_every: int = 1
     """Write one event-log line every this many steps (steps that skip are always written)."""
 
+    live: bool = False
+    """Global rank 0 shows a live view of the vital signs on stdout: a rich panel on a terminal,
+    plain lines (one every ``sample_every`` steps, one per verdict or rollback) otherwise."""
+
     def __post_init__(self) -> None:
         if self.sample_every < 1:
             raise ValueError(f"sample_every must be >= 1, got {self.sample_every}")

@@ -19,6 +19,9 @@ from torchvitals.collector.supervisor import Supervisor
 
 JOB = Path(__file__).with_name("supervised_job.py")
 ROOT = Path(__file__).resolve().parents[2]
+# The checkout's parent (a checkout named "torchvitals" imports as the package), then the
+# caller's path: a checkout under another name is found through it, not the installed copy.
+PYTHONPATH = os.pathsep.join(p for p in (str(ROOT.parent), os.environ.get("PYTHONPATH")) if p)
 
 
 def job(tmp_path: Path, fault: str) -> list[str]:
@@ -28,7 +31,7 @@ def job(tmp_path: Path, fault: str) -> list[str]:
 
 
 def supervise_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     return subprocess.run([sys.executable, "-m", "torchvitals", "supervise", *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -125,7 +128,7 @@ def test_a_worker_outside_the_launchers_process_group_is_stopped_too(tmp_path):
     config = SupervisorConfig(hang_timeout_s=1, startup_timeout_s=30, grace_s=2, backoff_s=0.05,
                               poll_s=0.05, heartbeat_root=str(tmp_path / "hb"))
     supervisor = Supervisor(config, [sys.executable, str(script), str(tmp_path / "stopped")],
-                            environ={**os.environ, "PYTHONPATH": str(ROOT.parent)})
+                            environ={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert supervisor.run() == 0
     worker = int((tmp_path / "stopped").read_text())
     state = Path(f"/proc/{worker}/stat")

@@ -1,8 +1,13 @@
-"""The README's first command runs: the quickstart trains and prints its per-block signals."""
+"""The examples run: the quickstart prints its per-block signals, and the plain, fp16, DDP and
+FSDP2 (torchrun, 2 CPU ranks) examples train a few steps under the agent."""
 
 import os
 import subprocess
 import sys
+
+import pytest
+
+from tvsupport import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -19,3 +24,30 @@ def test_quickstart_prints_per_block_signals_and_writes_its_event_log(tmp_path):
         assert any(line.split()[:1] == [block] for line in out.splitlines()), f"no row for {block}"
     logs = list(tmp_path.glob("torchvitals_runs/*/events.jsonl"))
     assert len(logs) == 1 and len(logs[0].read_text().splitlines()) == 12
+
+
+def _run_example(args: list[str], tmp_path) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
+    env.update(TORCHVITALS_METRICS_PORT="0", TORCHVITALS_LOG_DIR="", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("name", ["plain", "fp16"])
+def test_single_process_examples_train_under_the_agent(name, tmp_path):
+    out = _run_example([os.path.join(ROOT, "examples", f"{name}.py"), "--steps", "4"], tmp_path)
+    assert "step 4 loss" in out, out
+    if name == "fp16":
+        assert "loss_scale 65536" in out, out       # the scaler went through the agent
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp2"])
+def test_torchrun_examples_train_two_ranks_under_the_agent(name, tmp_path):
+    out = _run_example(["-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                        os.path.join(ROOT, "examples", f"{name}.py"), "--steps", "4"], tmp_path)
+    # Printed by rank 0 only; every block of the 2-layer GPT measured (tok, pos, 2 blocks,
+    # head, other).
+    assert out.count("step 4 loss") == 1 and "blocks 6" in out, out
