@@ -12,8 +12,9 @@ import without torch: their image and their start-up do not carry it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .agent.lazy import lazy_exports
 
 _EXPORTS = {
     "Agent": ".agent.agent", "watch": ".agent.agent", "Config": ".agent.config",
@@ -31,14 +32,4 @@ if TYPE_CHECKING:
     from .agent.report import Report
     from .agent.watchdog import TrainingAborted
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
 
 _EXPORTS = {"Agent": ".agent", "watch": ".agent", "Config": ".config", "Report": ".report"}
 __all__ = sorted(_EXPORTS)
@@ -17,14 +18,4 @@ if TYPE_CHECKING:
     from .config import Config
     from .report import Report
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
