@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections import deque
 from typing import Any, Callable
@@ -30,9 +29,8 @@ from .blocks import Blocks, discover, unwrap
 from .config import Config
 from .directives import CODES, DirectivePoller, token_from_env
 from .detect import CRITICAL, Detector, Thresholds, Verdict
-from .eventlog import EventLog
-from .exporter import Exporter
 from .heartbeat import Heartbeat
+from .outputs import Outputs
 from .reduce import Packer, Reducer, unpack
 from .sampler import SkipAwareBatches
 from .report import Report
@@ -88,20 +86,9 @@ class Agent:
         self._poller = (DirectivePoller(self.config.collector_url, self.config.collector_job,
                                         self.config.collector_poll_seconds, token=token)
                         if self.config.collector_url and self.rank == 0 else None)
-        self._exporter = self._start_exporter(registry)
-        self._events = None
-        if self.rank == 0 and self.config.log_dir:
-            run = self.config.run_name or time.strftime("%Y%m%d-%H%M%S")
-            self.run_dir = os.path.join(self.config.log_dir, run)
-            self._events = EventLog(os.path.join(self.run_dir, "events.jsonl"),
-                                    every=self.config.log_every)
-        self._live = None
-        if self.rank == 0 and self.config.live:
-            from .live import LiveView
-            # Plain lines: a status line every ~10 steps, on a sampled step (with its ratios).
-            every = self.config.sample_every * math.ceil(10 / self.config.sample_every)
-            self._live = LiveView(self.blocks.names, every=every,
-                                  title=f"torchvitals  {self.metrics_url or ''}".rstrip())
+        self._out = Outputs(self.config, self.blocks.names, rank=self.rank,
+                            world_size=self.world_size, registry=registry)
+        self.run_dir = self._out.run_dir
         self.step_count = 0
         # For diagnose(): bounded, so a million-step run does not grow the agent.
         self._losses: deque[tuple[int, float]] = deque(maxlen=100_000)
@@ -157,16 +144,9 @@ class Agent:
     def _on_forward(self, module: nn.Module, inputs: Any, output: Any) -> None:
         self._forward_end = self._clock()
 
-    def _start_exporter(self, registry: Any) -> Exporter:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        base = self.config.metrics_port
-        return Exporter(self.blocks.names, rank=self.rank, local_rank=local_rank,
-                        world_size=self.world_size, port=base + local_rank if base else 0,
-                        host=self.config.metrics_host, registry=registry)
-
     @property
     def metrics_url(self) -> str | None:
-        return self._exporter.url
+        return self._out.exporter.url
 
     def sampled(self, step: int) -> bool:
         """Whether ``step`` records activations (and carries the preceding update's ratio)."""
@@ -280,11 +260,7 @@ class Agent:
 
     def _publish(self, report: Report) -> None:
         recovery = self.watchdog.metrics() if self.watchdog is not None else None
-        self._exporter.update(report, self.detector.active_counts(), recovery)
-        if self._events is not None:
-            self._events.write(report)
-        if self._live is not None:
-            self._live.update(report, self.detector.active.values(), recovery)
+        self._out.publish(report, self.detector, recovery)
 
     def _measure(self, loss: torch.Tensor | float, step_seconds: float, scaler: Any,
                  pending: tuple[Any, ...] | None) -> Packer:
@@ -337,8 +313,7 @@ class Agent:
         mean = float(value.sum()) / self.world_size
         self.detector.observe_validation(self.step_count, mean)
         self._validation.append((self.step_count, mean))
-        if self._events is not None:
-            self._events.write_event({"event": "validation", "step": self.step_count, "loss": mean})
+        self._out.event({"event": "validation", "step": self.step_count, "loss": mean})
         return mean
 
     def diagnose(self) -> Any:
@@ -383,11 +358,7 @@ class Agent:
         if self._acts is not None:
             self._acts.close()
             self._attn.close()
-        self._exporter.close()
-        if self._events is not None:
-            self._events.close()
-        if self._live is not None:
-            self._live.close()
+        self._out.close()
 
     def __enter__(self) -> "Agent":
         return self
