@@ -6,30 +6,44 @@
     loss.backward()
     report = agent.step(loss)
 
-The names below load on first use, so the collector and the supervisor (``torchvitals.collector``)
-import without torch: their image and their start-up do not carry it.
+The package reads as the pipeline of one training step, one folder a stage:
+
+- ``agent/`` runs inside each rank: ``measure/`` (blocks, gradient, update and activation
+  statistics, the packed reduction) -> ``detect/`` (verdicts) -> ``recover/`` (watchdog,
+  checkpoints, ledger, batches, heartbeat, directives) -> ``outputs/`` (/metrics, event log,
+  live view); ``tools/`` are the offline commands (diagnose, report, preflight, demo).
+- ``collector/`` runs beside the job: the Alertmanager webhook service, and ``supervisor/``,
+  which restarts a job that crashes or hangs.
+- ``protocol`` holds the contracts between the two sides (environment names, heartbeat files,
+  directive codes, the token, exit codes), ``settings`` how flags and ``TORCHVITALS_*``
+  variables reach a config, ``errors`` the base exception.
+
+The names below load on first use, so the collector, the supervisor and the offline readers
+(``torchvitals diagnose``/``report``) start without importing torch.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .agent.lazy import lazy_exports
+from .errors import TorchvitalsError
+from .lazy import lazy_exports
 
 _EXPORTS = {
     "Agent": ".agent.agent", "watch": ".agent.agent", "Config": ".agent.config",
-    "Report": ".agent.report", "record_attention": ".agent.attention",
-    "Thresholds": ".agent.detect", "Verdict": ".agent.detect",
-    "TrainingAborted": ".agent.watchdog",
+    "Report": ".agent.report", "record_attention": ".agent.measure.attention",
+    "Thresholds": ".agent.detect.thresholds", "Verdict": ".agent.detect.verdict",
+    "TrainingAborted": ".agent.recover.watchdog",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "TorchvitalsError"])
 
 if TYPE_CHECKING:
     from .agent.agent import Agent, watch
-    from .agent.attention import record_attention
     from .agent.config import Config
-    from .agent.detect import Thresholds, Verdict
+    from .agent.detect.thresholds import Thresholds
+    from .agent.detect.verdict import Verdict
+    from .agent.measure.attention import record_attention
+    from .agent.recover.watchdog import TrainingAborted
     from .agent.report import Report
-    from .agent.watchdog import TrainingAborted
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -20,7 +20,7 @@ is missing or corrupt.
 one-line error when the log is missing or corrupt).
 
 ``supervise`` runs the command after ``--`` and restarts it when it crashes or its heartbeat
-stalls (collector/supervisor.py: exit 0 when the job exits 0, 76 when restarts stop making
+stalls (collector/supervisor/: exit 0 when the job exits 0, 76 when restarts stop making
 progress, 77 when the restart budget is spent). Its flags are read from
 ``TORCHVITALS_SUPERVISOR_<FLAG>`` too (``--help`` lists them).
 
@@ -54,11 +54,9 @@ import argparse
 import os
 import sys
 
-from .agent.diagnose import diagnose_events
-from .agent.ledger import LedgerError
-from .agent.preflight import load_setup, preflight
-from .collector.config import SupervisorConfig
-from .agent.demo.train import FAULTS
+from .agent.tools.demo import FAULTS
+from .collector.supervisor.config import SupervisorConfig
+from .errors import TorchvitalsError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,25 +71,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = sub.add_parser("preflight", help="memorization, LR range and wiring checks before a long run")
     p.add_argument("factory", metavar="MODULE:FACTORY", help="callable returning the setup dict")
     p.add_argument("--steps", type=int, default=env("TORCHVITALS_PREFLIGHT_STEPS", "300"),
-                   help="memorization steps")
+                   help="memorization steps (default: 300; env TORCHVITALS_PREFLIGHT_STEPS)")
     p.add_argument("--lr-steps", type=int, default=env("TORCHVITALS_PREFLIGHT_LR_STEPS", "100"),
-                   help="LR range test steps")
+                   help="LR range test steps (default: 100; env TORCHVITALS_PREFLIGHT_LR_STEPS)")
     p.add_argument("--png", default=env("TORCHVITALS_PREFLIGHT_PNG") or None,
-                   help="save the LR range plot here")
+                   help="save the LR range plot here (default: no plot; env TORCHVITALS_PREFLIGHT_PNG)")
     demo = sub.add_parser("demo", help="train a small GPT on 2 CPU ranks, inject a fault, "
                                         "watch torchvitals catch it and roll back")
     demo.add_argument("--fault", choices=FAULTS, default=env("TORCHVITALS_DEMO_FAULT", "lr-spike"),
-                      help="the fault injected mid-run (default: lr-spike)")
+                      help="the fault injected mid-run (default: lr-spike; env TORCHVITALS_DEMO_FAULT)")
     demo.add_argument("--ranks", type=int, default=env("TORCHVITALS_DEMO_RANKS", "2"),
-                      help="CPU ranks (default: 2)")
+                      help="CPU ranks (default: 2; env TORCHVITALS_DEMO_RANKS)")
     demo.add_argument("--steps", type=int, default=env("TORCHVITALS_DEMO_STEPS", "200"),
-                      help="training steps (default: 200)")
+                      help="training steps (default: 200; env TORCHVITALS_DEMO_STEPS)")
     demo.add_argument("--out", default=env("TORCHVITALS_DEMO_OUT") or None,
-                      help="run folder (default: torchvitals_demo/<time>)")
+                      help="run folder (default: torchvitals_demo/<time>; env TORCHVITALS_DEMO_OUT)")
     demo.add_argument("--metrics-port", type=int, default=env("TORCHVITALS_DEMO_METRICS_PORT", "0"),
-                      help="base port of the ranks' /metrics (default: free ports)")
+                      help="base port of the ranks' /metrics (default: 0, free ports; env "
+                           "TORCHVITALS_DEMO_METRICS_PORT)")
     demo.add_argument("--timeout-s", type=float, default=env("TORCHVITALS_DEMO_TIMEOUT_S", "600"),
-                      help="stop the ranks past this many seconds (default: 600)")
+                      help="stop the ranks past this many seconds (default: 600; env "
+                           "TORCHVITALS_DEMO_TIMEOUT_S)")
     r = sub.add_parser("report", help="plots and an HTML page with the diagnosis of a run")
     r.add_argument("run_dir", help="the run folder (holding events.jsonl)")
     r.add_argument("--ledger", default=None, help="the watchdog's ledger.json (default: found "
@@ -126,16 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         return _demo(args)
     try:
         if args.command == "diagnose":
+            from .agent.tools.diagnose import diagnose_events
             print(diagnose_events(args.events).render())
             return 0
         if args.command == "report":
-            from .agent.runreport import write_report
+            from .agent.tools.runreport import write_report
             report = write_report(args.run_dir, ledger=args.ledger)
             print(report.render_summary())
             print(f"report: {report.html}")
             return 0
+        from .agent.tools.preflight import load_setup, preflight
         setup = load_setup(args.factory)
-    except (OSError, ValueError, ImportError, AttributeError, LedgerError) as exc:
+    except (OSError, ValueError, ImportError, AttributeError, TorchvitalsError) as exc:
         # One line, not a traceback: the usual causes are a wrong path or a wrong name. Errors
         # raised while the checks run are the user's code failing and keep their traceback.
         print(f"torchvitals {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -148,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import time
 
-    from .agent.demo.launch import run_demo
-    from .agent.demo.train import DemoRun
+    from .agent.tools.demo.launch import run_demo
+    from .agent.tools.demo.train import DemoRun
     out = args.out or os.path.join("torchvitals_demo", time.strftime("%Y%m%d-%H%M%S"))
     if os.path.exists(os.path.join(out, "events.jsonl")) or os.path.exists(os.path.join(out, "checkpoints")):
         print(f"torchvitals demo: {out} holds a run already (its watchdog would resume it); "
@@ -166,7 +168,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _supervise(args: argparse.Namespace) -> int:
-    from .collector.supervisor import supervise
+    from .collector.supervisor.supervisor import supervise
     flags = {k: v for k, v in vars(args).items()
              if k not in ("command", "job_command") and v is not None}
     if not args.job_command:

@@ -1,14 +1,22 @@
-"""The per-rank agent: exact per-block vital signs, one packed reduction, Prometheus exposition.
+"""The per-rank agent: one training step's pipeline, a stage per folder.
 
-``Agent``, ``watch``, ``Config`` and ``Report`` load on first use: the collector imports
-``agent.config`` and ``agent.durable`` (no torch) without pulling in the training side.
+    agent = torchvitals.watch(model, optimizer, scheduler)     # agent.Agent
+    report = agent.step(loss)                                  # report.Report
+
+``agent.py`` runs the step: ``measure/`` (what the rank sees, reduced across ranks) ->
+``detect/`` (what it means) -> ``recover/`` (what the watchdog does about it) -> ``outputs/``
+(who hears of it); ``config.py`` is its one settings dataclass and ``report.py`` the plain data
+it returns. ``tools/`` are offline commands built on the same pieces. A stage imports only the
+stages before it (and ``config``, ``report``, the package's ``protocol``/``settings``/``errors``);
+only ``agent.py`` sees them all. The names load on first use: importing this package alone
+imports no torch.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .lazy import lazy_exports
+from ..lazy import lazy_exports
 
 _EXPORTS = {"Agent": ".agent", "watch": ".agent", "Config": ".config", "Report": ".report"}
 __all__ = sorted(_EXPORTS)

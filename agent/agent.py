@@ -22,21 +22,24 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from . import scaler as amp
-from .activations import ActivationStats
-from .attention import AttentionStats
-from .blocks import Blocks, discover, unwrap
+from ..protocol import ABORTED, CHECKPOINT, CODES, TRAIN, token_from_env
 from .config import Config
-from .directives import CODES, DirectivePoller, token_from_env
-from .detect import CRITICAL, Detector, Thresholds, Verdict
-from .heartbeat import Heartbeat
-from .outputs import Outputs
-from .reduce import Packer, Reducer, unpack
-from .sampler import SkipAwareBatches
+from .detect.detector import Detector
+from .detect.thresholds import Thresholds
+from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
+from .detect.wiring import wiring_verdicts
+from .measure import scaler as amp
+from .measure.activations import ActivationStats
+from .measure.attention import AttentionStats
+from .measure.blocks import Blocks, discover, unwrap
+from .measure.reduce import Packer, Reducer, unpack
+from .measure.stats import GradStats, UpdateRatio, local
+from .outputs.sinks import Outputs
+from .recover.batches import SkipAwareBatches
+from .recover.directives import DirectivePoller
+from .recover.heartbeat import Heartbeat
+from .recover.watchdog import TrainingAborted, Watchdog
 from .report import Report
-from .stats import GradStats, UpdateRatio, local
-from .watchdog import TrainingAborted, Watchdog
-from .wiring import wiring_verdicts
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -90,6 +93,7 @@ class Agent:
                             world_size=self.world_size, registry=registry)
         self.run_dir = self._out.run_dir
         self.step_count = 0
+        self._aborted: TrainingAborted | None = None
         # For diagnose(): bounded, so a million-step run does not grow the agent.
         self._losses: deque[tuple[int, float]] = deque(maxlen=100_000)
         self._validation: list[tuple[int, float]] = []
@@ -99,13 +103,13 @@ class Agent:
         if self.heartbeat is not None and self.watchdog is not None:
             self.watchdog.on_phase = lambda phase: self.heartbeat.beat(phase=phase)
         if self.heartbeat is not None:
-            self.heartbeat.beat(0, "checkpoint" if self.watchdog is not None else "train")
+            self.heartbeat.beat(0, CHECKPOINT if self.watchdog is not None else TRAIN)
         self.resumed_from = (self.watchdog.resume(model, optimizer, scheduler)
                              if self.watchdog is not None else None)
         if self.resumed_from is not None:
             self.step_count = self.resumed_from
         if self.heartbeat is not None:
-            self.heartbeat.beat(0, "train")
+            self.heartbeat.beat(0, TRAIN)
         self._last_end = clock()
         self._forward_end = -math.inf
         # Always on and O(1): the end of each forward pass, for per-rank compute time.
@@ -166,6 +170,8 @@ class Agent:
         Returns:
             The Report, identical on every rank except its ``local_*``/``step_seconds`` fields.
         """
+        if self._aborted is not None:
+            raise self._aborted      # a loop that swallowed the abort must not train on
         step = self.step_count + 1
         step_seconds = self._clock() - self._last_end
         use_scaler = amp.enabled(scaler)
@@ -215,8 +221,9 @@ class Agent:
         try:
             rolled = self.watchdog.rollback(report.step, self._ticks, reason, self.model,
                                             self.optimizer, self.scheduler)
-        except TrainingAborted:
-            verdict = Verdict("rollback_loop", CRITICAL, report.step, None, {
+        except TrainingAborted as aborted:
+            self._aborted = aborted
+            verdict = Verdict(ROLLBACK_LOOP, CRITICAL, report.step, None, {
                 "reason": reason, "max_rollbacks": self.config.max_rollbacks,
                 "rollback_window": self.config.rollback_window,
                 "exit_code": self.config.abort_exit_code})
@@ -243,20 +250,21 @@ class Agent:
         if taken is not None:
             log.warning("torchvitals: collector directive %s (%s) at step %d", taken["id"], action,
                         report.step)
-        verdict = Verdict("collector_directive", CRITICAL, report.step, None, {"action": action})
+        verdict = Verdict(COLLECTOR_DIRECTIVE, CRITICAL, report.step, None, {"action": action})
         report.verdicts.append(verdict)
         self.detector.history.append(verdict)
         if action == "abort":
             report.action = "abort"
             self._publish(report)
             self._beat_aborted()
-            raise TrainingAborted(self.config.abort_exit_code)
+            self._aborted = TrainingAborted(self.config.abort_exit_code)
+            raise self._aborted
 
     def _beat_aborted(self) -> None:
         """Tell the supervisor this exit is on purpose: launchers such as torchrun turn every
         worker failure into exit status 1, so the exit code alone cannot say it."""
         if self.heartbeat is not None:
-            self.heartbeat.beat(self._ticks, phase="aborted")
+            self.heartbeat.beat(self._ticks, phase=ABORTED)
 
     def _publish(self, report: Report) -> None:
         recovery = self.watchdog.metrics() if self.watchdog is not None else None
@@ -317,8 +325,8 @@ class Agent:
         return mean
 
     def diagnose(self) -> Any:
-        """The decision-tree summary of the run so far (see ``torchvitals.agent.diagnose``)."""
-        from .diagnose import diagnose
+        """The decision-tree summary of the run so far (see ``torchvitals.agent.tools.diagnose``)."""
+        from .tools.diagnose import diagnose
         return diagnose(self.detector.history, self._losses, self._validation)
 
     def _pack_loss(self, packer: Packer, loss: torch.Tensor | float) -> None:

@@ -6,13 +6,12 @@ variable (e.g. ``TORCHVITALS_SAMPLE_EVERY=20``, ``TORCHVITALS_METRICS_PORT=0``) 
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-ENV_PREFIX = "TORCHVITALS_"
+from ..protocol import ABORT_EXIT_CODE, ENV_PREFIX
+from ..settings import settings
+from .detect.thresholds import Thresholds
 
 
 @dataclass(kw_only=True)
@@ -50,7 +49,7 @@ class Config:
     measured norms (no second pass). The report keeps the norms from before clipping."""
 
     detect: Mapping[str, Any] | None = None
-    """Overrides of the detection thresholds by name (see ``torchvitals.agent.detect.Thresholds``),
+    """Overrides of the detection thresholds by name (see ``torchvitals.Thresholds``),
     e.g. ``{"loss_spike_mads": 8}``; from the environment as JSON."""
 
     skip_nonfinite: bool = True
@@ -82,7 +81,7 @@ class Config:
     rollback_window: int = 500
     """Steps over which ``max_rollbacks`` is counted."""
 
-    abort_exit_code: int = 75
+    abort_exit_code: int = ABORT_EXIT_CODE
     """Exit code of ``TrainingAborted`` when the loop guard gives up (EX_TEMPFAIL)."""
 
     collector_url: str | None = None
@@ -140,7 +139,6 @@ class Config:
             raise ValueError("update_ratio_max_bytes must be >= 0")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ValueError(f"clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
-        from .detect import Thresholds
         Thresholds.from_overrides(self.detect)   # an unknown threshold fails at watch(), not later
 
     @classmethod
@@ -157,55 +155,3 @@ class Config:
         return cls(**settings(cls, environ, overrides, lambda name: ENV_PREFIX + name.upper(),
                               "torchvitals"))
 
-
-def settings(cls: type, environ: Mapping[str, str] | None, overrides: Mapping[str, Any],
-             env_key: Callable[[str], str], what: str) -> dict[str, Any]:
-    """A config dataclass's values: its environment variables, then ``overrides`` on top.
-
-    Args:
-        cls: the dataclass.
-        environ: the environment to read (default ``os.environ``).
-        overrides: values given by flags or code (they win).
-        env_key: field name -> its environment variable.
-        what: the kind of setting, for the error about an unknown one.
-
-    Returns:
-        Keyword arguments for ``cls``.
-    """
-    environ = os.environ if environ is None else environ
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(overrides) - set(names)
-    if unknown:
-        raise TypeError(f"unknown {what} setting(s): {', '.join(sorted(unknown))}; "
-                        f"known: {', '.join(sorted(names))}")
-    values: dict[str, Any] = {}
-    for name, f in names.items():
-        key = env_key(name)
-        if key in environ:
-            values[name] = _parse(environ[key], f, key)
-    values.update(overrides)
-    return values
-
-
-def _parse(text: str, f: dataclasses.Field, key: str) -> Any:
-    """Turn an environment string into the field's type, with an error naming the variable."""
-    kind = str(f.type)
-    try:
-        if text.strip().lower() in ("", "none", "null") and "None" in kind:
-            return None
-        if kind.startswith("bool"):
-            lowered = text.strip().lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError("expected true/false")
-        if kind.startswith("int"):
-            return int(text)
-        if kind.startswith("float"):
-            return float(text)
-        if kind.startswith("str"):
-            return text
-        return json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{key}={text!r}: cannot be read as {kind} ({exc})") from None

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .detect.verdict import Verdict
+
 ACTIVATION_FIELDS = ("mean", "rms", "abs_max", "zero_fraction", "saturation_fraction", "nonfinite")
 
 
@@ -38,7 +40,7 @@ class Report:
     """A NaN/Inf in any rank's loss or gradient."""
     nonfinite_loss: bool = False
     nonfinite_grad: bool = False
-    verdicts: list[Any] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
     """Named failure patterns (filled by detection)."""
     action: str = "step"
     """"step" (the optimizer stepped), "skip" (no optimizer step on any rank), "rollback" (every
@@ -72,14 +74,43 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict: non-finite floats become the strings "nan", "inf", "-inf"."""
-        return _json_safe(asdict(self))
+        return json_safe(asdict(self))
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
+
+def json_safe(value: Any, *, strict: str | None = None, keep_nonfinite: bool = False) -> Any:
+    """A copy of ``value`` that JSON can hold: tuples as lists, non-finite floats as the strings
+    "nan", "inf", "-inf" (read back with ``json_number``).
+
+    Args:
+        value: numbers, strings, lists, tuples and dicts, nested.
+        strict: None leaves other objects as they are (a log writes them with ``str``); else
+            the name of ``value`` for the TypeError raised on a non-string key or an object JSON
+            cannot hold.
+        keep_nonfinite: keep NaN/Inf as floats (Python's json reads them back as floats, which
+            a scheduler's ``best = inf`` needs).
+    """
+    if isinstance(value, float) and not math.isfinite(value) and not keep_nonfinite:
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v, strict=strict and f"{strict}[{i}]", keep_nonfinite=keep_nonfinite)
+                for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if strict and (bad := next((k for k in value if not isinstance(k, str)), None)) is not None:
+            raise TypeError(f"{strict} has the non-string key {bad!r}")
+        return {k: json_safe(v, strict=strict and f"{strict}[{k!r}]", keep_nonfinite=keep_nonfinite)
+                for k, v in value.items()}
+    if strict:
+        raise TypeError(f"{strict} holds a {type(value).__name__}, which JSON cannot hold "
+                        "(numbers, strings, lists, dicts with string keys)")
     return value
+
+
+def json_number(x: Any) -> float:
+    """A number as ``json_safe`` wrote it ("nan", "inf" included); NaN for anything else."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan

@@ -12,12 +12,11 @@ share. The token itself is never a flag (a flag shows in ``ps``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..agent.config import ENV_PREFIX, settings
+from ..protocol import ENV_PREFIX, TOKEN_ENV, TOKEN_FILE_ENV, TokenError, read_token
+from ..settings import add_flags, settings
 
 _SECRET_FIELDS = ("webhook_token",)
 """Fields read from the environment only, never from a flag."""
@@ -81,18 +80,15 @@ class CollectorConfig:
             The token, stripped of surrounding whitespace.
 
         Raises:
-            ValueError: no token is configured, or it is empty (the message never holds it).
+            TokenError: no token is configured, it is set twice, its file cannot be read, or it
+                is empty (a ValueError; the message never holds the token).
         """
-        if self.webhook_token_file is not None:
-            text = Path(self.webhook_token_file).read_text(encoding="utf-8")
-        elif self.webhook_token is not None:
-            text = self.webhook_token
-        else:
-            raise ValueError("no webhook token: set --webhook-token-file, "
-                             "TORCHVITALS_WEBHOOK_TOKEN_FILE or TORCHVITALS_WEBHOOK_TOKEN")
-        token = text.strip()
+        token = read_token(self.webhook_token, self.webhook_token_file)
+        if token is None:
+            raise TokenError(f"no webhook token: set --webhook-token-file, {TOKEN_FILE_ENV} "
+                             f"or {TOKEN_ENV}")
         if not token:
-            raise ValueError("the webhook token is empty")
+            raise TokenError("the webhook token is empty")
         return token
 
     @classmethod
@@ -126,18 +122,7 @@ class CollectorConfig:
             description="Alertmanager webhook -> directives for torchvitals jobs. Every flag "
                         "is also read from the variable shown; a flag wins over the variable. "
                         "The token: TORCHVITALS_WEBHOOK_TOKEN or --webhook-token-file.")
-        for f in dataclasses.fields(cls):
-            if f.name in _SECRET_FIELDS:
-                continue
-            flag = "--" + f.name.replace("_", "-")
-            kind = str(f.type)
-            if kind.startswith("bool"):
-                parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                    default=None, help=env_name(f.name))
-            else:
-                parser.add_argument(flag, dest=f.name, default=None,
-                                    type=int if kind.startswith("int") else str,
-                                    help=env_name(f.name))
+        add_flags(parser, cls, env_name, skip=_SECRET_FIELDS)
         args = parser.parse_args(argv)
         given = {k: v for k, v in vars(args).items() if v is not None}
         if "webhook_token_file" in given:
@@ -146,111 +131,3 @@ class CollectorConfig:
             return cls.from_env(environ, **given)
         except ValueError as exc:
             parser.error(str(exc))
-
-
-SUPERVISOR_ENV_PREFIX = ENV_PREFIX + "SUPERVISOR_"
-"""``TORCHVITALS_SUPERVISOR_<FIELD>``: the variable of each ``SupervisorConfig`` field."""
-
-
-@dataclass(kw_only=True)
-class SupervisorConfig:
-    """How ``torchvitals supervise`` keeps a job alive; flag > environment > default."""
-
-    hang_timeout_s: float | None = None
-    """Seconds without a heartbeat advance (outside a checkpoint) that make a hang. None learns
-    it: ``hang_factor`` x the median interval between advances, at least ``hang_floor_s``."""
-
-    hang_factor: float = 10.0
-    """Safety factor on the median observed interval when the hang timeout is learned."""
-
-    hang_floor_s: float = 30.0
-    """Least learned hang timeout: the agents write at most once a second, and a learned
-    timeout of a few seconds would turn a slow data-loader stall into a restart."""
-
-    checkpoint_timeout_s: float = 600.0
-    """Hang timeout while any rank's phase is "checkpoint" (a save or a load can be long)."""
-
-    startup_timeout_s: float = 600.0
-    """Seconds an attempt may take to write its first heartbeat (imports, rendezvous, resume)."""
-
-    grace_s: float = 10.0
-    """Seconds between SIGTERM and SIGKILL when the job's process group is stopped."""
-
-    max_restarts: int = 10
-    """Restarts allowed in all; when spent the supervisor exits ``budget_exit_code``."""
-
-    no_progress_restarts: int = 3
-    """Consecutive restarts that failed without advancing the last healthy step, after which
-    the supervisor exits ``no_progress_exit_code`` (restarting would repeat the same failure)."""
-
-    backoff_s: float = 1.0
-    """Wait before a restart; doubled for each consecutive restart without progress."""
-
-    backoff_max_s: float = 60.0
-    """Cap of the restart back-off."""
-
-    poll_s: float = 0.2
-    """How often the heartbeat files and the job's process are checked."""
-
-    checkpoint_dir: str | None = None
-    """The job's checkpoint folder; its ``ledger.json`` gives the last healthy step that
-    measures progress. None: the highest heartbeat step of an attempt is used instead."""
-
-    heartbeat_root: str | None = None
-    """Folder holding one fresh heartbeat folder per attempt (``attempt-0001`` ...); None makes
-    a temporary one."""
-
-    metrics_port: int = 0
-    """Port of the supervisor's own /metrics on 127.0.0.1; 0 turns it off."""
-
-    abort_exit_code: int = 75
-    """Exit status when the job aborted on purpose (a rank's heartbeat says "aborted": the
-    agent's loop guard, or the collector's abort order); such a job is never restarted."""
-
-    no_progress_exit_code: int = 76
-    """Exit status when ``no_progress_restarts`` restarts in a row made no progress."""
-
-    budget_exit_code: int = 77
-    """Exit status when the job failed again after ``max_restarts`` restarts."""
-
-    def __post_init__(self) -> None:
-        for name in ("hang_factor", "hang_floor_s", "checkpoint_timeout_s", "startup_timeout_s",
-                     "poll_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
-            raise ValueError(f"hang_timeout_s must be > 0 or None, got {self.hang_timeout_s}")
-        if self.grace_s < 0 or self.backoff_s < 0 or self.backoff_max_s < self.backoff_s:
-            raise ValueError("need grace_s >= 0 and 0 <= backoff_s <= backoff_max_s")
-        if self.max_restarts < 0 or self.no_progress_restarts < 1:
-            raise ValueError("need max_restarts >= 0 and no_progress_restarts >= 1")
-        if not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
-        codes = {self.abort_exit_code, self.no_progress_exit_code, self.budget_exit_code}
-        if len(codes) != 3 or not all(0 < c < 256 for c in codes):
-            raise ValueError("the three exit codes must differ and lie in 1..255")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None,
-                 **overrides: Any) -> "SupervisorConfig":
-        """Defaults, then ``TORCHVITALS_SUPERVISOR_<FIELD>``, then ``overrides`` (flags).
-
-        Args:
-            environ: the environment to read (default ``os.environ``).
-            **overrides: field values from flags or code; they win over the environment.
-
-        Returns:
-            The validated config.
-        """
-        return cls(**settings(cls, environ, overrides,
-                              lambda name: SUPERVISOR_ENV_PREFIX + name.upper(), "supervisor"))
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one ``--<field>`` flag per field (default None: not given)."""
-        for f in dataclasses.fields(cls):
-            kind = str(f.type)
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                                type=int if kind.startswith("int") else
-                                float if kind.startswith("float") else str,
-                                help=SUPERVISOR_ENV_PREFIX + f.name.upper())

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..agent.durable import replace_json
+from ..agent.recover.durable import replace_json
 from .webhook import Notification, order_of
 
 FILE = "directives.json"

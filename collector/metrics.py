@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from .directives import OUTCOMES, DirectiveStore
-from .webhook import ACTIONS
+from ..protocol import ACTIONS
 
 PREFIX = "torchvitals_collector_"
 
@@ -23,7 +23,7 @@ REJECT_REASONS = ("unauthorized", "body_too_large", "invalid_json", "unsupported
 """Every ``reason`` label of the rejection counter (bounded: each is a fixed code)."""
 
 
-class _StoreCollector:
+class _DirectiveGauges:
     """Pending and acknowledged directives, read from the store when scraped."""
 
     def __init__(self, store: DirectiveStore) -> None:
@@ -73,33 +73,4 @@ class CollectorMetrics:
         for action in ACTIONS:
             self.directives_issued.labels(action)
             self.directives_acknowledged.labels(action)
-        self.registry.register(_StoreCollector(store))
-
-
-SUPERVISOR_PREFIX = "torchvitals_supervisor_"
-RESTART_REASONS = ("crash", "hang")
-"""Every ``reason`` label of the supervisor's restart counter."""
-
-
-class SupervisorMetrics:
-    """The supervisor's restarts, current attempt and heartbeat age, in ``registry``.
-
-    Args:
-        registry: where to register (default: a fresh registry).
-    """
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        from prometheus_client import Gauge
-        self.registry = CollectorRegistry() if registry is None else registry
-        self.restarts = Counter(
-            f"{SUPERVISOR_PREFIX}restarts", "Restarts of the supervised job, by reason "
-            "(crash: non-zero exit; hang: heartbeat stalled).", ["reason"], registry=self.registry)
-        self.attempt = Gauge(
-            f"{SUPERVISOR_PREFIX}attempt", "Current attempt of the supervised job (1 = first run).",
-            registry=self.registry)
-        self.heartbeat_age = Gauge(
-            f"{SUPERVISOR_PREFIX}heartbeat_age_seconds", "Seconds since the job's heartbeat last "
-            "advanced (since the attempt started, before the first heartbeat).",
-            registry=self.registry)
-        for reason in RESTART_REASONS:
-            self.restarts.labels(reason)
+        self.registry.register(_DirectiveGauges(store))

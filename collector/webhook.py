@@ -17,18 +17,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping
 
+from ..errors import TorchvitalsError
+from ..protocol import ACTION_LABEL, ACTIONS, JOB_LABEL
+
 VERSION = "4"
 """The only webhook payload version Alertmanager has shipped; another one is rejected."""
-
-ACTIONS = ("rollback", "abort")
-"""Values of the ``torchvitals_action`` label that become directives."""
-
-ACTION_LABEL = "torchvitals_action"
-JOB_LABEL = "job"
 STATUSES = ("firing", "resolved")
 
 
-class PayloadError(ValueError):
+class PayloadError(TorchvitalsError, ValueError):
     """A webhook body that cannot be used; ``reason`` is a short, bounded metric label."""
 
     def __init__(self, reason: str, message: str) -> None:

@@ -13,7 +13,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/torchvitals
 ENV PATH=/opt/torchvitals/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md __init__.py __main__.py ./
+COPY pyproject.toml README.md __init__.py __main__.py errors.py lazy.py protocol.py settings.py ./
 COPY docker/collector-requirements.py ./docker/
 COPY agent ./agent
 COPY collector ./collector
@@ -23,6 +23,7 @@ RUN python docker/collector-requirements.py pyproject.toml > /tmp/requirements.t
  && pip install -r /tmp/requirements.txt \
  && pip install --no-deps . \
  && python -c "import sys, torchvitals.collector; assert 'torch' not in sys.modules" \
+ && torchvitals supervise --help > /dev/null \
  && pip uninstall --yes pip setuptools wheel
 
 FROM ${PYTHON_IMAGE}

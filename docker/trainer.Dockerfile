@@ -19,7 +19,7 @@ ENV PATH=/opt/torchvitals/bin:$PATH
 # The same pin as pyproject.toml; a bare `pip install torch` would take PyPI's CUDA build.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.13,<2.14"
 WORKDIR /src
-COPY pyproject.toml README.md __init__.py __main__.py ./
+COPY pyproject.toml README.md __init__.py __main__.py errors.py lazy.py protocol.py settings.py ./
 COPY agent ./agent
 COPY collector ./collector
 RUN pip install ".[data]" \

@@ -2,7 +2,7 @@
 
     python examples/quickstart.py      # trains it under torchvitals
 
-The model lives in the package (``torchvitals.agent.demo.model``) because ``torchvitals demo`` trains
+The model lives in the package (``torchvitals.agent.tools.demo.model``) because ``torchvitals demo`` trains
 it after a plain install; the name stays importable from here for the examples and tests.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from torchvitals.agent.demo.model import Attention, Block, TinyGPT
+from torchvitals.agent.tools.demo.model import Attention, Block, TinyGPT
 
 __all__ = ["Attention", "Block", "TinyGPT", "random_batches"]
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from tinygpt import TinyGPT, random_batches
-from torchvitals.agent.checkpoint import CheckpointError, CheckpointStore
+from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
 from tvsupport import TINY, full, wrap
 
 

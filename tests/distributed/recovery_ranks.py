@@ -300,7 +300,7 @@ def killable_run(rank: int, world: int, kind: str, root: str, log_dir: str, run:
 def _arm_kill(point: str, step: int, write: Callable[[dict[str, Any]], None]) -> None:
     """Make this process SIGKILL itself at ``point`` of the checkpoint write of ``step``."""
     import torch.distributed.checkpoint as dcp
-    from torchvitals.agent.checkpoint import CheckpointStore
+    from torchvitals.agent.recover.checkpoint import CheckpointStore
 
     current = [None]
     real_save = CheckpointStore.save

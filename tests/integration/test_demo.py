@@ -15,7 +15,7 @@ import time
 import pytest
 
 from torchvitals.__main__ import main
-from torchvitals.agent.demo.launch import RankFailed, wait_ranks
+from torchvitals.agent.tools.demo.launch import RankFailed, wait_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLOTS = ("loss", "grad_norm", "update_ratio", "activations")

@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from torchvitals.collector.config import SupervisorConfig
-from torchvitals.collector.metrics import SupervisorMetrics
-from torchvitals.collector.supervisor import Supervisor
+from torchvitals.collector.supervisor.config import SupervisorConfig
+from torchvitals.collector.supervisor.metrics import SupervisorMetrics
+from torchvitals.collector.supervisor.supervisor import Supervisor
 
 JOB = Path(__file__).with_name("supervised_job.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ import os, signal, subprocess, sys, time
 from pathlib import Path
 marker = Path(sys.argv[1])
 if len(sys.argv) > 2:                       # the worker: beat once, then stop (first time only)
-    from torchvitals.agent.heartbeat import Heartbeat
+    from torchvitals.agent.recover.heartbeat import Heartbeat
     Heartbeat(os.environ["TORCHVITALS_HEARTBEAT_DIR"], 0).beat(1)
     if not marker.exists():
         marker.write_text(str(os.getpid()))

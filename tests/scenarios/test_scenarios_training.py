@@ -19,7 +19,7 @@ from torch import nn
 import torchvitals
 from tinygpt import TinyGPT, random_batches
 from torchvitals.agent.detect import CRITICAL, WARNING, Thresholds
-from torchvitals.agent.diagnose import diagnose
+from torchvitals.agent.tools.diagnose import diagnose
 
 VOCAB, D_MODEL, HEADS, SEQ, BATCH = 64, 32, 4, 16, 8
 EARLY_WARNINGS = {"hot_lr", "layer_divergence", "grad_explosion", "activation_explosion"}

@@ -9,8 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import torchvitals
 from tinygpt import TinyGPT, random_batches
-from torchvitals.agent.eventlog import read_events
-from torchvitals.agent.exporter import MetricsPortError
+from torchvitals.agent.outputs.eventlog import read_events
+from torchvitals.agent.outputs.exporter import MetricsPortError
 from tvsupport import TINY, TINY_BLOCKS, free_port
 
 

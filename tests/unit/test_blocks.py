@@ -2,7 +2,7 @@ import pytest
 from torch import nn
 
 from tinygpt import TinyGPT
-from torchvitals.agent.blocks import discover
+from torchvitals.agent.measure.blocks import discover
 from tvsupport import TINY, TINY_BLOCKS
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchvitals.agent.checkpoint import CheckpointError, CheckpointStore
-from torchvitals.agent.ledger import Ledger, LedgerError
+from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
+from torchvitals.agent.recover.ledger import Ledger, LedgerError
 
 
 def _setup(seed: int = 0):
@@ -146,7 +146,7 @@ def test_a_damaged_checkpoint_is_refused_and_the_previous_one_used(saved, damage
     store, step1 = saved
     damage(store.root / "step-00000002")
     model, opt, sched = _setup(seed=1)
-    with caplog.at_level(logging.WARNING, logger="torchvitals.agent.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="torchvitals.agent.recover.checkpoint"):
         restored = store.load(model, opt, sched)
     assert restored["step"] == 1 and restored["extra"] == {"position": 1}
     [(folder, why)] = restored["refused"]

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from torchvitals.agent.blocks import EMBEDDING, HEAD, LAYER, OTHER
+from torchvitals.agent.measure.blocks import EMBEDDING, HEAD, LAYER, OTHER
 from torchvitals.agent.detect import PATTERNS, Detector, Thresholds
 from torchvitals.agent.report import Report
 

@@ -10,8 +10,8 @@ import pytest
 
 from torchvitals.__main__ import main
 from torchvitals.agent.detect import CRITICAL, WARNING, Verdict
-from torchvitals.agent.diagnose import CAUSES, diagnose, diagnose_events
-from torchvitals.agent.eventlog import EventLog
+from torchvitals.agent.tools.diagnose import CAUSES, diagnose, diagnose_events
+from torchvitals.agent.outputs.eventlog import EventLog
 from torchvitals.agent.report import Report
 
 NAN = math.nan

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from torchvitals.agent.eventlog import EventLog, read_events
+from torchvitals.agent.outputs.eventlog import EventLog, read_events
 from torchvitals.agent.report import Report
 
 
@@ -72,7 +72,7 @@ def test_nothing_lost_when_the_process_dies(tmp_path):
     path = tmp_path / "events.jsonl"
     script = textwrap.dedent(f"""
         import os
-        from torchvitals.agent.eventlog import EventLog
+        from torchvitals.agent.outputs.eventlog import EventLog
         from torchvitals.agent.report import Report
         log = EventLog({str(path)!r})
         log.write(Report(step=1, loss=0.5, grad_norm={{}}, grad_norm_total=0.0))

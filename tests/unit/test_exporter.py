@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchvitals.agent.detect import PATTERNS
-from torchvitals.agent.exporter import (BLOCK, GLOBAL, METRICS, PATTERN, RANK, Exporter,
+from torchvitals.agent.outputs.exporter import (BLOCK, GLOBAL, METRICS, PATTERN, RANK, Exporter,
                                        MetricsPortError)
 from torchvitals.agent.report import Report
 

@@ -8,7 +8,7 @@ import torch
 
 import torchvitals
 from torchvitals.agent.detect import Verdict
-from torchvitals.agent.live import LiveView, ratio_bar, ratio_state, sparkline
+from torchvitals.agent.outputs.live import LiveView, ratio_bar, ratio_state, sparkline
 from torchvitals.agent.report import Report
 from tinygpt import TinyGPT, random_batches
 

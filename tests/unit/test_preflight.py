@@ -15,7 +15,7 @@ import preflight_factories as factories
 from tinygpt import TinyGPT
 from torchvitals.__main__ import main
 from torchvitals.agent.detect import CRITICAL
-from torchvitals.agent.preflight import Finding, lr_range_test, memorization_test, preflight, wiring_checks
+from torchvitals.agent.tools.preflight import Finding, lr_range_test, memorization_test, preflight, wiring_checks
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

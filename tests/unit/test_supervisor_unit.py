@@ -11,10 +11,11 @@ from collections import deque
 import pytest
 
 from torchvitals.__main__ import parse_args
-from torchvitals.agent.heartbeat import Heartbeat
-from torchvitals.collector.config import SupervisorConfig
-from torchvitals.collector.metrics import SupervisorMetrics
-from torchvitals.collector.supervisor import Beat, HangClock, read_heartbeats
+from torchvitals.agent.recover.heartbeat import Heartbeat
+from torchvitals.collector.supervisor.config import SupervisorConfig
+from torchvitals.collector.supervisor.metrics import SupervisorMetrics
+from torchvitals.collector.supervisor.supervisor import HangClock
+from torchvitals.protocol import Beat, read_heartbeats
 
 
 def test_flag_wins_over_environment_wins_over_default(monkeypatch):

@@ -7,7 +7,7 @@ import torch
 
 import torchvitals
 from tinygpt import TinyGPT, random_batches
-from torchvitals.agent.watchdog import TrainingAborted
+from torchvitals.agent.recover.watchdog import TrainingAborted
 from tvsupport import TINY
 
 BATCHES = list(random_batches(80, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))

@@ -66,7 +66,7 @@ def test_a_loss_spike_that_persists_after_rollbacks_trips_the_guard(tmp_path):
 
 def test_heartbeat_reports_progress_and_checkpoint_phases(tmp_path):
     import json as _json
-    from torchvitals.agent.heartbeat import Heartbeat
+    from torchvitals.agent.recover.heartbeat import Heartbeat
 
     clock = [100.0]
     beat = Heartbeat(tmp_path, rank=3, interval_s=1.0, clock=lambda: clock[0])

@@ -3,7 +3,7 @@
     torchvitals supervise --checkpoint-dir ckpt --hang-timeout-s 120 -- torchrun ... train.py
 
 The launcher runs in its own process group with ``TORCHVITALS_HEARTBEAT_DIR`` set to a fresh
-folder per attempt, where every rank's agent keeps ``heartbeat-rank<r>.json`` (agent/heartbeat.py).
+folder per attempt, where every rank's agent keeps ``heartbeat-rank<r>.json`` (the format: ``torchvitals.protocol``).
 The supervisor only reads those files, so a hang is seen even when a rank is SIGSTOPped or holds
 its GIL. An attempt ends when the launcher exits, or when the heartbeat (the highest step over
 the ranks, and the newest write) has not advanced within the timeout: ``startup_timeout_s``
@@ -19,7 +19,6 @@ step, ``budget_exit_code`` (77) when ``max_restarts`` restarts are spent.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -32,47 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ...agent.recover.ledger import Ledger, LedgerError
+from ...protocol import ATTEMPT_ENV, HEARTBEAT_DIR_ENV, LEDGER_FILE, Beat, read_heartbeats
 from .config import SupervisorConfig
 from .metrics import SupervisorMetrics
+from .process import stop_group
 
 log = logging.getLogger("torchvitals.supervisor")
-
-HEARTBEAT_ENV = "TORCHVITALS_HEARTBEAT_DIR"
-ATTEMPT_ENV = "TORCHVITALS_SUPERVISOR_ATTEMPT"
-
-
-@dataclass(frozen=True)
-class Beat:
-    """What the heartbeat files of one attempt say at one moment."""
-
-    step: int
-    """The highest step over the ranks."""
-    time: float
-    """The newest write (wall clock of the writing rank)."""
-    checkpointing: bool
-    """Whether any rank is in the "checkpoint" phase."""
-    aborted: bool = False
-    """Whether any rank aborted on purpose (the loop guard, or the collector's abort order)."""
-
-
-def read_heartbeats(folder: str | os.PathLike) -> Beat | None:
-    """Read every rank's heartbeat file in ``folder``.
-
-    Returns:
-        The combined beat, or None when no file is readable yet. A file caught mid-replace
-        cannot happen (the agent renames), but one that does not parse is skipped.
-    """
-    beats = []
-    for path in Path(folder).glob("heartbeat-rank*.json"):
-        try:
-            beats.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            continue
-    if not beats:
-        return None
-    return Beat(step=max(int(b["step"]) for b in beats), time=max(float(b["time"]) for b in beats),
-                checkpointing=any(b.get("phase") == "checkpoint" for b in beats),
-                aborted=any(b.get("phase") == "aborted" for b in beats))
 
 
 @dataclass(frozen=True)
@@ -88,17 +53,6 @@ class Attempt:
     """"exit" or "hang"."""
     status: int
     """The launcher's exit status (negative: the signal that ended it)."""
-
-
-def heartbeat_pids(folder: str | os.PathLike) -> list[int]:
-    """The pids the ranks wrote into their heartbeat files."""
-    pids = []
-    for path in Path(folder).glob("heartbeat-rank*.json"):
-        try:
-            pids.append(int(json.loads(path.read_text(encoding="utf-8"))["pid"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return pids
 
 
 class HangClock:
@@ -140,94 +94,6 @@ class HangClock:
 
     def hung(self, now: float) -> bool:
         return self.age(now) > self.timeout()
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float, pids: Sequence[int] = (),
-               poll_s: float = 0.05) -> int:
-    """Stop the job: the process group led by ``proc``, every descendant of ``proc`` and
-    ``pids`` (the ranks' heartbeat pids: torchrun starts each worker in a session of its own,
-    outside the launcher's group). SIGTERM (and SIGCONT, so a stopped rank can act on it), then
-    SIGKILL to whatever is left after ``grace_s``.
-
-    Returns:
-        The leader's exit status.
-    """
-    pgid = proc.pid
-    targets = (_descendants(proc.pid) | set(pids)) - {os.getpid()}
-    for sig in (signal.SIGTERM, signal.SIGCONT):
-        _killpg(pgid, sig)
-        for pid in targets:
-            _kill(pid, sig)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and (_group_alive(pgid) or any(map(_running, targets))):
-        proc.poll()             # reap the leader, or it stays in the group as a zombie
-        time.sleep(poll_s)
-    _killpg(pgid, signal.SIGKILL)
-    for pid in targets:
-        if _running(pid):
-            _kill(pid, signal.SIGKILL)
-    return proc.wait()
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _proc_stats() -> dict[int, list[str]]:
-    """pid -> the /proc/<pid>/stat fields after the command name (state, ppid, pgrp, ...)."""
-    stats = {}
-    for path in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            stats[int(path.parent.name)] = path.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError, ValueError):
-            continue
-    return stats
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid, fields in _proc_stats().items():
-        children.setdefault(int(fields[1]), []).append(pid)
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie holds no port or file)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs. Zombies do not count: orphaned ranks are
-    reaped by init, which can take seconds."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if not Path("/proc").is_dir():
-        return True
-    return any(int(f[2]) == pgid and f[0] != "Z" for f in _proc_stats().values())
 
 
 class Supervisor:
@@ -307,12 +173,12 @@ class Supervisor:
         """Stop the running attempt's process group (a signal to the supervisor itself)."""
         if self._proc is not None and self._proc.poll() is None:
             folder = self.root / f"attempt-{self.attempt:04d}"
-            stop_group(self._proc, self.config.grace_s, heartbeat_pids(folder))
+            stop_group(self._proc, self.config.grace_s, _pids(folder))
 
     def _run_attempt(self, folder: Path) -> tuple[str, int]:
         """One run of the command. Returns ("exit", status) or ("hang", status after the stop)."""
         folder.mkdir(parents=True, exist_ok=True)
-        env = {**self._environ, HEARTBEAT_ENV: str(folder), ATTEMPT_ENV: str(self.attempt)}
+        env = {**self._environ, HEARTBEAT_DIR_ENV: str(folder), ATTEMPT_ENV: str(self.attempt)}
         log.info("torchvitals supervise: attempt %d: %s", self.attempt, " ".join(self.command))
         started = time.time()
         self._proc = proc = subprocess.Popen(self.command, env=env, start_new_session=True)
@@ -322,7 +188,7 @@ class Supervisor:
             if status is not None:
                 self.history.append(Attempt(self.attempt, started, time.time(), "exit", status))
                 # Ranks the launcher left behind would hold ports and files of the next attempt.
-                stop_group(proc, self.config.grace_s, heartbeat_pids(folder))
+                stop_group(proc, self.config.grace_s, _pids(folder))
                 return "exit", status
             now = self._clock()
             hang.observe(read_heartbeats(folder), now)
@@ -332,7 +198,7 @@ class Supervisor:
                             "%.1f s, last %s); stopping the job", hang.age(now), hang.timeout(),
                             hang.beat)
                 ended = time.time()
-                status = stop_group(proc, self.config.grace_s, heartbeat_pids(folder))
+                status = stop_group(proc, self.config.grace_s, _pids(folder))
                 self.history.append(Attempt(self.attempt, started, ended, "hang", status))
                 return "hang", status
             self._sleep(self.config.poll_s)
@@ -342,14 +208,20 @@ class Supervisor:
         if self.config.checkpoint_dir is None:
             beat = read_heartbeats(folder)
             return None if beat is None else beat.step
-        from ..agent.ledger import Ledger, LedgerError
         try:
-            entry = Ledger(Path(self.config.checkpoint_dir) / "ledger.json", writer=False).load() \
+            entry = Ledger(Path(self.config.checkpoint_dir) / LEDGER_FILE, writer=False).load() \
                 .last_checkpoint
         except LedgerError as exc:
             log.error("torchvitals supervise: %s", exc)
             return None
         return None if entry is None else int(entry["step"])
+
+
+def _pids(folder: Path) -> tuple[int, ...]:
+    """The pids the ranks wrote into their heartbeat files (torchrun's workers live outside the
+    launcher's process group)."""
+    beat = read_heartbeats(folder)
+    return () if beat is None else beat.pids
 
 
 def supervise(config: SupervisorConfig, command: Sequence[str]) -> int:

@@ -6,7 +6,7 @@
     ledger.lr_scale, ledger.skipped, ledger.is_skipped(125)          # 0.5, [(120, 140)], True
 
 Every rank keeps the same ledger in memory (every rank takes the same decisions); only the
-writer (global rank 0 by default) writes the file: a temporary file, fsync, rename, fsync of the
+writer (global rank 0) writes the file: a temporary file, fsync, rename, fsync of the
 folder, so a crash leaves the old document or the new one, never half of one. A file that does
 not parse or does not match the schema is refused: starting over from an empty ledger would
 replay skipped batches and forget the learning-rate back-off.
@@ -14,15 +14,15 @@ replay skipped batches and forget the learning-rate back-off.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
-import torch.distributed as dist
-
+from ...errors import TorchvitalsError
 from .durable import replace_json
 
 VERSION = 1
@@ -34,8 +34,44 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 }
 
 
-class LedgerError(RuntimeError):
+class LedgerError(TorchvitalsError, RuntimeError):
     """The ledger file exists but cannot be trusted."""
+
+
+class SkipRanges:
+    """Half-open batch index ranges ``[start, stop)`` never to be trained on, kept sorted.
+
+    One object is shared by the ledger, which persists it, and the batch iterator, which drops
+    the batches in it, so the two cannot disagree.
+    """
+
+    def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
+        self._ranges: list[tuple[int, int]] = sorted((int(a), int(b)) for a, b in ranges)
+
+    def add(self, start: int, stop: int) -> None:
+        """Never train on the batches with index in ``[start, stop)`` (empty ranges ignored)."""
+        if stop > start:
+            bisect.insort(self._ranges, (start, stop))
+
+    def batches(self) -> int:
+        """How many batch indices the ranges cover (an index in two ranges counts twice)."""
+        return sum(stop - start for start, stop in self._ranges)
+
+    def __contains__(self, index: object) -> bool:
+        return any(start <= index < stop for start, stop in self._ranges)  # type: ignore[operator]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(list(self._ranges))
+
+    def __len__(self) -> int:
+        return len(self._ranges)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == [tuple(r) for r in other] if isinstance(other, (list, tuple, SkipRanges)) \
+            else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"SkipRanges({self._ranges!r})"
 
 
 class Ledger:
@@ -43,22 +79,20 @@ class Ledger:
 
     Args:
         path: the JSON file, normally ``<checkpoint root>/ledger.json``.
-        writer: whether this process writes the file; None means global rank 0 (or a single
-            process).
+        writer: whether this process writes the file: the agent passes True on global rank 0
+            only; False for a reader such as the supervisor.
         clock: wall-clock seconds for the entries' ``time``.
     """
 
-    def __init__(self, path: str | os.PathLike, *, writer: bool | None = None,
+    def __init__(self, path: str | os.PathLike, *, writer: bool = True,
                  clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
-        if writer is None:
-            writer = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
         self.writer = writer
         self._clock = clock
         self.lr_scale = 1.0
         """The factor every rollback's back-off has left on the learning rate."""
-        self.skipped: list[tuple[int, int]] = []
-        """Batch index ranges ``[start, stop)`` never to be consumed, sorted."""
+        self.skipped = SkipRanges()
+        """Batch index ranges ``[start, stop)`` never to be consumed (shared with the batches)."""
         self.entries: list[dict[str, Any]] = []
         """Every event, oldest first."""
 
@@ -76,7 +110,7 @@ class Ledger:
             raise self._corrupt(f"{type(e).__name__}: {e}") from None
         self._check(document)
         self.lr_scale = float(document["lr_scale"])
-        self.skipped = [(start, stop) for start, stop in document["skipped"]]
+        self.skipped = SkipRanges(document["skipped"])
         self.entries = document["entries"]
         return self
 
@@ -87,7 +121,7 @@ class Ledger:
 
     def is_skipped(self, index: int) -> bool:
         """Whether batch ``index`` lies in a skipped range."""
-        return any(start <= index < stop for start, stop in self.skipped)
+        return index in self.skipped
 
     def record_checkpoint(self, step: int, path: str | os.PathLike) -> None:
         """A healthy checkpoint of ``step`` was committed at ``path``."""
@@ -108,7 +142,7 @@ class Ledger:
         if not (0 <= start < stop) or not (math.isfinite(lr_scale) and lr_scale > 0):
             raise ValueError(f"need 0 <= start < stop and lr_scale > 0, got {skipped}, {lr_scale}")
         self.lr_scale = float(lr_scale)
-        self.skipped = sorted([*self.skipped, (start, stop)])
+        self.skipped.add(start, stop)
         self._append({"event": "rollback", "step": step, "to_step": to_step, "reason": reason,
                       "lr_scale": self.lr_scale, "skipped": [start, stop]})
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .report import Report, _json_safe
+from ..report import Report, json_safe
 
 
 class EventLog:
@@ -54,7 +54,7 @@ class EventLog:
             event: a JSON-serialisable dict with an "event" key naming its kind.
         """
         # default=str: an odd object in a verdict must not stop training over a log line.
-        self._file.write(json.dumps(_json_safe(event), default=str) + "\n")
+        self._file.write(json.dumps(json_safe(event), default=str) + "\n")
         # A crash right after this step must still find its line: flush to the OS (no fsync,
         # which costs milliseconds on network filesystems; the OS outlives the process).
         self._file.flush()

@@ -14,42 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
+from ...protocol import ACTIONS, token_from_env
+
 log = logging.getLogger(__name__)
-
-ACTIONS = {"rollback": 1.0, "abort": 2.0}
-"""Directive action -> the code packed into the step's reduction (0: none)."""
-CODES = {code: action for action, code in ACTIONS.items()}
-TOKEN_ENV = "TORCHVITALS_WEBHOOK_TOKEN"
-TOKEN_FILE_ENV = "TORCHVITALS_WEBHOOK_TOKEN_FILE"
-
-
-def token_from_env(environ: Any = None) -> str:
-    """The collector's bearer token: ``TORCHVITALS_WEBHOOK_TOKEN``, or the content of the file
-    ``TORCHVITALS_WEBHOOK_TOKEN_FILE`` names (surrounding whitespace stripped), as the collector
-    reads its own; "" when neither is set.
-
-    Raises:
-        ValueError: both are set, or the file cannot be read (the message never holds the token).
-    """
-    environ = os.environ if environ is None else environ
-    token, path = environ.get(TOKEN_ENV), environ.get(TOKEN_FILE_ENV)
-    if token is not None and path:
-        raise ValueError(f"set either {TOKEN_ENV} or {TOKEN_FILE_ENV}, not both")
-    if not path:
-        return token or ""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError as exc:
-        raise ValueError(f"{TOKEN_FILE_ENV}: cannot read {path}: {exc.strerror or exc}") from None
-
 
 class DirectivePoller:
     """Rank 0's link to the collector: the pending directive, acknowledgements, failure count.

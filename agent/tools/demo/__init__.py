@@ -5,3 +5,6 @@
 ``launch`` spawns the CPU ranks and watches them, ``train`` is one rank's loop with the injected
 fault, ``data`` the bundled text (package data), ``model`` the small GPT.
 """
+
+FAULTS = ("lr-spike", "nan", "frozen", "none")
+"""The faults ``--fault`` injects (here, torch-free, so ``torchvitals --help`` needs no torch)."""

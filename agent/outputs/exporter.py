@@ -22,9 +22,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .config import ENV_PREFIX
-from .detect import PATTERNS
-from .report import Report
+from ...errors import TorchvitalsError
+from ...protocol import ENV_PREFIX
+from ..detect.verdict import PATTERNS
+from ..report import Report
 
 RANK, GLOBAL, BLOCK, PATTERN = "rank", "global", "block", "pattern"
 """Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL, BLOCK and PATTERN
@@ -178,7 +179,7 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 
 
-class MetricsPortError(OSError):
+class MetricsPortError(TorchvitalsError, OSError):
     """The /metrics endpoint could not bind its address (a taken port, a bad host)."""
 
 
@@ -218,7 +219,7 @@ class Exporter:
         self._recovery: dict[str, float] | None = None
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
-        self._collector = _Collector(self)
+        self._collector = _ReportMetrics(self)
         self.registry.register(self._collector)
         if port == 0:
             return
@@ -295,7 +296,7 @@ class Exporter:
             self._collector = None
 
 
-class _Collector(Collector):
+class _ReportMetrics(Collector):
     """Builds the metric families from the exporter's cached state at scrape time."""
 
     def __init__(self, exporter: Exporter) -> None:

@@ -8,11 +8,11 @@ import os
 import time
 from typing import Any
 
-from .config import Config
-from .detect import Detector
+from ..config import Config
+from ..detect.detector import Detector
+from ..report import Report
 from .eventlog import EventLog
 from .exporter import Exporter
-from .report import Report
 
 
 class Outputs:

@@ -1,4 +1,4 @@
-"""The failure fingerprints, one small rule each (see ../shared/background and DESIGN.md).
+"""The failure fingerprints, one small rule each (what each looks like: docs/patterns.md).
 
 A rule sees each report (and the rank-identical extras) and returns the verdicts that hold now,
 or None when it had nothing to judge (an unsampled step for a sampled signal), so the detector
@@ -10,13 +10,31 @@ from __future__ import annotations
 import abc
 import math
 from collections import deque
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
-from .blocks import LAYER, OTHER
-from .detect import CRITICAL, WARNING, Thresholds, Verdict, mad, median
-from .report import Report
+from ..measure.blocks import LAYER, OTHER
+from ..report import Report
+from .thresholds import Thresholds
+from .verdict import (ACTIVATION_EXPLOSION, ATTENTION_SATURATION, CRITICAL, DEAD_LAYER, DEAD_PIPELINE,
+                      DEAD_RELU, FP16_OVERFLOW, GENERALIZATION_GAP, GRAD_EXPLOSION, HOT_LR,
+                      LAYER_DIVERGENCE, LOSS_SPIKE, NONFINITE_GRAD, NONFINITE_LOSS, SATURATION,
+                      STRAGGLER, VANISHING_GRADIENTS, WARNING, Verdict)
 
 MAD_SCALE = 1.4826   # MAD -> standard deviation for normal noise
+
+
+def median(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return math.nan
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def mad(values: Iterable[float], center: float) -> float:
+    """Median absolute deviation around ``center``."""
+    return median(abs(v - center) for v in values)
 
 
 class Rule(abc.ABC):
@@ -28,16 +46,16 @@ class Rule(abc.ABC):
 
 
 class NonFinite(Rule):
-    patterns = ("nonfinite_loss", "nonfinite_grad")
+    patterns = (NONFINITE_LOSS, NONFINITE_GRAD)
 
     def observe(self, report, extra):
         found = []
         if report.nonfinite_loss:
-            found.append(Verdict("nonfinite_loss", CRITICAL, report.step, None,
+            found.append(Verdict(NONFINITE_LOSS, CRITICAL, report.step, None,
                                  {"loss": report.loss}))
         if report.nonfinite_grad and not extra.get("scaler", {}).get("overflow"):
             bad = [b for b, v in report.grad_norm.items() if not math.isfinite(v)]
-            found.append(Verdict("nonfinite_grad", CRITICAL, report.step, bad[0] if bad else None,
+            found.append(Verdict(NONFINITE_GRAD, CRITICAL, report.step, bad[0] if bad else None,
                                  {"blocks": bad, "grad_norm_total": report.grad_norm_total}))
         return found
 
@@ -45,7 +63,7 @@ class NonFinite(Rule):
 class LossSpike(Rule):
     """Robust z-score of the loss against a rolling median/MAD of the healthy losses."""
 
-    patterns = ("loss_spike",)
+    patterns = (LOSS_SPIKE,)
 
     def __init__(self, t: Thresholds, norms: "BlockNorms"):
         self.t, self.norms = t, norms
@@ -83,7 +101,7 @@ class LossSpike(Rule):
                         "threshold": threshold, "fired": "loss_spike_mads",
                         "loss_spike_mads": self.t.loss_spike_mads, "window": len(self.losses),
                         "z": (loss - center) / scale}
-            return [Verdict("loss_spike", CRITICAL, report.step, self.norms.leader(), evidence)]
+            return [Verdict(LOSS_SPIKE, CRITICAL, report.step, self.norms.leader(), evidence)]
         if not self.above[-1]:
             self.losses.append(loss)
         return []
@@ -92,7 +110,7 @@ class LossSpike(Rule):
 class BlockNorms(Rule):
     """Gradient explosion (total norm growing geometrically) and one block leaving the cluster."""
 
-    patterns = ("grad_explosion", "layer_divergence")
+    patterns = (GRAD_EXPLOSION, LAYER_DIVERGENCE)
 
     def __init__(self, t: Thresholds, names: list[str]):
         self.t, self.names = t, names
@@ -122,7 +140,7 @@ class BlockNorms(Rule):
             growth = [b / a if a > 0 else math.inf for a, b in zip(self.recent, list(self.recent)[1:])]
             base = median(self.totals)
             if min(growth) >= self.t.explosion_growth and total >= self.t.explosion_factor * base:
-                found.append(Verdict("grad_explosion", WARNING, report.step, self.leader(), {
+                found.append(Verdict(GRAD_EXPLOSION, WARNING, report.step, self.leader(), {
                     "grad_norm_total": total, "median": base, "growth": growth,
                     "fired": "explosion_growth", "explosion_growth": self.t.explosion_growth,
                     "explosion_factor": self.t.explosion_factor}))
@@ -143,7 +161,7 @@ class BlockNorms(Rule):
         out = finite[top] >= self.t.divergence_factor and others <= self.t.divergence_cluster
         previous, self.diverging = self.diverging, top if out else None
         if out and previous == top:
-            return [Verdict("layer_divergence", WARNING, report.step, top, {
+            return [Verdict(LAYER_DIVERGENCE, WARNING, report.step, top, {
                 "ratio_to_median": finite[top], "others_median_ratio": others,
                 "grad_norm": report.grad_norm[top], "fired": "divergence_factor",
                 "divergence_factor": self.t.divergence_factor})]
@@ -153,7 +171,7 @@ class BlockNorms(Rule):
 class UpdateRatios(Rule):
     """Hot learning rate (ratio far above 1e-3 and rising) and dead/frozen layers (~0)."""
 
-    patterns = ("hot_lr", "dead_layer")
+    patterns = (HOT_LR, DEAD_LAYER)
 
     def __init__(self, t: Thresholds, names: list[str]):
         self.t = t
@@ -169,7 +187,7 @@ class UpdateRatios(Rule):
             past = self.history[b]
             if (report.step > self.t.warmup_steps and len(past) >= 2 and r >= self.t.hot_lr_ratio
                     and r >= self.t.hot_lr_rise * median(past)):
-                found.append(Verdict("hot_lr", WARNING, report.step, b, {
+                found.append(Verdict(HOT_LR, WARNING, report.step, b, {
                     "update_ratio": r, "earlier_median": median(past), "healthy": 1e-3,
                     "fired": "hot_lr_ratio", "hot_lr_ratio": self.t.hot_lr_ratio,
                     "hot_lr_rise": self.t.hot_lr_rise}))
@@ -180,7 +198,7 @@ class UpdateRatios(Rule):
             moving = others and median(others) >= 100 * self.t.dead_ratio
             self.dead_run[b] = self.dead_run[b] + 1 if r <= self.t.dead_ratio and moving else 0
             if self.dead_run[b] >= self.t.dead_samples:
-                found.append(Verdict("dead_layer", WARNING, report.step, b, {
+                found.append(Verdict(DEAD_LAYER, WARNING, report.step, b, {
                     "update_ratio": r, "others_median": median(others), "samples": self.dead_run[b],
                     "fired": "dead_ratio", "dead_ratio": self.t.dead_ratio}))
         return found
@@ -189,7 +207,7 @@ class UpdateRatios(Rule):
 class Vanishing(Rule):
     """Last-layer over first-layer gradient norm beyond ~100x for a few steps."""
 
-    patterns = ("vanishing_gradients",)
+    patterns = (VANISHING_GRADIENTS,)
 
     def __init__(self, t: Thresholds, names: list[str], kinds: list[str]):
         self.t = t
@@ -206,7 +224,7 @@ class Vanishing(Rule):
         ratio = last / first if first > 0 else (math.inf if last > 0 else 0.0)
         self.run = self.run + 1 if ratio >= self.t.vanishing_ratio else 0
         if self.run >= self.t.vanishing_steps:
-            return [Verdict("vanishing_gradients", WARNING, report.step, self.first, {
+            return [Verdict(VANISHING_GRADIENTS, WARNING, report.step, self.first, {
                 "first": self.first, "last": self.last, "ratio": ratio,
                 "first_grad_norm": first, "last_grad_norm": last, "steps": self.run,
                 "fired": "vanishing_ratio", "vanishing_ratio": self.t.vanishing_ratio})]
@@ -216,7 +234,7 @@ class Vanishing(Rule):
 class Activations(Rule):
     """Saturated tanh/sigmoid outputs, dead ReLUs, and activations exploding from the start."""
 
-    patterns = ("saturation", "dead_relu", "activation_explosion")
+    patterns = (SATURATION, DEAD_RELU, ACTIVATION_EXPLOSION)
 
     def __init__(self, t: Thresholds):
         self.t = t
@@ -230,19 +248,19 @@ class Activations(Rule):
         found = []
         for b, a in acts.items():
             if a["abs_max"] <= 1.0 + 1e-6 and a["saturation_fraction"] >= self.t.saturation_fraction:
-                found.append(Verdict("saturation", WARNING, report.step, b, {
+                found.append(Verdict(SATURATION, WARNING, report.step, b, {
                     "saturation_fraction": a["saturation_fraction"], "abs_max": a["abs_max"],
                     "fired": "saturation_fraction", "saturation_fraction_threshold":
                     self.t.saturation_fraction}))
             if a["zero_fraction"] >= self.t.dead_relu_fraction:
-                found.append(Verdict("dead_relu", WARNING, report.step, b, {
+                found.append(Verdict(DEAD_RELU, WARNING, report.step, b, {
                     "zero_fraction": a["zero_fraction"], "fired": "dead_relu_fraction",
                     "dead_relu_fraction": self.t.dead_relu_fraction}))
             first = self.first.setdefault(b, a["abs_max"])
             high = first >= self.t.explosion_abs_max and a["abs_max"] >= 0.5 * first
             self.high_run[b] = self.high_run.get(b, 0) + 1 if high else -10 ** 9
             if self.high_run[b] >= self.t.explosion_samples:
-                found.append(Verdict("activation_explosion", WARNING, report.step, b, {
+                found.append(Verdict(ACTIVATION_EXPLOSION, WARNING, report.step, b, {
                     "abs_max": a["abs_max"], "first_abs_max": first, "samples": self.high_run[b],
                     "fired": "explosion_abs_max", "explosion_abs_max": self.t.explosion_abs_max}))
         return found
@@ -251,7 +269,7 @@ class Activations(Rule):
 class AttentionSaturation(Rule):
     """One head's softmax going one-hot: its entropy collapses, or the max logit grows huge."""
 
-    patterns = ("attention_saturation",)
+    patterns = (ATTENTION_SATURATION,)
 
     def __init__(self, t: Thresholds):
         self.t = t
@@ -264,7 +282,7 @@ class AttentionSaturation(Rule):
         for b, a in seen.items():
             entropy, logit = a["attention_entropy"], a.get("attention_logit_max", math.nan)
             if entropy <= self.t.attention_entropy or logit >= self.t.attention_logit:
-                found.append(Verdict("attention_saturation", WARNING, report.step, b, {
+                found.append(Verdict(ATTENTION_SATURATION, WARNING, report.step, b, {
                     "entropy_min": entropy, "logit_max": logit,
                     "fired": "attention_entropy" if entropy <= self.t.attention_entropy
                     else "attention_logit", "attention_entropy": self.t.attention_entropy,
@@ -275,7 +293,7 @@ class AttentionSaturation(Rule):
 class DeadPipeline(Rule):
     """Flat loss from the first step with exactly-zero or tiny gradients."""
 
-    patterns = ("dead_pipeline",)
+    patterns = (DEAD_PIPELINE,)
 
     def __init__(self, t: Thresholds):
         self.t = t
@@ -296,7 +314,7 @@ class DeadPipeline(Rule):
         flat = spread <= 1e-4 * abs(median(self.losses)) + 1e-8
         tiny = max(self.norms) <= self.t.tiny_grad
         if (flat or zero) and tiny:
-            return [Verdict("dead_pipeline", WARNING, report.step, None, {
+            return [Verdict(DEAD_PIPELINE, WARNING, report.step, None, {
                 "steps": len(self.norms), "loss_spread": spread, "max_grad_norm": max(self.norms),
                 "detached": zero, "fired": "tiny_grad", "tiny_grad": self.t.tiny_grad})]
         self.live = False    # the run came alive: the pattern is "from the start" only
@@ -306,7 +324,7 @@ class DeadPipeline(Rule):
 class Fp16Overflow(Rule):
     """GradScaler overflows: Inf gradients, a halved scale and a skipped step, again and again."""
 
-    patterns = ("fp16_overflow",)
+    patterns = (FP16_OVERFLOW,)
 
     def __init__(self, t: Thresholds):
         self.t = t
@@ -323,7 +341,7 @@ class Fp16Overflow(Rule):
         while self.overflows and self.overflows[0] <= report.step - self.t.window:
             self.overflows.popleft()
         if len(self.overflows) >= self.t.overflow_skips:
-            return [Verdict("fp16_overflow", WARNING, report.step, None, {
+            return [Verdict(FP16_OVERFLOW, WARNING, report.step, None, {
                 "skipped_steps": list(self.overflows), "scales": list(self.scales),
                 "window": self.t.window, "fired": "overflow_skips",
                 "overflow_skips": self.t.overflow_skips})]
@@ -333,7 +351,7 @@ class Fp16Overflow(Rule):
 class Straggler(Rule):
     """One rank's compute time well above the other ranks' median, for several steps."""
 
-    patterns = ("straggler",)
+    patterns = (STRAGGLER,)
 
     def __init__(self, t: Thresholds):
         self.t = t
@@ -349,7 +367,7 @@ class Straggler(Rule):
             slow = v >= self.t.straggler_factor * others and v - others >= self.t.straggler_min_seconds
             self.runs[r] = self.runs.get(r, 0) + 1 if slow else 0
             if self.runs[r] >= self.t.straggler_steps:
-                found.append(Verdict("straggler", WARNING, report.step, None, {
+                found.append(Verdict(STRAGGLER, WARNING, report.step, None, {
                     "rank": r, "seconds": v, "others_median": others, "steps": self.runs[r],
                     "fired": "straggler_factor", "straggler_factor": self.t.straggler_factor}))
         return found
@@ -358,7 +376,7 @@ class Straggler(Rule):
 class GeneralizationGap(Rule):
     """Validation loss rising over several reports while the training loss keeps falling."""
 
-    patterns = ("generalization_gap",)
+    patterns = (GENERALIZATION_GAP,)
 
     def __init__(self, t: Thresholds):
         self.t = t
@@ -386,7 +404,7 @@ class GeneralizationGap(Rule):
                   and val[-1] >= val[0] * rise)
         falling = all(b < a for a, b in zip(train, train[1:]))
         if rising and falling:
-            return [Verdict("generalization_gap", WARNING, report.step, None, {
+            return [Verdict(GENERALIZATION_GAP, WARNING, report.step, None, {
                 "validation": val, "training": train, "best_validation": best,
                 "fired": "gap_min_rise", "gap_min_rise": self.t.gap_min_rise})]
         return []

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .activations import summarize
-from .report import Report
+from ..report import Report
 
 F64 = torch.float64
 

@@ -28,10 +28,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 import torchvitals
 
+from . import FAULTS
 from .data import Vocab, load_text, text_batches
 from .model import TinyGPT
 
-FAULTS = ("lr-spike", "nan", "frozen", "none")
 RAMP_STEPS, RAMP_FACTOR = 8, 1.6
 FROZEN_BLOCK = "blocks.1"
 

@@ -2,10 +2,10 @@
 
     python -m torchvitals preflight mypkg.train:preflight_setup --png lr_range.png
 
-Stages 1, 5 and 6 of the decision procedure in ../shared/background, in the order the text
-gives: overfit one tiny fixed batch (a failure means the pipeline is broken, not the
-hyperparameters), sweep the learning rate to find the instability boundary, and check the
-optimizer and train/eval wiring. ``loss_fn(model, batch) -> loss`` throughout.
+The cheap checks worth doing before any tuning (why this order: docs/patterns.md): overfit one
+tiny fixed batch (a failure means the pipeline is broken, not the hyperparameters), sweep the
+learning rate to find the instability boundary, and check the optimizer and train/eval wiring.
+``loss_fn(model, batch) -> loss`` throughout.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .agent import watch
-from .detect import CRITICAL
-from .wiring import Finding, wiring_checks
+from ..agent import watch
+from ..detect.verdict import CRITICAL
+from ..detect.wiring import Finding, wiring_checks
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 

@@ -11,6 +11,7 @@ rank; a job past ``timeout_s`` is stopped the same way.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import random
@@ -22,12 +23,13 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable, TextIO
 
+from ....errors import TorchvitalsError
 from .train import DemoRun, train
 
 HOST = "127.0.0.1"
 
 
-class RankFailed(RuntimeError):
+class RankFailed(TorchvitalsError, RuntimeError):
     """A rank exited non-zero or was killed; the message names it and how."""
 
 
@@ -172,7 +174,12 @@ def run_demo(run: DemoRun, world: int = 2, timeout_s: float = 600.0,
         return 130
     say(f"training done in {time.monotonic() - started:.0f} s; writing the report ...")
     from ..runreport import write_report
-    report = write_report(run.out)
+    with open(os.path.join(run.out, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)          # rank 0's account of the run (demo/train.py)
+    fault = summary["run"]
+    report = write_report(run.out, healthy_at_end=bool(summary["healthy_at_end"]),
+                          facts=[("injected fault", f"{fault['fault']} after step "
+                                                    f"{fault.get('fault_step')}")])
     say(report.render_summary())
     say(f"report: {report.html}")
     return 0

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, TextIO
 
-from .report import Report
+from ..report import Report
 
 SPARKS = "▁▂▃▄▅▆▇█"
 HEALTHY_RATIO = 1e-3

@@ -18,18 +18,24 @@ import os
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
+from ...errors import TorchvitalsError
+from ...protocol import CHECKPOINT, LEDGER_FILE, TRAIN
+from ..config import Config
+from ..detect.verdict import CRITICAL, WARNING, Verdict
+from ..report import json_safe
+from .batches import SkipAwareBatches
 from .checkpoint import CheckpointStore
-from .config import Config
-from .detect import CRITICAL, WARNING, Verdict
 from .ledger import Ledger
-from .sampler import SkipAwareBatches
 
 log = logging.getLogger(__name__)
 
 
-class TrainingAborted(SystemExit):
-    """The loop guard gave up: the run keeps failing after rollbacks. ``code`` is the exit code."""
+class TrainingAborted(SystemExit, TorchvitalsError):
+    """The job gave up on purpose (the loop guard, or a collector's abort order); ``code`` is the
+    exit code. A SystemExit, so an uncaught abort ends the process with that code; the agent
+    refuses every later step, so a loop that swallows it cannot train on."""
 
 
 class Watchdog:
@@ -38,7 +44,8 @@ class Watchdog:
     def __init__(self, config: Config, group: Any = None):
         self.config = config
         self.store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
-        self.ledger = Ledger(os.path.join(config.checkpoint_dir, "ledger.json")).load()
+        rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        self.ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
         self.lr_scale = self.ledger.lr_scale
         self.data = SkipAwareBatches(skipped=self.ledger.skipped)
         self.last_bad = -(10 ** 9)
@@ -47,7 +54,7 @@ class Watchdog:
         self._rollback_ticks: list[int] = []
         self.checkpoint_seconds = float("nan")
         self.on_phase: Callable[[str], None] = lambda phase: None
-        """Told "checkpoint" before a checkpoint is written or loaded and "train" after."""
+        """Told CHECKPOINT before a checkpoint is written or loaded and TRAIN after."""
 
     def resume(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> int | None:
         """After a restart: load the last healthy checkpoint and the ledger's state, if any."""
@@ -59,7 +66,7 @@ class Watchdog:
         self.data.restore_rank_state(restored["rank_state"])
         self.last_healthy = restored["step"]
         log.warning("torchvitals: resumed from %s (step %d, lr scale %g, %d batches skipped)",
-                    restored["path"], restored["step"], self.lr_scale, self.data.skipped_count())
+                    restored["path"], restored["step"], self.lr_scale, self.ledger.skipped.batches())
         return restored["step"]
 
     def note(self, step: int, verdicts: list[Verdict]) -> None:
@@ -76,12 +83,12 @@ class Watchdog:
             return False
         extra = {"position": self.data.position, "lr_scale": self.lr_scale,
                  "verdicts": [v.to_dict() for v in history[-100:]]}
-        self.on_phase("checkpoint")
+        self.on_phase(CHECKPOINT)
         try:
-            path = self.store.save(step, model, optimizer, scheduler, extra=_plain(extra),
+            path = self.store.save(step, model, optimizer, scheduler, extra=json_safe(extra),
                                    rank_state=self.data.rank_state())
         finally:
-            self.on_phase("train")
+            self.on_phase(TRAIN)
         self.checkpoint_seconds = self.store.last_save_seconds
         self.ledger.record_checkpoint(step, str(path))
         self.last_healthy = step
@@ -105,16 +112,15 @@ class Watchdog:
                    f"(max_rollbacks={self.config.max_rollbacks}); last: {reason}")
             self.ledger.record_abort(step, why)
             raise TrainingAborted(self.config.abort_exit_code)
-        self.on_phase("checkpoint")
+        self.on_phase(CHECKPOINT)
         try:
             restored = self.store.load(model, optimizer, scheduler)
         finally:
-            self.on_phase("train")
+            self.on_phase(TRAIN)
         scale = self.lr_scale * self.config.lr_backoff
         self._apply_lr_scale(optimizer, scheduler, restored["extra"].get("lr_scale", 1.0), scale)
         start = restored["extra"].get("position", 0)
         stop = self.data.position + self.config.skip_margin
-        self.data.skip(start, stop)
         self.ledger.record_rollback(step, to_step=restored["step"], reason=reason,
                                     lr_scale=self.lr_scale, skipped=(start, stop))
         self.rollbacks += 1
@@ -145,11 +151,6 @@ class Watchdog:
     def metrics(self) -> dict[str, float]:
         return {"rollbacks": self.rollbacks, "lr_scale": self.lr_scale,
                 "last_healthy_step": float("nan") if self.last_healthy is None else self.last_healthy,
-                "skipped_batches": self.data.skipped_count(),
+                "skipped_batches": self.ledger.skipped.batches(),
                 "checkpoint_seconds": self.checkpoint_seconds}
 
-
-def _plain(value: Any) -> Any:
-    """JSON-safe copy: non-finite floats (a NaN loss in a verdict's evidence) become strings."""
-    from .report import _json_safe
-    return _json_safe(value)

@@ -22,15 +22,18 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from .ledger import SkipRanges
+
 
 class SkipAwareBatches:
     """The global batch counter, the skip list and the resume point."""
 
-    def __init__(self, position: int = 0, skipped: Iterable[tuple[int, int]] = ()):
+    def __init__(self, position: int = 0, skipped: SkipRanges | None = None):
         self.drawn = 0
         """Batches drawn from the loader by this process, plus those before a resume point."""
         self.resume_at = position
-        self.skipped: list[tuple[int, int]] = [tuple(r) for r in skipped]
+        self.skipped = SkipRanges() if skipped is None else skipped
+        """The ranges never yielded: the watchdog's ledger's own (one list, persisted there)."""
         self.used = False
         self._loader: Any = None
         self._loader_state: Any = None
@@ -39,17 +42,6 @@ class SkipAwareBatches:
     def position(self) -> int:
         """Global index of the next batch to draw (what a checkpoint stores)."""
         return max(self.drawn, self.resume_at)
-
-    def is_skipped(self, index: int) -> bool:
-        return any(start <= index < stop for start, stop in self.skipped)
-
-    def skip(self, start: int, stop: int) -> None:
-        """Never yield the batches with global index in [start, stop)."""
-        if stop > start:
-            self.skipped.append((start, stop))
-
-    def skipped_count(self) -> int:
-        return sum(stop - start for start, stop in self.skipped)
 
     def rank_state(self) -> dict[str, Any] | None:
         """This rank's stateful loader's position (JSON-safe), or None for a plain loader."""
@@ -73,7 +65,7 @@ class SkipAwareBatches:
         for batch in loader:
             index = self.drawn
             self.drawn += 1
-            if index < self.resume_at or self.is_skipped(index):
+            if index < self.resume_at or index in self.skipped:
                 continue
             yield batch
 

@@ -1,6 +1,6 @@
 """Wiring checks: frozen parameters, parameters no optimizer steps, train-mode modules in eval.
 
-    from torchvitals.agent.wiring import wiring_checks
+    from torchvitals.agent.detect.wiring import wiring_checks
     for finding in wiring_checks(model, optimizer, evaluate=run_validation):
         print(finding)
 """
@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
-from .detect import CRITICAL, INFO, WARNING, Verdict
+from .verdict import CRITICAL, DEAD_LAYER, INFO, WARNING, Verdict
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,14 @@ def wiring_checks(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     Returns:
         The findings, empty on a correct setup.
     """
-    named = list(model.named_parameters())
+    frozen, missing = unstepped(list(model.named_parameters()), optimizer)
     findings = [Finding("frozen_parameters", m, f"{', '.join(ps)} have requires_grad=False: "
                         "intended (fine-tuning) or forgotten after a freeze?", WARNING)
-                for m, ps in _by_module(n for n, p in named if not p.requires_grad).items()]
+                for m, ps in _by_module(frozen).items()]
     if optimizer is not None:
-        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         findings += [Finding("not_in_optimizer", m, f"{', '.join(ps)} are trainable but in no optimizer "
                              "param group: they get gradients and never move", CRITICAL)
-                     for m, ps in _by_module(n for n, p in named
-                                             if p.requires_grad and id(p) not in held).items()]
+                     for m, ps in _by_module(missing).items()]
     if evaluate is not None:
         findings += _evaluation_findings(model, evaluate)
     return findings
@@ -100,15 +98,23 @@ def _by_module(names: Iterable[str]) -> dict[str, list[str]]:
     return groups
 
 
+def unstepped(named: list[tuple[str, nn.Parameter]], optimizer: Any) -> tuple[list[str], list[str]]:
+    """The names of the parameters that never move: frozen ones (``requires_grad=False``), and
+    trainable ones in no param group of ``optimizer`` (none when ``optimizer`` is None)."""
+    held = (None if optimizer is None else
+            {id(p) for group in optimizer.param_groups for p in group["params"]})
+    frozen = [n for n, p in named if not p.requires_grad]
+    missing = [] if held is None else [n for n, p in named if p.requires_grad and id(p) not in held]
+    return frozen, missing
+
+
 def wiring_verdicts(blocks: Any, optimizer: Any) -> list[Verdict]:
     """dead_layer verdicts known before any step: frozen parameters, or ones no optimizer steps."""
-    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
     found = []
     for name, params in zip(blocks.names, blocks.params):
-        frozen = [n for n, p in params if not p.requires_grad]
-        missing = [n for n, p in params if p.requires_grad and id(p) not in in_optimizer]
+        frozen, missing = unstepped(params, optimizer)
         if frozen or missing:
-            found.append(Verdict("dead_layer", WARNING, 0, name, {
+            found.append(Verdict(DEAD_LAYER, WARNING, 0, name, {
                 "requires_grad_false": frozen[:10], "not_in_optimizer": missing[:10],
                 "parameters": len(params), "fired": "wiring"}))
     return found

@@ -16,16 +16,17 @@ abandoned branch faded and dashed, and the branch the run kept solid.
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
+from ...protocol import LEDGER_FILE
+from ..outputs.eventlog import read_events
+from ..recover.ledger import Ledger
+from ..report import json_number
 from .diagnose import Diagnosis, diagnose_events
-from .eventlog import read_events
-from .ledger import Ledger
 
 PLOTS = ("loss", "grad_norm", "update_ratio", "activations")
 HEALTHY_BAND = (10 ** -3.5, 10 ** -2.5)
@@ -50,7 +51,7 @@ class RunReport:
     lr_scale: float = 1.0
     skipped: list[list[int]] = field(default_factory=list)
     healthy_at_end: bool | None = None
-    """Whether the run ended healthy (from the demo's summary.json; None when unknown)."""
+    """Whether the run ended healthy, when the caller knows it (None: unknown)."""
 
     def render_summary(self) -> str:
         """A few lines for a terminal: the outcome, the rollbacks and the diagnosis."""
@@ -67,20 +68,23 @@ class RunReport:
 
 def find_ledger(run_dir: Path) -> Path | None:
     """The ledger of a run folder: ``ledger.json`` in it or in one of its sub-folders."""
-    for path in [run_dir / "ledger.json", *sorted(run_dir.glob("*/ledger.json"))]:
+    for path in [run_dir / LEDGER_FILE, *sorted(run_dir.glob(f"*/{LEDGER_FILE}"))]:
         if path.is_file():
             return path
     return None
 
 
 def write_report(run_dir: str | os.PathLike, *, ledger: str | os.PathLike | None = None,
-                 out_dir: str | os.PathLike | None = None) -> RunReport:
+                 out_dir: str | os.PathLike | None = None, healthy_at_end: bool | None = None,
+                 facts: Sequence[tuple[str, str]] = ()) -> RunReport:
     """Plot a run and write its HTML page.
 
     Args:
         run_dir: the folder holding ``events.jsonl`` (``<log_dir>/<run_name>``).
         ledger: the watchdog's ledger (default: ``find_ledger(run_dir)``; none is fine).
         out_dir: where the PNGs and ``report.html`` go (default: ``run_dir``).
+        healthy_at_end: whether the run ended healthy, when the caller knows (the demo does).
+        facts: more (name, value) rows for the page's table, first (the demo's injected fault).
 
     Returns:
         The RunReport.
@@ -103,27 +107,18 @@ def write_report(run_dir: str | os.PathLike, *, ledger: str | os.PathLike | None
                                                            if v.get("severity") == "critical"),
                    **e["rollback"]} for e in steps if e.get("action") == "rollback"])
     report = RunReport(run_dir, out / "report.html", {}, diagnosis, rollbacks,
-                       steps=steps[-1]["step"], final_loss=_num(steps[-1].get("loss")),
+                       steps=steps[-1]["step"], final_loss=json_number(steps[-1].get("loss")),
                        lr_scale=book.lr_scale if book is not None else
                        (rollbacks[-1]["lr_scale"] if rollbacks else 1.0),
                        skipped=[list(r) for r in book.skipped] if book is not None else
                        [list(r["skipped"]) for r in rollbacks])
     report.images = _plots(steps, out)
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-    if summary is not None:
-        report.healthy_at_end = bool(summary.get("healthy_at_end"))
-    report.html.write_text(_page(report, steps, book, summary), encoding="utf-8")
+    report.healthy_at_end = healthy_at_end
+    report.html.write_text(_page(report, steps, book, facts), encoding="utf-8")
     return report
 
 
 # ---------------------------------------------------------------- series
-
-def _num(x: Any) -> float:
-    try:
-        return float(x)          # the event log writes non-finite floats as "nan"/"inf"
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def branches(steps: list[dict[str, Any]]) -> list[tuple[list[dict[str, Any]], list[bool]]]:
@@ -209,7 +204,7 @@ def _plots(steps: list[dict[str, Any]], out: Path) -> dict[str, Path]:
 
 def _plot_loss(ax: Any, steps: list[dict[str, Any]]) -> None:
     ax.set_title("loss (mean over ranks), verdicts and rollbacks")
-    finite = lambda e: _num(e.get("loss")) if math.isfinite(_num(e.get("loss"))) else None  # noqa: E731
+    finite = lambda e: json_number(e.get("loss")) if math.isfinite(json_number(e.get("loss"))) else None  # noqa: E731
     _series(ax, steps, finite, "#1f77b4", "loss (kept)")
     seen: set[tuple[str, Any]] = set()
     top = max((finite(e) for e in steps if finite(e) is not None), default=1.0)
@@ -267,7 +262,7 @@ def _plot_activations(ax: Any, steps: list[dict[str, Any]]) -> None:
 
 def _positive(x: Any) -> float | None:
     """A value a log axis can show, else None (no point)."""
-    v = _num(x)
+    v = json_number(x)
     return v if math.isfinite(v) and v > 0 else None
 
 
@@ -281,16 +276,13 @@ td,th{padding:.2em .8em;border-bottom:1px solid #eee;text-align:left}img{max-wid
 
 
 def _page(report: RunReport, steps: list[dict[str, Any]], book: Ledger | None,
-          summary: dict[str, Any] | None) -> str:
+          extra_facts: Sequence[tuple[str, str]]) -> str:
     esc = html.escape
-    run = (summary or {}).get("run") or {}
-    facts = [("steps", report.steps), ("final loss", f"{report.final_loss:.4f}"),
+    facts = [*extra_facts, ("steps", report.steps), ("final loss", f"{report.final_loss:.4f}"),
              ("rollbacks", len(report.rollbacks)), ("learning-rate scale", f"{report.lr_scale:g}"),
              ("batches skipped", sum(b - a for a, b in report.skipped))]
-    if run.get("fault"):
-        facts.insert(0, ("injected fault", f"{run['fault']} after step {run.get('fault_step')}"))
-    if summary is not None:
-        facts.append(("finished healthy", "yes" if summary.get("healthy_at_end") else "no"))
+    if report.healthy_at_end is not None:
+        facts.append(("finished healthy", "yes" if report.healthy_at_end else "no"))
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in facts)
     timeline = []
     for e in steps:

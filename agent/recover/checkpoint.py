@@ -35,6 +35,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from ...errors import TorchvitalsError
+from ..report import json_safe
 from .durable import fsync_dir, sha256_file, write_json
 from .rng import rng_state, set_rng_state
 
@@ -45,7 +47,7 @@ STATE = "state.json"
 _COMMITTED = re.compile(r"step-(\d{8,})")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(TorchvitalsError, RuntimeError):
     """A checkpoint could not be written on some rank, or was refused on load."""
 
 
@@ -377,16 +379,10 @@ def _step_of(folder: Path) -> int:
     return int(_COMMITTED.fullmatch(folder.name).group(1))
 
 
+
 def _jsonable(value: Any, where: str) -> Any:
-    """``value`` with tuples as lists, or a CheckpointError naming what JSON cannot hold."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, str):
-                raise CheckpointError(f"{where} has the non-string key {key!r}; checkpoints keep it as JSON")
-        return {k: _jsonable(v, f"{where}[{k!r}]") for k, v in value.items()}
-    raise CheckpointError(f"{where} holds a {type(value).__name__}, which a checkpoint cannot keep "
-                          "(JSON only: numbers, strings, lists, dicts with string keys)")
+    """``value`` as JSON keeps it, or a CheckpointError naming what JSON cannot hold."""
+    try:
+        return json_safe(value, strict=where, keep_nonfinite=True)
+    except TypeError as e:
+        raise CheckpointError(f"{e}; a checkpoint keeps it as JSON") from None

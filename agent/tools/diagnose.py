@@ -2,8 +2,8 @@
 
     python -m torchvitals diagnose torchvitals_runs/<run>/events.jsonl
 
-The decision tree of ../shared/background (``diagnose(history)``), fed with the detector's
-verdicts instead of raw traces: several root causes share a symptom, so the tree orders the
+A decision tree fed with the detector's verdicts instead of raw traces (the tree and its
+reasoning: docs/patterns.md). Several root causes share a symptom, so the tree orders the
 symptom classes by what happened first and names where it started. The causes:
 
 - optimization failures: "numerical instability", "gradient explosion", "vanishing gradients",
@@ -20,8 +20,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .detect import Verdict
-from .eventlog import read_events
+from ..detect import verdict as P
+from ..detect.verdict import Verdict
+from ..report import json_number
+from ..outputs.eventlog import read_events
 
 NUMERICAL, EXPLOSION, VANISHING = "numerical instability", "gradient explosion", "vanishing gradients"
 DEAD_PIPELINE, GAP, DEAD_LAYER = "dead pipeline", "generalization gap", "dead layer"
@@ -29,23 +31,24 @@ STRAGGLER, NO_ANOMALY = "straggler", "no anomaly"
 CAUSES = (NUMERICAL, EXPLOSION, VANISHING, DEAD_PIPELINE, GAP, DEAD_LAYER, STRAGGLER, NO_ANOMALY)
 
 CLASSES = {
-    NUMERICAL: ("nonfinite_loss", "nonfinite_grad", "fp16_overflow"),
+    NUMERICAL: (P.NONFINITE_LOSS, P.NONFINITE_GRAD, P.FP16_OVERFLOW),
     # hot_lr leads: the update ratio drifts up before the gradient norm and the loss follow.
-    EXPLOSION: ("hot_lr", "layer_divergence", "grad_explosion", "loss_spike", "activation_explosion"),
-    VANISHING: ("vanishing_gradients", "saturation", "attention_saturation", "dead_relu"),
-    DEAD_PIPELINE: ("dead_pipeline",), GAP: ("generalization_gap",),
-    DEAD_LAYER: ("dead_layer",), STRAGGLER: ("straggler",),
+    EXPLOSION: (P.HOT_LR, P.LAYER_DIVERGENCE, P.GRAD_EXPLOSION, P.LOSS_SPIKE, P.ACTIVATION_EXPLOSION),
+    VANISHING: (P.VANISHING_GRADIENTS, P.SATURATION, P.ATTENTION_SATURATION, P.DEAD_RELU),
+    DEAD_PIPELINE: (P.DEAD_PIPELINE,), GAP: (P.GENERALIZATION_GAP,),
+    DEAD_LAYER: (P.DEAD_LAYER,), STRAGGLER: (P.STRAGGLER,),
 }
 """Cause -> the verdict patterns that are its symptoms."""
 
 SHOWN = {
-    "nonfinite_loss": ("loss",), "nonfinite_grad": ("blocks", "grad_norm_total"),
-    "loss_spike": ("loss", "median", "threshold"), "grad_explosion": ("grad_norm_total", "median"),
-    "layer_divergence": ("ratio_to_median", "grad_norm"), "hot_lr": ("update_ratio", "healthy"),
-    "dead_layer": ("update_ratio", "others_median", "requires_grad_false", "not_in_optimizer"), "vanishing_gradients": ("ratio", "first", "last"),
-    "saturation": ("saturation_fraction",), "dead_relu": ("zero_fraction",),
-    "activation_explosion": ("abs_max", "first_abs_max"), "dead_pipeline": ("max_grad_norm", "detached"),
-    "generalization_gap": ("validation", "best_validation"), "straggler": ("rank", "seconds", "others_median"),
+    P.NONFINITE_LOSS: ("loss",), P.NONFINITE_GRAD: ("blocks", "grad_norm_total"),
+    P.LOSS_SPIKE: ("loss", "median", "threshold"), P.GRAD_EXPLOSION: ("grad_norm_total", "median"),
+    P.LAYER_DIVERGENCE: ("ratio_to_median", "grad_norm"), P.HOT_LR: ("update_ratio", "healthy"),
+    P.DEAD_LAYER: ("update_ratio", "others_median", "requires_grad_false", "not_in_optimizer"),
+    P.VANISHING_GRADIENTS: ("ratio", "first", "last"),
+    P.SATURATION: ("saturation_fraction",), P.DEAD_RELU: ("zero_fraction",),
+    P.ACTIVATION_EXPLOSION: ("abs_max", "first_abs_max"), P.DEAD_PIPELINE: ("max_grad_norm", "detached"),
+    P.GENERALIZATION_GAP: ("validation", "best_validation"), P.STRAGGLER: ("rank", "seconds", "others_median"),
 }
 """Pattern -> the evidence values worth a reader's attention (others: the first few numbers)."""
 
@@ -121,8 +124,8 @@ def diagnose(verdicts: Iterable[Verdict | Mapping[str, Any]], losses: Iterable[t
     """
     found = [_as_dict(v) for v in verdicts]
     found = [v for v in found if v is not None]
-    losses = sorted((int(s), _num(x)) for s, x in losses)
-    found += _from_curves(found, losses, [(int(s), _num(x)) for s, x in validation])
+    losses = sorted((int(s), json_number(x)) for s, x in losses)
+    found += _from_curves(found, losses, [(int(s), json_number(x)) for s, x in validation])
     first = {c: _earliest(found, pats) for c, pats in CLASSES.items()}
     seen = {c: v for c, v in first.items() if v is not None}
     if not seen:
@@ -174,9 +177,9 @@ def diagnose_events(path: str | os.PathLike) -> Diagnosis:
             continue
         kind = event.get("event", "step")
         if kind == "validation" and "step" in event:
-            validation.append((int(event["step"]), _num(event.get("loss"))))
+            validation.append((int(event["step"]), json_number(event.get("loss"))))
         elif kind == "step" and "step" in event:
-            losses.append((int(event["step"]), _num(event.get("loss", math.nan))))
+            losses.append((int(event["step"]), json_number(event.get("loss", math.nan))))
             verdicts += [v for v in event.get("verdicts") or [] if isinstance(v, dict)]
     if not losses:
         raise ValueError(f"{path}: no step reports in the event log")
@@ -190,12 +193,6 @@ def _as_dict(v: Any) -> dict[str, Any] | None:
     d.setdefault("evidence", {})
     return d
 
-
-def _num(x: Any) -> float:
-    try:
-        return float(x)        # the event log writes non-finite floats as "nan"/"inf"/"-inf"
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def _earliest(found: list[dict[str, Any]], patterns: tuple[str, ...]) -> dict[str, Any] | None:
@@ -211,9 +208,9 @@ def _from_curves(found: list[dict[str, Any]], losses: list[tuple[int, float]],
     extra = []
     bad = [(s, x) for s, x in losses if not math.isfinite(x)]
     if bad and not have & set(CLASSES[NUMERICAL]):
-        extra.append({"pattern": "nonfinite_loss", "step": bad[0][0], "block": None,
+        extra.append({"pattern": P.NONFINITE_LOSS, "step": bad[0][0], "block": None,
                       "evidence": {"loss": bad[0][1], "source": "loss curve"}})
-    if len(validation) >= 4 and "generalization_gap" not in have:
+    if len(validation) >= 4 and P.GENERALIZATION_GAP not in have:
         # The detector's reading: the last 3 validations rising past their best by 2% while the
         # training loss (EMA, as of each validation) keeps falling.
         recent = validation[-4:]
@@ -222,7 +219,7 @@ def _from_curves(found: list[dict[str, Any]], losses: list[tuple[int, float]],
         best = min(x for _, x in validation)
         rising = all(b > a for a, b in zip(val, val[1:])) and val[-1] >= 1.02 * best
         if rising and all(b < a for a, b in zip(train, train[1:])):
-            extra.append({"pattern": "generalization_gap", "step": recent[1][0], "block": None,
+            extra.append({"pattern": P.GENERALIZATION_GAP, "step": recent[1][0], "block": None,
                           "evidence": {"validation": val, "best_validation": best,
                                        "source": "validation curve"}})
     return extra
@@ -247,9 +244,9 @@ def _summary(cause: str, lead: dict[str, Any], crash: dict[str, Any] | None) -> 
                    f"or vanishing signal, pointing at an overflow in log/exp, a division or the precision",
         EXPLOSION: f"Gradients exploded, first seen as {lead['pattern']} at {at}{crashed}",
         # A NaN after vanishing gradients is the saturated units' log-softmax overflowing.
-        VANISHING: ("Dead ReLUs starve the gradients" if lead["pattern"] == "dead_relu" and crash is None
+        VANISHING: ("Dead ReLUs starve the gradients" if lead["pattern"] == P.DEAD_RELU and crash is None
                     else "Saturation-driven vanishing gradients"
-                    if crash is not None or "saturation" in lead["pattern"] else "Gradients vanish")
+                    if crash is not None or lead["pattern"] in (P.SATURATION, P.ATTENTION_SATURATION) else "Gradients vanish")
                    + f", first seen as {lead['pattern']} at {at}{crashed}",
         DEAD_PIPELINE: f"The loss was flat from the start with ~zero gradients (dead pipeline at {at}): "
                        f"the graph, the data or the loss is miswired",

@@ -1,0 +1,98 @@
+"""Detection: turn the stream of step reports into named verdicts.
+
+The Detector runs on every rank from the reduced report only (never from ``local_*`` fields),
+with the same deterministic code, so every rank reaches the same verdicts in the same step.
+A warning is emitted when its (pattern, block) becomes active and stays active, silently, while
+its rule keeps seeing it; critical verdicts are emitted every step they hold, since the
+watchdog acts on each.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Mapping
+
+from ..report import Report
+from .rules import make_rules
+from .thresholds import Thresholds
+from .verdict import CRITICAL, Verdict
+
+
+def _key(v: Verdict) -> tuple[str, str | None, Any]:
+    return (v.pattern, v.block, v.evidence.get("rank"))
+
+
+class Detector:
+    """Runs the pattern rules over each report; keeps the active set and the history."""
+
+    def __init__(self, block_names: list[str], block_kinds: list[str],
+                 thresholds: Thresholds | None = None, static: list[Verdict] | None = None):
+        self.thresholds = thresholds or Thresholds()
+        self.block_names, self.block_kinds = block_names, block_kinds
+        self.rules = make_rules(block_names, block_kinds, self.thresholds)
+        self._static = list(static or [])
+        # Keyed by (pattern, block, rank): a straggler has no block but one verdict per rank.
+        self.active: dict[tuple[str, str | None, Any], Verdict] = {}
+        self._pinned: set[tuple[str, str | None, Any]] = set()
+        self.history: list[Verdict] = []
+        self._validation: list[tuple[int, float]] = []
+
+    def observe(self, report: Report, extra: Mapping[str, Any] | None = None) -> list[Verdict]:
+        """Judge one report; return the verdicts new at this step (and every critical one).
+
+        Args:
+            report: the reduced, rank-identical step report.
+            extra: further rank-identical signals (scaler, attention, compute times).
+        """
+        extra = dict(extra or {})
+        if self._validation:
+            extra["validation"] = self._validation
+            self._validation = []
+        emitted: list[Verdict] = []
+        if self._static:
+            # Wiring facts (a frozen block) hold for the whole run: no rule may clear them.
+            emitted += [dataclasses.replace(v, step=report.step) for v in self._static]
+            for v in emitted:
+                self.active[_key(v)] = v
+                self._pinned.add(_key(v))
+            self._static = []
+        for rule in self.rules:
+            found = rule.observe(report, extra)
+            if found is None:          # the rule had nothing to judge this step
+                continue
+            keys = {_key(v) for v in found}
+            for key in [k for k in self.active
+                        if k[0] in rule.patterns and k not in keys and k not in self._pinned]:
+                del self.active[key]
+            for v in found:
+                key = _key(v)
+                if v.severity == CRITICAL or key not in self.active:
+                    emitted.append(v)
+                self.active[key] = v
+        self.history.extend(emitted)
+        return emitted
+
+    def snapshot(self) -> Any:
+        """The rules' windows as they are now (a few hundred floats), for ``restore``."""
+        return copy.deepcopy(self.rules)
+
+    def restore(self, rules: Any) -> None:
+        """Go back to a ``snapshot`` (the detector as it was at a checkpoint); keep the history,
+        so a failure that returns after a rollback is judged against the same healthy baseline."""
+        self.rules = copy.deepcopy(rules)
+
+    def observe_validation(self, step: int, loss: float) -> None:
+        """Queue a validation loss (already identical on every rank) for the next report."""
+        self._validation.append((step, float(loss)))
+
+    def is_active(self, pattern: str, block: str | None = None) -> bool:
+        """Whether ``pattern`` is active now (in ``block``, when given)."""
+        return any(k[0] == pattern and (block is None or k[1] == block) for k in self.active)
+
+    def active_counts(self) -> dict[str, int]:
+        """pattern -> number of (pattern, block) pairs active now."""
+        counts: dict[str, int] = {}
+        for pattern, _, _ in self.active:
+            counts[pattern] = counts.get(pattern, 0) + 1
+        return counts

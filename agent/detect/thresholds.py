@@ -1,0 +1,96 @@
+"""Detection thresholds: every number a rule compares against, with where its default comes from.
+
+    watch(model, optimizer, detect={"loss_spike_mads": 8})
+    TORCHVITALS_DETECT='{"loss_spike_mads": 8}' python train.py
+
+A leaf: plain numbers, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+@dataclass(kw_only=True)
+class Thresholds:
+    """Detection thresholds (``watch(..., detect={...})`` or ``TORCHVITALS_DETECT='{...}'``).
+
+    Defaults come from the scenarios in tests/scenarios: each fires on its reproduced failure
+    and none fires on healthy runs of the small transformer over 3 seeds x 300 steps.
+    """
+
+    warmup_steps: int = 10
+    """Steps excluded from the rolling baselines (the first steps move fast by nature)."""
+    window: int = 50
+    """Length of the rolling windows (steps for per-step signals, samples for sampled ones)."""
+    min_history: int = 8
+    """Values a rolling baseline needs before a rule judges against it."""
+    loss_spike_mads: float = 6.0
+    """A loss above median + this x scale is a spike (scale: 1.4826 x MAD, floored below)."""
+    loss_spike_floor: float = 0.05
+    """The spike scale is at least this fraction of the median loss, so a flat series does not
+    alarm on noise."""
+    loss_spike_abs_floor: float = 1e-3
+    """... and at least this fraction of the first step's loss, so a loss memorised down to 1e-7
+    does not page on every wiggle."""
+    explosion_growth: float = 1.5
+    """Total grad norm growing by at least this factor per step ..."""
+    explosion_steps: int = 3
+    """... for this many consecutive steps ..."""
+    explosion_factor: float = 5.0
+    """... and ending at least this many times its rolling median is a gradient explosion."""
+    divergence_factor: float = 4.0
+    """A block whose grad norm is this many times its own rolling median ..."""
+    divergence_cluster: float = 1.5
+    """... while the other blocks' median of the same ratio stays below this, diverges (on two
+    consecutive steps: one noisy step of a small head is not a divergence)."""
+    hot_lr_ratio: float = 1e-2
+    """An update ratio at least this (10x the healthy 1e-3) ..."""
+    hot_lr_rise: float = 2.0
+    """... and this many times the block's earlier median is a hot learning rate."""
+    dead_ratio: float = 1e-6
+    """An update ratio at or below this, while the other blocks' median is 100x larger ..."""
+    dead_samples: int = 2
+    """... on this many consecutive samples is a dead layer."""
+    vanishing_ratio: float = 100.0
+    """Last-layer over first-layer grad norm at least this ..."""
+    vanishing_steps: int = 3
+    """... for this many consecutive steps is vanishing gradients."""
+    saturation_fraction: float = 0.5
+    """Bounded (tanh/sigmoid) outputs with at least this fraction at |x| >= saturation_level."""
+    dead_relu_fraction: float = 0.9
+    """At least this fraction of a block's outputs exactly zero is dead ReLU."""
+    explosion_abs_max: float = 100.0
+    """Activation abs max at least this on the first sample ..."""
+    explosion_samples: int = 3
+    """... and not falling below half of it for this many samples is activation explosion."""
+    attention_entropy: float = 0.1
+    """Minimum per-head attention entropy (nats) at or below this is attention saturation ..."""
+    attention_logit: float = 1e3
+    """... as is a max attention logit at or above this."""
+    overflow_skips: int = 3
+    """This many GradScaler-skipped steps within ``window`` steps is fp16 overflow."""
+    dead_pipeline_steps: int = 20
+    """Loss flat and gradients ~0 over the first this many steps is a dead pipeline ..."""
+    tiny_grad: float = 1e-8
+    """... where ~0 means a total grad norm at or below this."""
+    straggler_factor: float = 1.5
+    """A rank's compute time at least this x the other ranks' median ..."""
+    straggler_min_seconds: float = 0.05
+    """... and at least this many seconds more ..."""
+    straggler_steps: int = 5
+    """... for this many consecutive steps is a straggler."""
+    gap_validations: int = 3
+    """Validation loss rising over this many reports while the training loss falls ..."""
+    gap_min_rise: float = 0.02
+    """... by at least this fraction over its best is a generalization gap."""
+
+    @classmethod
+    def from_overrides(cls, overrides: Mapping[str, Any] | None) -> "Thresholds":
+        overrides = dict(overrides or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"unknown detection threshold(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**overrides)

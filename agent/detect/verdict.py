@@ -1,0 +1,78 @@
+"""What detection produces: a Verdict, its severities, and the table of every pattern it can name.
+
+    Verdict(LOSS_SPIKE, CRITICAL, step=118, block="blocks.3", evidence={"loss": 3.9, ...})
+
+A leaf: it imports nothing of the package, so the report, the rules, the watchdog, the outputs
+and the offline tools all share one spelling of each pattern and severity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+INFO, WARNING, CRITICAL = "info", "warning", "critical"
+SEVERITIES = (INFO, WARNING, CRITICAL)
+"""``critical`` pages and makes the watchdog act; ``warning`` goes to a queue; ``info`` helps
+troubleshooting."""
+
+# Pattern names: the bounded label set of the metrics and alert rules, spelled once.
+NONFINITE_LOSS = "nonfinite_loss"
+NONFINITE_GRAD = "nonfinite_grad"
+LOSS_SPIKE = "loss_spike"
+GRAD_EXPLOSION = "grad_explosion"
+LAYER_DIVERGENCE = "layer_divergence"
+HOT_LR = "hot_lr"
+DEAD_LAYER = "dead_layer"
+VANISHING_GRADIENTS = "vanishing_gradients"
+SATURATION = "saturation"
+DEAD_RELU = "dead_relu"
+ACTIVATION_EXPLOSION = "activation_explosion"
+ATTENTION_SATURATION = "attention_saturation"
+FP16_OVERFLOW = "fp16_overflow"
+DEAD_PIPELINE = "dead_pipeline"
+GENERALIZATION_GAP = "generalization_gap"
+STRAGGLER = "straggler"
+ROLLBACK_LOOP = "rollback_loop"
+COLLECTOR_DIRECTIVE = "collector_directive"
+
+PATTERNS: dict[str, str] = {
+    NONFINITE_LOSS: CRITICAL,
+    NONFINITE_GRAD: CRITICAL,
+    LOSS_SPIKE: CRITICAL,
+    GRAD_EXPLOSION: WARNING,
+    LAYER_DIVERGENCE: WARNING,
+    HOT_LR: WARNING,
+    DEAD_LAYER: WARNING,
+    VANISHING_GRADIENTS: WARNING,
+    SATURATION: WARNING,
+    DEAD_RELU: WARNING,
+    ACTIVATION_EXPLOSION: WARNING,
+    ATTENTION_SATURATION: WARNING,
+    FP16_OVERFLOW: WARNING,
+    DEAD_PIPELINE: WARNING,
+    GENERALIZATION_GAP: WARNING,
+    STRAGGLER: WARNING,
+    ROLLBACK_LOOP: CRITICAL,
+    COLLECTOR_DIRECTIVE: CRITICAL,
+}
+"""Every pattern the detector can name, with its severity (bounded label set for metrics)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A named failure pattern, where it starts, how sure, and the numbers behind it."""
+
+    pattern: str
+    severity: str
+    step: int
+    block: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    """The values, the threshold that fired (by its Thresholds name) and the window."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        where = f" in {self.block}" if self.block else ""
+        return f"[{self.severity}] step {self.step}: {self.pattern}{where}"

@@ -1,0 +1,118 @@
+"""How ``torchvitals supervise`` keeps a job alive: one keyword-only dataclass.
+
+    torchvitals supervise --hang-timeout-s 120 --checkpoint-dir ckpt -- torchrun ... train.py
+
+Precedence: a flag > ``TORCHVITALS_SUPERVISOR_<FIELD>`` > the default; ``--help`` lists each
+field's meaning, default and variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ...protocol import ABORT_EXIT_CODE, BUDGET_EXIT_CODE, ENV_PREFIX, NO_PROGRESS_EXIT_CODE
+from ...settings import add_flags, settings
+
+SUPERVISOR_ENV_PREFIX = ENV_PREFIX + "SUPERVISOR_"
+"""``TORCHVITALS_SUPERVISOR_<FIELD>``: the variable of each ``SupervisorConfig`` field."""
+
+
+@dataclass(kw_only=True)
+class SupervisorConfig:
+    """How ``torchvitals supervise`` keeps a job alive; flag > environment > default."""
+
+    hang_timeout_s: float | None = None
+    """Seconds without a heartbeat advance (outside a checkpoint) that make a hang. None learns
+    it: ``hang_factor`` x the median interval between advances, at least ``hang_floor_s``."""
+
+    hang_factor: float = 10.0
+    """Safety factor on the median observed interval when the hang timeout is learned."""
+
+    hang_floor_s: float = 30.0
+    """Least learned hang timeout: the agents write at most once a second, and a learned
+    timeout of a few seconds would turn a slow data-loader stall into a restart."""
+
+    checkpoint_timeout_s: float = 600.0
+    """Hang timeout while any rank's phase is "checkpoint" (a save or a load can be long)."""
+
+    startup_timeout_s: float = 600.0
+    """Seconds an attempt may take to write its first heartbeat (imports, rendezvous, resume)."""
+
+    grace_s: float = 10.0
+    """Seconds between SIGTERM and SIGKILL when the job's process group is stopped."""
+
+    max_restarts: int = 10
+    """Restarts allowed in all; when spent the supervisor exits ``budget_exit_code``."""
+
+    no_progress_restarts: int = 3
+    """Consecutive restarts that failed without advancing the last healthy step, after which
+    the supervisor exits ``no_progress_exit_code`` (restarting would repeat the same failure)."""
+
+    backoff_s: float = 1.0
+    """Wait before a restart; doubled for each consecutive restart without progress."""
+
+    backoff_max_s: float = 60.0
+    """Cap of the restart back-off."""
+
+    poll_s: float = 0.2
+    """How often the heartbeat files and the job's process are checked."""
+
+    checkpoint_dir: str | None = None
+    """The job's checkpoint folder; its ``ledger.json`` gives the last healthy step that
+    measures progress. None: the highest heartbeat step of an attempt is used instead."""
+
+    heartbeat_root: str | None = None
+    """Folder holding one fresh heartbeat folder per attempt (``attempt-0001`` ...); None makes
+    a temporary one."""
+
+    metrics_port: int = 0
+    """Port of the supervisor's own /metrics on 127.0.0.1; 0 turns it off."""
+
+    abort_exit_code: int = ABORT_EXIT_CODE
+    """Exit status when the job aborted on purpose (a rank's heartbeat says "aborted": the
+    agent's loop guard, or the collector's abort order); such a job is never restarted."""
+
+    no_progress_exit_code: int = NO_PROGRESS_EXIT_CODE
+    """Exit status when ``no_progress_restarts`` restarts in a row made no progress."""
+
+    budget_exit_code: int = BUDGET_EXIT_CODE
+    """Exit status when the job failed again after ``max_restarts`` restarts."""
+
+    def __post_init__(self) -> None:
+        for name in ("hang_factor", "hang_floor_s", "checkpoint_timeout_s", "startup_timeout_s",
+                     "poll_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
+            raise ValueError(f"hang_timeout_s must be > 0 or None, got {self.hang_timeout_s}")
+        if self.grace_s < 0 or self.backoff_s < 0 or self.backoff_max_s < self.backoff_s:
+            raise ValueError("need grace_s >= 0 and 0 <= backoff_s <= backoff_max_s")
+        if self.max_restarts < 0 or self.no_progress_restarts < 1:
+            raise ValueError("need max_restarts >= 0 and no_progress_restarts >= 1")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+        codes = {self.abort_exit_code, self.no_progress_exit_code, self.budget_exit_code}
+        if len(codes) != 3 or not all(0 < c < 256 for c in codes):
+            raise ValueError("the three exit codes must differ and lie in 1..255")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 **overrides: Any) -> "SupervisorConfig":
+        """Defaults, then ``TORCHVITALS_SUPERVISOR_<FIELD>``, then ``overrides`` (flags).
+
+        Args:
+            environ: the environment to read (default ``os.environ``).
+            **overrides: field values from flags or code; they win over the environment.
+
+        Returns:
+            The validated config.
+        """
+        return cls(**settings(cls, environ, overrides,
+                              lambda name: SUPERVISOR_ENV_PREFIX + name.upper(), "supervisor"))
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one ``--<field>`` flag per field (default None: not given)."""
+        add_flags(parser, cls, lambda name: SUPERVISOR_ENV_PREFIX + name.upper())

@@ -1,0 +1,161 @@
+"""The contracts between a training job's agent and the processes around it, defined once.
+
+    from torchvitals import protocol
+    protocol.read_heartbeats("/tmp/job/attempt-0001")      # what the supervisor sees
+
+The agent (inside the job) and the collector and supervisor (outside it) meet only through what
+is written here: environment variable names, the heartbeat files and their phases, the directive
+actions and the codes they travel as, the bearer token's two sources, and the exit codes. Both
+sides import these names; neither spells them itself. Torch-free, like everything the collector
+and the supervisor import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from .errors import TorchvitalsError
+
+# ---------------------------------------------------------------- environment
+
+ENV_PREFIX = "TORCHVITALS_"
+"""Every setting's variable starts with this (the agent's ``TORCHVITALS_<FIELD>``)."""
+
+HEARTBEAT_DIR_ENV = ENV_PREFIX + "HEARTBEAT_DIR"
+"""Set by the supervisor for each attempt; the agent's ``heartbeat_dir`` setting reads it."""
+
+ATTEMPT_ENV = ENV_PREFIX + "SUPERVISOR_ATTEMPT"
+"""The supervisor's attempt number (1, 2, ...), for the job's own logs."""
+
+TOKEN_ENV = ENV_PREFIX + "WEBHOOK_TOKEN"
+"""The collector's bearer token itself (agent and collector alike)."""
+
+TOKEN_FILE_ENV = ENV_PREFIX + "WEBHOOK_TOKEN_FILE"
+"""A file holding the token (a mounted secret); set this or ``TOKEN_ENV``, not both."""
+
+LEDGER_FILE = "ledger.json"
+"""The watchdog's ledger, in the checkpoint folder: the supervisor reads its last healthy step."""
+
+# ---------------------------------------------------------------- exit codes
+
+ABORT_EXIT_CODE = 75
+"""The job gave up on purpose (the loop guard, or a collector's abort order): EX_TEMPFAIL."""
+
+NO_PROGRESS_EXIT_CODE = 76
+"""The supervisor stopped restarting: restarts in a row made no progress."""
+
+BUDGET_EXIT_CODE = 77
+"""The supervisor stopped restarting: its restart budget is spent."""
+
+# ---------------------------------------------------------------- directives
+
+ACTIONS: dict[str, float] = {"rollback": 1.0, "abort": 2.0}
+"""Directive action -> the code it travels as in the step's reduction (0.0: none). The webhook
+turns an alert's ``ACTION_LABEL`` with one of these values into a directive."""
+
+CODES: dict[float, str] = {code: action for action, code in ACTIONS.items()}
+"""Code -> directive action."""
+
+ACTION_LABEL = "torchvitals_action"
+"""The alert label that orders an action of a job."""
+
+JOB_LABEL = "job"
+"""The alert label naming the job an order is for (the agent's ``collector_job``)."""
+
+# ---------------------------------------------------------------- heartbeat files
+
+TRAIN, CHECKPOINT, ABORTED = "train", "checkpoint", "aborted"
+PHASES = (TRAIN, CHECKPOINT, ABORTED)
+"""A rank's phase: training; writing or loading a checkpoint (may be long, not a hang); gave
+up on purpose (the supervisor must not restart it)."""
+
+HEARTBEAT_GLOB = "heartbeat-rank*.json"
+
+
+def heartbeat_path(folder: str | os.PathLike, rank: int) -> Path:
+    """The heartbeat file of ``rank`` in ``folder``."""
+    return Path(folder) / f"heartbeat-rank{rank:05d}.json"
+
+
+def write_heartbeat(path: Path, *, step: int, time: float, phase: str, pid: int, rank: int) -> None:
+    """Replace a rank's heartbeat file (a temporary file renamed, so a reader never sees half).
+
+    No fsync: the reader is on this host, and a crash of the host ends the job anyway.
+    """
+    if phase not in PHASES:
+        raise ValueError(f"unknown heartbeat phase {phase!r}; known: {PHASES}")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"step": step, "time": time, "phase": phase, "pid": pid,
+                               "rank": rank}), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What the heartbeat files of one attempt say at one moment."""
+
+    step: int
+    """The highest step over the ranks."""
+    time: float
+    """The newest write (wall clock of the writing rank)."""
+    checkpointing: bool
+    """Whether any rank is in the CHECKPOINT phase."""
+    aborted: bool = False
+    """Whether any rank ABORTED on purpose."""
+    pids: tuple[int, ...] = ()
+    """The ranks' process ids."""
+
+
+def read_heartbeats(folder: str | os.PathLike) -> Beat | None:
+    """Every rank's heartbeat in ``folder``, combined; None when no file is readable yet.
+
+    A file that does not parse (it cannot be half-written: the writer renames) is skipped.
+    """
+    records = []
+    for path in Path(folder).glob(HEARTBEAT_GLOB):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            records.append((int(record["step"]), float(record["time"]), record.get("phase"),
+                            int(record["pid"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if not records:
+        return None
+    return Beat(step=max(r[0] for r in records), time=max(r[1] for r in records),
+                checkpointing=any(r[2] == CHECKPOINT for r in records),
+                aborted=any(r[2] == ABORTED for r in records),
+                pids=tuple(r[3] for r in records))
+
+
+# ---------------------------------------------------------------- the bearer token
+
+class TokenError(TorchvitalsError, ValueError):
+    """The token is set twice, unreadable, or missing; the message never holds the token."""
+
+
+def read_token(token: str | None, path: str | os.PathLike | None) -> str | None:
+    """The bearer token from its value or its file (surrounding whitespace stripped, as
+    Alertmanager strips its ``credentials_file``); None when neither is given.
+
+    Raises:
+        TokenError: both are given, or the file cannot be read.
+    """
+    if token is not None and path:
+        raise TokenError(f"set either {TOKEN_ENV} or {TOKEN_FILE_ENV} (a token file), not both")
+    if not path:
+        return None if token is None else token.strip()
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise TokenError(f"{TOKEN_FILE_ENV}: cannot read {path}: {exc.strerror or exc}") from None
+
+
+def token_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """The token from ``TOKEN_ENV`` or the file ``TOKEN_FILE_ENV`` names; "" when neither is set."""
+    environ = os.environ if environ is None else environ
+    return read_token(environ.get(TOKEN_ENV), environ.get(TOKEN_FILE_ENV)) or ""
+
