@@ -296,6 +296,10 @@ class Agent:
                         report.step)
         verdict = Verdict(COLLECTOR_DIRECTIVE, CRITICAL, report.step, None, {"action": action})
         if action == "abort":
+            if self.rank == 0:
+                log.error("torchvitals: ABORTING at step %d: the collector ordered it (%s). "
+                          "Exit code %d.", report.step, self.config.collector_url,
+                          self.config.abort_exit_code)
             self._abort(report, TrainingAborted(self.config.abort_exit_code), verdict)
         report.verdicts.append(verdict)
         self.detector.history.append(verdict)

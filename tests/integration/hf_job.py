@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
-import torch
 from transformers import Trainer, TrainerCallback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "..", "examples")]
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "examples")]
 import torchvitals  # noqa: E402
 from hf_trainer import Arithmetic, arguments, tiny_gpt2  # noqa: E402
+from real_steps import describe, record_real_steps  # noqa: E402
 
 CLIP = 0.1
 
@@ -34,13 +33,7 @@ class Record(TrainerCallback):
         self.fired = False
 
     def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
-        inner = getattr(optimizer, "optimizer", optimizer)
-
-        def real_step(opt, a, kw):      # runs inside the real step, after the Trainer clipped
-            norm = math.sqrt(sum(float(p.grad.double().pow(2).sum())
-                                 for g in opt.param_groups for p in g["params"] if p.grad is not None))
-            self.real.append({"lr": opt.param_groups[0]["lr"], "grad_norm": norm})
-        inner.register_step_pre_hook(real_step)
+        record_real_steps(getattr(optimizer, "optimizer", optimizer), self.real)
         self.lambdas = [lr_scheduler.lr_lambdas[0](s) for s in range(args.max_steps + 1)]
         self.base_lr = args.learning_rate
 
@@ -56,11 +49,7 @@ class Record(TrainerCallback):
         self.model.forward = forward
 
     def on_step_end(self, args, state, control, **kwargs):
-        report = self.vitals.agent.last_report
-        self.reports.append({"step": report.step, "action": report.action, "loss": report.loss,
-                             "lr": report.lr, "grad_norm_total": report.grad_norm_total,
-                             "rollback": report.rollback,
-                             "verdicts": [v.pattern for v in report.verdicts]})
+        self.reports.append(describe(self.vitals.agent.last_report))
 
 
 def main() -> None:

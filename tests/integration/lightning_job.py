@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
 import lightning.pytorch as pl
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "..", "examples")]
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "examples")]
 import torchvitals  # noqa: E402
 from lightning_ddp import GPTModule, loader  # noqa: E402
+from real_steps import describe, record_real_steps  # noqa: E402
 
 CLIP = 0.1
 
@@ -47,26 +46,16 @@ class Record(pl.Callback):
     """What actually happened, read from the optimizer and Lightning, not from torchvitals."""
 
     def __init__(self, vitals: torchvitals.LightningCallback) -> None:
-        self.vitals, self.real, self.reports = vitals, [], []
+        self.vitals, self.real, self.reports, self.last = vitals, [], [], None
 
     def on_fit_start(self, trainer, pl_module):
-        opt = trainer.optimizers[0]
-
-        def real_step(optimizer, args, kwargs):     # runs inside the real step, after clipping
-            norm = math.sqrt(sum(float(p.grad.double().pow(2).sum())
-                                 for g in optimizer.param_groups for p in g["params"]
-                                 if p.grad is not None))
-            self.real.append({"lr": optimizer.param_groups[0]["lr"], "grad_norm": norm})
-        opt.register_step_pre_hook(real_step)
+        record_real_steps(trainer.optimizers[0], self.real)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         report = self.vitals.agent.last_report if self.vitals.agent else None
-        if report is not None and (not self.reports or self.reports[-1]["tick"] != id(report)):
-            self.reports.append({"tick": id(report), "step": report.step, "action": report.action,
-                                 "loss": report.loss, "lr": report.lr,
-                                 "grad_norm_total": report.grad_norm_total,
-                                 "rollback": report.rollback,
-                                 "verdicts": [v.pattern for v in report.verdicts]})
+        if report is not None and report is not self.last:   # an optimizer step happened
+            self.last = report
+            self.reports.append(describe(report))
 
 
 def main() -> None:

@@ -80,7 +80,7 @@ def test_micro_batch_losses_average_and_a_model_output_loss_counts():
         agent.record_loss(loss)                             # the unscaled micro-batch loss
         (loss / 4).backward()
     opt.step()
-    assert agent.last_report.loss == pytest.approx(sum(float(v) for v in losses) / 4, rel=1e-6)
+    assert agent.last_report.loss == pytest.approx(sum(v.item() for v in losses) / 4, rel=1e-6)
 
     class WithLoss(nn.Module):                              # an HF-style output with .loss
         def __init__(self, inner):
