@@ -70,8 +70,7 @@ class StepVitals:
         if suspect is not None:
             packer.add_host_sum("suspect_data_wait", [self._wait if suspect == self.rank else 0.0])
         if sampled:
-            packer.add_max("memory", torch.tensor(self.memory.read(), dtype=torch.float64,
-                                                  device=packer.device))
+            packer.add_max("memory", _to_device(self.memory.read(), packer.device))
             if self.fingerprint is not None:
                 packer.add_max("replica_fp", self.fingerprint.pack(packer.device))
 
@@ -99,3 +98,12 @@ class StepVitals:
                 report.replica_mismatch = self.fingerprint.name_ranks(
                     mismatched, self.group, self.world_size, self._collective_device)
         return extra
+
+
+def _to_device(values: list[float], device: torch.device) -> torch.Tensor:
+    """Host floats as a float64 tensor on ``device`` without making the host wait for it."""
+    host = torch.tensor(values, dtype=torch.float64)
+    if device.type == "cpu":
+        return host
+    # Pinned + non_blocking: a pageable host-to-device copy would wait for the stream.
+    return host.pin_memory().to(device, non_blocking=True)
