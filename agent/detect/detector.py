@@ -84,7 +84,7 @@ class Detector:
         The next step's reduction carries that rank's data wait, so a straggler verdict can say
         whether data or compute made it slow without a world-sized vector.
         """
-        runs = next((r.runs for r in self.rules if isinstance(r, Straggler)), {})
+        runs = next((getattr(r, "runs", {}) for r in self.rules if isinstance(r, Straggler)), {})
         slow = {r: n for r, n in runs.items() if n > 0}
         return min(slow, key=lambda r: (-slow[r], r)) if slow else None
 

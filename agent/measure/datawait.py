@@ -2,7 +2,6 @@
 
     for batch in agent.batches(loader):       # timed here, around each draw from the loader
     agent.record_data_wait(seconds)           # or said by whoever draws the batches (an adapter)
-    with agent.waiting_for_data(): batch = next(it)
 
 The wait of a step is everything recorded since the previous ``agent.step`` returned: a slow
 disk, too few DataLoader workers, workers that died and are being replaced. A step's time minus

@@ -25,7 +25,10 @@ from torchvitals.agent.report import Report
 
 def model(dtype=torch.float32) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Embedding(50, 64), nn.Linear(64, 256), nn.Linear(256, 3)).to(dtype)
+    # The 1024 x 1024 weight is large enough for the sum to split across threads (and its int32
+    # sum wraps many times over).
+    return nn.Sequential(nn.Embedding(50, 64), nn.Linear(64, 1024), nn.Linear(1024, 1024),
+                         nn.Linear(1024, 3)).to(dtype)
 
 
 def flip_lowest_bit(t: torch.Tensor, index: int = 0) -> None:
@@ -52,11 +55,12 @@ def test_fingerprint_is_an_exact_integer_per_block_whatever_the_threads():
     assert torch.equal(one, two)
     assert one.dtype == torch.float64 and len(one) == len(fp.names)
     assert all(float(v).is_integer() and 0 <= v < 2 ** 52 for v in one.tolist())
-    # The same numbers from plain Python integers: the fp32 bits summed per block, mod 2**52.
+    # The same numbers from plain Python integers: each parameter's fp32 bits summed modulo
+    # 2**32, those sums added per block.
     expected = []
     for ps in discover(m).params:
-        bits = sum(int(v) for _, p in ps for v in p.detach().view(torch.int32).view(-1).tolist())
-        expected.append(bits % 2 ** 52)
+        sums = [sum(p.detach().view(torch.int32).view(-1).tolist()) % 2 ** 32 for _, p in ps]
+        expected.append(sum(sums) % 2 ** 52)
     assert one.tolist() == expected
 
 
@@ -73,16 +77,24 @@ def test_one_ulp_in_one_element_changes_its_blocks_fingerprint_only(dtype):
     after = fp.compute(torch.device("cpu"))
     changed = [blocks.names[b] for b in range(len(blocks)) if before[b] != after[b]]
     assert changed == [blocks.names[blocks.block_of("1")]]
+    # The sign bit (a change of 2**31 in the integer) and an exponent bit count too.
+    for bit in (31, 27):
+        m2 = model()
+        fp2 = Fingerprint(discover(m2))
+        before = fp2.compute(torch.device("cpu"))
+        flat = m2[2].weight.detach().view(-1).view(torch.int32)
+        flat[5] ^= 1 << bit if bit < 31 else -(1 << 31)
+        assert (fp2.compute(torch.device("cpu")) != before).sum() == 1, bit
 
 
 def test_mismatch_is_read_from_max_of_x_and_of_minus_x():
     m = model()
     fp = Fingerprint(discover(m))
     a = fp.pack(torch.device("cpu"))
-    flip_lowest_bit(m[2].weight)
+    flip_lowest_bit(m[3].weight)
     b = fp.pack(torch.device("cpu"))
     reduced = torch.maximum(a, b).tolist()          # what the MAX all-reduce of two ranks gives
-    assert fp.mismatched(reduced) == [fp.names.index("2")]
+    assert fp.mismatched(reduced) == [fp.names.index("3")]
     assert fp.mismatched(torch.maximum(a, a).tolist()) == []
 
 
