@@ -93,7 +93,9 @@ class Thresholds:
     well above the few MiB a healthy scenario run's memory moves after warm-up, far below the
     tens of GiB a leak reaches before the kernel's OOM kill.)"""
     data_stall_ratio: float = 0.5
-    """The ranks spending at least this share of their step time waiting for data ..."""
+    """The ranks spending at least this share of their step time waiting for data (half the step
+    idle; the sleeping-loader scenario waits ~90% of its steps, the healthy one under 1%)
+    ..."""
     data_stall_min_seconds: float = 0.01
     """... at least this long per step on average (a toy loop's microseconds are no stall) ..."""
     data_stall_steps: int = 5
