@@ -36,6 +36,7 @@ from .measure.blocks import Blocks, discover, unwrap
 from .measure.loss import LossBook
 from .measure.reduce import Packer, Reducer, unpack
 from .measure.stats import GradStats, UpdateRatio, local
+from .measure.vitals import StepVitals
 from .outputs.sinks import Outputs
 from .recover.batches import SkipAwareBatches
 from .recover.directives import DirectivePoller
@@ -81,6 +82,9 @@ class Agent:
         self.detector = Detector(self.blocks.names, self.blocks.kinds,
                                  Thresholds.from_overrides(self.config.detect),
                                  static=wiring_verdicts(self.blocks, optimizer))
+        self._vitals = StepVitals(model, self.blocks, self.device, self._group, self._reducer,
+                                  clock, suspect=self.detector.suspect)
+        self.record_data_wait = self._vitals.wait.record  # adapters: a batch drawn elsewhere
         self.watchdog = Watchdog(self.config, self._group) if self.config.checkpoint_dir else None
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
         self._ticks = 0
@@ -136,7 +140,7 @@ class Agent:
         The global batch position and the skip list live in the watchdog's checkpoints, so after
         a rollback or a restart every rank continues at the right batch (see ``sampler``).
         """
-        return self._data.iterate(loader)
+        return self._vitals.wait.timed(self._data.iterate(loader))
 
     @property
     def data_position(self) -> int:
@@ -170,7 +174,7 @@ class Agent:
         return step == 1 or step % self.config.sample_every == 0
 
     def step(self, loss: torch.Tensor | float | None = None, *, samples: int | None = None,
-             scaler: Any = None) -> Report:
+             tokens: int | None = None, scaler: Any = None) -> Report:
         """Measure this step, agree on it with every rank, then step the optimizer and the
         scheduler unless every rank skips or rolls back (a hand-written loop's one call).
 
@@ -178,7 +182,7 @@ class Agent:
             loss: this rank's loss (a tensor, possibly on the device, or a float); with a
                 GradScaler, the unscaled loss (``scaler.scale(loss).backward()`` as usual).
                 None: the mean of this step's ``record_loss`` calls.
-            samples: how many samples this rank processed in the step (for samples/s).
+            samples, tokens: what this rank processed in the step (for samples/s, tokens/s).
             scaler: a ``torch.amp.GradScaler``: the agent unscales (unless the loop already
                 did), measures, then steps the optimizer and updates the scaler itself (instead
                 of ``scaler.step``/``update``).
@@ -186,7 +190,7 @@ class Agent:
         Returns:
             The Report, identical on every rank except its ``local_*``/``step_seconds`` fields.
         """
-        self._call = {"loss": loss, "samples": samples, "scaler": scaler}
+        self._call = {"loss": loss, "samples": samples, "tokens": tokens, "scaler": scaler}
         try:
             self.optimizer.step()           # the guard runs _run_step
         finally:
@@ -229,9 +233,11 @@ class Agent:
         report = unpack(layout, host, step=step, names=self.blocks.names,
                         world_size=self.world_size, rank=self.rank, pending=pending)
         report.step_seconds, report.samples = step_seconds, call.get("samples")
+        report.tokens = call.get("tokens")
         report.lr = self._guard.effective_lr(self.lr_scale)
         self._clip_check.observe(report)
-        extra: dict[str, Any] = {"rank_compute_seconds": report.rank_compute_seconds}
+        extra: dict[str, Any] = {"rank_compute_seconds": report.rank_compute_seconds,
+                                 **self._vitals.unpack(layout, host, report)}
         if use_scaler:
             report.loss_scale = layout.get(host, "loss_scale")[0]
             report.overflow = report.nonfinite_grad and not report.nonfinite_loss
@@ -328,6 +334,7 @@ class Agent:
         packer = Packer(self.device)
         packer.add_host_sum("rank_step_seconds", self._onehot(step_seconds))
         packer.add_host_sum("rank_compute_seconds", self._onehot(compute))
+        self._vitals.pack(packer, step_seconds, sampled=self.sampled(self.step_count + 1))
         if scaler is not None:
             packer.add_sum("loss_scale", amp.unscale(scaler, self.optimizer) / self.world_size)
         captured, self._captured = self._captured, None

@@ -73,6 +73,26 @@ class Report:
     """A healthy checkpoint of this step was saved."""
     overflow: bool = False
     """The scaler found Inf/NaN gradients on some rank: the step was skipped, the scale backed off."""
+    tokens: int | None = None
+    """Tokens this rank processed in the step, when the caller said so (for tokens/s)."""
+    local_data_wait_seconds: float = 0.0
+    """This rank's time waiting for its batches since its previous step (``agent.batches``,
+    ``agent.record_data_wait``); part of its compute time."""
+    data_wait_mean_seconds: float = 0.0
+    """The ranks' mean data wait of this step."""
+    data_wait_ratio: float = 0.0
+    """The ranks' summed data wait over their summed step time: the share of the step spent
+    waiting for data (``data_stall``)."""
+    memory: dict[str, float] = field(default_factory=dict)
+    """Sampled steps: the largest ``resident_bytes`` (and, on CUDA, ``accelerator_allocated_bytes``)
+    over the ranks: the rank nearest to running out (``memory_growth``)."""
+    local_accelerator_memory: dict[str, float] | None = None
+    """On CUDA: this rank's allocated, reserved, peak (since the sample before) and
+    fragmentation (reserved - allocated) bytes, as read at the last sampled step."""
+    replicas_checked: bool = False
+    """The DDP replicas' parameter fingerprints were compared at this step (sampled steps)."""
+    replica_mismatch: dict[str, list[int]] = field(default_factory=dict)
+    """Block -> the ranks whose parameters differ from the others' (``replica_divergence``)."""
 
     @property
     def sampled(self) -> bool:

@@ -81,6 +81,30 @@ class Thresholds:
     """... and at least this many seconds more ..."""
     straggler_steps: int = 5
     """... for this many consecutive steps is a straggler."""
+    memory_growth_samples: int = 8
+    """Resident (or accelerator) memory rising at every one of this many consecutive samples
+    (past warm-up) ... A healthy run's memory plateaus once the optimizer state and the
+    allocator's pools exist (flat after step 2 in the scenarios); a leak climbs sample after
+    sample."""
+    memory_growth_min_bytes: float = 64 * 2 ** 20
+    """... by at least this many bytes in all ..."""
+    memory_growth_min_ratio: float = 0.02
+    """... and by at least this fraction of where it started is memory growth. (64 MiB and 2%:
+    well above the few MiB a healthy scenario run's memory moves after warm-up, far below the
+    tens of GiB a leak reaches before the kernel's OOM kill.)"""
+    data_stall_ratio: float = 0.5
+    """The ranks spending at least this share of their step time waiting for data (half the step
+    idle; the sleeping-loader scenario waits ~90% of its steps, the healthy one under 1%)
+    ..."""
+    data_stall_min_seconds: float = 0.01
+    """... at least this long per step on average (a toy loop's microseconds are no stall) ..."""
+    data_stall_steps: int = 5
+    """... for this many consecutive steps past warm-up is a data stall (the first batches,
+    while the DataLoader's workers start, are excluded by the warm-up)."""
+    replica_mismatch_samples: int = 1
+    """Sampled steps in a row on which the DDP replicas' fingerprints differ before the
+    critical ``replica_divergence`` (1: the fingerprints are exact integers of bitwise-identical
+    replicas, so there is no noise to wait out)."""
     gap_validations: int = 3
     """Validation loss rising over this many reports while the training loss falls ..."""
     gap_min_rise: float = 0.02

@@ -33,6 +33,9 @@ FP16_OVERFLOW = "fp16_overflow"
 DEAD_PIPELINE = "dead_pipeline"
 GENERALIZATION_GAP = "generalization_gap"
 STRAGGLER = "straggler"
+MEMORY_GROWTH = "memory_growth"
+DATA_STALL = "data_stall"
+REPLICA_DIVERGENCE = "replica_divergence"
 ROLLBACK_LOOP = "rollback_loop"
 COLLECTOR_DIRECTIVE = "collector_directive"
 
@@ -53,6 +56,9 @@ PATTERNS: dict[str, str] = {
     DEAD_PIPELINE: WARNING,
     GENERALIZATION_GAP: WARNING,
     STRAGGLER: WARNING,
+    MEMORY_GROWTH: WARNING,
+    DATA_STALL: WARNING,
+    REPLICA_DIVERGENCE: CRITICAL,
     ROLLBACK_LOOP: CRITICAL,
     COLLECTOR_DIRECTIVE: CRITICAL,
 }

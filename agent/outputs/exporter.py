@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from ...errors import TorchvitalsError
 from ...protocol import ENV_PREFIX
 from ..detect.verdict import PATTERNS
+from ..measure.host import process_vitals
 from ..report import Report
 
 RANK, GLOBAL, BLOCK, PATTERN, GROUP = "rank", "global", "block", "pattern", "param_group"
@@ -54,6 +55,8 @@ class _Snapshot:
     verdicts: dict[str, int]
     active: dict[str, int]
     recovery: dict[str, float] | None
+    replica_checks: int = 0
+    host: dict[str, float] = field(default_factory=dict)      # read at scrape time
 
 
 def _last(attr: str, default: float = math.nan) -> Callable[[_Snapshot], float]:
@@ -65,6 +68,23 @@ def _samples_per_second(s: _Snapshot) -> float | None:
     if r is None or r.samples is None or not r.step_seconds > 0:  # also rejects NaN
         return None
     return r.samples / r.step_seconds
+
+
+def _tokens_per_second(s: _Snapshot) -> float | None:
+    r = s.report
+    if r is None or r.tokens is None or not r.step_seconds > 0:
+        return None
+    return r.tokens / r.step_seconds
+
+
+def _host(key: str) -> Callable[[_Snapshot], float]:
+    return lambda s: s.host.get(key, math.nan)
+
+
+def _accelerator(key: str) -> Callable[[_Snapshot], float | None]:
+    """A CUDA allocator counter of the last sample; None (no series) without one."""
+    return lambda s: (None if s.report is None or s.report.local_accelerator_memory is None
+                      else float(s.report.local_accelerator_memory[key]))
 
 
 def _rank_compute(s: _Snapshot) -> float:
@@ -126,6 +146,32 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("torchvitals_samples_per_second", "gauge", "This rank's samples / step duration "
                "of the last step (only when the caller passes the sample count).", RANK,
                _samples_per_second),
+    MetricSpec("torchvitals_tokens_per_second", "gauge", "This rank's tokens / step duration "
+               "(only when the caller passes the token count).", RANK, _tokens_per_second),
+    MetricSpec("torchvitals_data_wait_seconds", "gauge", "This rank's wait for its batches in "
+               "the last step.", RANK, _last("local_data_wait_seconds", 0.0)),
+    MetricSpec("torchvitals_process_resident_memory_bytes", "gauge", "This rank's resident "
+               "memory.", RANK, _host("resident_bytes")),
+    MetricSpec("torchvitals_process_cpu_seconds_total", "counter", "User and system CPU time of "
+               "this rank (rate(): cores used).", RANK, _host("cpu_seconds")),
+    MetricSpec("torchvitals_process_open_fds", "gauge", "File descriptors this rank holds open.",
+               RANK, _host("open_fds")),
+    MetricSpec("torchvitals_dataloader_workers", "gauge", "Live child processes of this rank "
+               "(its DataLoader workers).", RANK, _host("children")),
+    MetricSpec("torchvitals_host_memory_available_bytes", "gauge", "Memory available on this "
+               "rank's host.", RANK, _host("host_available_bytes")),
+    MetricSpec("torchvitals_accelerator_memory_allocated_bytes", "gauge", "CUDA memory held by "
+               "tensors (last sample).", RANK, _accelerator("allocated_bytes")),
+    MetricSpec("torchvitals_accelerator_memory_reserved_bytes", "gauge", "CUDA memory reserved "
+               "by the caching allocator (last sample).", RANK, _accelerator("reserved_bytes")),
+    MetricSpec("torchvitals_accelerator_memory_peak_bytes", "gauge", "Peak CUDA memory held by "
+               "tensors since the sample before.", RANK, _accelerator("peak_bytes")),
+    MetricSpec("torchvitals_accelerator_memory_fragmentation_bytes", "gauge", "Reserved minus "
+               "allocated CUDA memory (last sample).", RANK, _accelerator("fragmentation_bytes")),
+    MetricSpec("torchvitals_data_wait_ratio", "gauge", "Share of the ranks' step time spent "
+               "waiting for data (last step).", GLOBAL, _last("data_wait_ratio", 0.0)),
+    MetricSpec("torchvitals_replica_checks_total", "counter", "Sampled steps that compared the "
+               "DDP replicas' fingerprints.", GLOBAL, lambda s: float(s.replica_checks)),
     MetricSpec("torchvitals_loss", "gauge", "Mean loss over the ranks at the last step.", GLOBAL,
                _last("loss")),
     # Not "_grad_norm_total": the _total suffix is reserved for counters.
@@ -221,6 +267,7 @@ class Exporter:
         self._verdicts: dict[str, int] = {}
         self._active: dict[str, int] = {}
         self._recovery: dict[str, float] | None = None
+        self._replica_checks = 0
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._collector = _ReportMetrics(self)
@@ -276,6 +323,7 @@ class Exporter:
             self._steps += 1
             self._skipped += report.action == "skip"
             self._nonfinite += bool(report.nonfinite)
+            self._replica_checks += report.replicas_checked
             self._update_ratio, self._activations = ratio, acts
             self._verdicts = verdicts
             if active is not None:
@@ -283,10 +331,12 @@ class Exporter:
             self._recovery = recovery
 
     def _snapshot(self) -> _Snapshot:
+        host = process_vitals()      # on the scrape thread, outside the lock: training never waits
         with self._lock:
             return _Snapshot(self._report, self._steps, self._skipped, self._nonfinite,
                              self._world_size, self._update_ratio, self._activations,
-                             self._verdicts, self._active, self._recovery)
+                             self._verdicts, self._active, self._recovery, self._replica_checks,
+                             host)
 
     def close(self) -> None:
         """Stop serving and unregister the collector; safe to call twice."""

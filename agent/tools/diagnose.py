@@ -9,7 +9,8 @@ symptom classes by what happened first and names where it started. The causes:
 - optimization failures: "numerical instability", "gradient explosion", "vanishing gradients",
   "dead pipeline";
 - not optimization failures: "generalization gap" (the descent succeeds at the wrong
-  objective), "dead layer" (one block does not move), "straggler" (one rank is slow);
+  objective), "dead layer" (one block does not move), "straggler" (one rank is slow),
+  "replica divergence" (one DDP replica's weights changed), "memory leak", "data stall";
 - "no anomaly".
 """
 
@@ -28,7 +29,9 @@ from ..outputs.eventlog import read_events
 NUMERICAL, EXPLOSION, VANISHING = "numerical instability", "gradient explosion", "vanishing gradients"
 DEAD_PIPELINE, GAP, DEAD_LAYER = "dead pipeline", "generalization gap", "dead layer"
 STRAGGLER, NO_ANOMALY = "straggler", "no anomaly"
-CAUSES = (NUMERICAL, EXPLOSION, VANISHING, DEAD_PIPELINE, GAP, DEAD_LAYER, STRAGGLER, NO_ANOMALY)
+REPLICAS, LEAK, DATA = "replica divergence", "memory leak", "data stall"
+CAUSES = (NUMERICAL, EXPLOSION, VANISHING, DEAD_PIPELINE, GAP, DEAD_LAYER, STRAGGLER, REPLICAS,
+          LEAK, DATA, NO_ANOMALY)
 
 CLASSES = {
     NUMERICAL: (P.NONFINITE_LOSS, P.NONFINITE_GRAD, P.FP16_OVERFLOW),
@@ -36,7 +39,8 @@ CLASSES = {
     EXPLOSION: (P.HOT_LR, P.LAYER_DIVERGENCE, P.GRAD_EXPLOSION, P.LOSS_SPIKE, P.ACTIVATION_EXPLOSION),
     VANISHING: (P.VANISHING_GRADIENTS, P.SATURATION, P.ATTENTION_SATURATION, P.DEAD_RELU),
     DEAD_PIPELINE: (P.DEAD_PIPELINE,), GAP: (P.GENERALIZATION_GAP,),
-    DEAD_LAYER: (P.DEAD_LAYER,), STRAGGLER: (P.STRAGGLER,),
+    DEAD_LAYER: (P.DEAD_LAYER,), STRAGGLER: (P.STRAGGLER,), REPLICAS: (P.REPLICA_DIVERGENCE,),
+    LEAK: (P.MEMORY_GROWTH,), DATA: (P.DATA_STALL,),
 }
 """Cause -> the verdict patterns that are its symptoms."""
 
@@ -48,7 +52,9 @@ SHOWN = {
     P.VANISHING_GRADIENTS: ("ratio", "first", "last"),
     P.SATURATION: ("saturation_fraction",), P.DEAD_RELU: ("zero_fraction",),
     P.ACTIVATION_EXPLOSION: ("abs_max", "first_abs_max"), P.DEAD_PIPELINE: ("max_grad_norm", "detached"),
-    P.GENERALIZATION_GAP: ("validation", "best_validation"), P.STRAGGLER: ("rank", "seconds", "others_median"),
+    P.GENERALIZATION_GAP: ("validation", "best_validation"), P.STRAGGLER: ("rank", "seconds", "others_median", "cause"),
+    P.REPLICA_DIVERGENCE: ("blocks", "ranks"), P.MEMORY_GROWTH: ("memory", "rise_bytes", "bytes_per_step"),
+    P.DATA_STALL: ("data_wait_ratio", "data_wait_seconds"),
 }
 """Pattern -> the evidence values worth a reader's attention (others: the first few numbers)."""
 
@@ -71,6 +77,13 @@ FIXES = {
                 "with a non-zero learning rate, or reinitialize it.",
     STRAGGLER: "Look at the slow rank's host: input pipeline, CPU contention, thermal throttling or "
                "a degraded link; every other rank waits for it at each collective.",
+    REPLICAS: "Suspect the named rank's hardware (ECC and row-remapper counters, DCGM diagnostics) "
+              "or code that writes to one replica's weights; the watchdog rolled back to identical "
+              "replicas, and a rank named again should be cordoned.",
+    LEAK: "Find what keeps a reference every step (outputs or losses kept without .detach()/.item(), "
+          "a growing cache); torch.cuda.memory_snapshot() or tracemalloc names the allocation site.",
+    DATA: "Speed up the input pipeline: more DataLoader workers and prefetching, pinned memory, "
+          "faster storage or pre-decoded data; the accelerators idle while they wait.",
     NO_ANOMALY: "Nothing to fix in the optimization signals; if results are poor, look at data "
                 "quality, labels and model capacity.",
 }
@@ -142,7 +155,7 @@ def diagnose(verdicts: Iterable[Verdict | Mapping[str, Any]], losses: Iterable[t
     elif early:
         cause = min(early, key=lambda c: seen[c]["step"])   # ties: explosion, as in the pseudo-code
     else:
-        cause = next(c for c in (GAP, DEAD_LAYER, STRAGGLER) if c in seen)
+        cause = next(c for c in (REPLICAS, GAP, DEAD_LAYER, STRAGGLER, LEAK, DATA) if c in seen)
     lead = seen[cause]
     related = [v for v in found if v["pattern"] in CLASSES[cause]]
     if cause in (EXPLOSION, VANISHING) and crash is not None:
@@ -254,7 +267,13 @@ def _summary(cause: str, lead: dict[str, Any], crash: dict[str, Any] | None) -> 
              f"optimization failure",
         DEAD_LAYER: f"Block {lead.get('block')} barely moves from step {lead['step']} while the others "
                     f"train: frozen, left out of the optimizer, or given a zero learning rate",
-        STRAGGLER: f"Rank {lead['evidence'].get('rank', '?')} is a straggler from step {lead['step']}",
+        STRAGGLER: f"Rank {lead['evidence'].get('rank', '?')} is a straggler from step {lead['step']}"
+                   + (f" ({lead['evidence']['cause']})" if "cause" in lead["evidence"] else ""),
+        REPLICAS: f"The DDP replicas' weights differed at step {lead['step']} (ranks "
+                  f"{lead['evidence'].get('ranks', '?')}): silent data corruption or a write to one replica",
+        LEAK: f"Memory ({lead['evidence'].get('memory', '?')}) rose at every sample up to step "
+              f"{lead['step']}: a leak that ends in an out-of-memory kill",
+        DATA: f"The ranks waited for data most of each step from step {lead['step']}",
     }[cause]
     return text + "."
 

@@ -105,14 +105,14 @@ def main() -> None:
                               collector_job=args.job, collector_poll_seconds=0.2)
     reports = []
     stop = Path(args.stop)
-    data = batches(rank)
+    data = iter(agent.batches(batches(rank)))     # timed: the data-wait panels have a signal
     for tick in range(1, args.max_steps + 1):
         x, y = next(data)
         loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
         if rank == 1 and tick == args.nan_at:
             loss = loss * float("nan")
         scaler.scale(loss).backward()
-        report = agent.step(loss, samples=x.shape[0], scaler=scaler)
+        report = agent.step(loss, samples=x.shape[0], tokens=x.numel(), scaler=scaler)
         opt.zero_grad(set_to_none=True)
         reports.append({"tick": tick, "step": report.step, "action": report.action,
                         "verdicts": [v.pattern for v in report.verdicts]})

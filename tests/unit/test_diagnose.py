@@ -192,3 +192,16 @@ def test_cli_diagnose_missing_or_corrupt_log(tmp_path, capsys):
     assert main(["diagnose", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("torchvitals diagnose: JSONDecodeError") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("pattern, evidence, cause, words", [
+    ("replica_divergence", {"blocks": {"blocks.1": [3]}, "ranks": [3]}, "replica divergence", "[3]"),
+    ("memory_growth", {"memory": "resident_bytes", "rise_bytes": 3e8, "bytes_per_step": 4e6},
+     "memory leak", "resident_bytes"),
+    ("data_stall", {"data_wait_ratio": 0.8, "data_wait_seconds": 0.06}, "data stall", "step 19"),
+])
+def test_vitals_patterns_are_causes_of_their_own(pattern, evidence, cause, words):
+    severity = CRITICAL if pattern == "replica_divergence" else WARNING
+    d = diagnose([Verdict(pattern, severity, 19, None, evidence)], healthy_losses())
+    assert d.cause == cause and cause in CAUSES and d.first_step == 19
+    assert words in d.summary and d.fix

@@ -24,6 +24,8 @@ from torchvitals.agent.report import Report
 RECOVERY = {"torchvitals_rollbacks", "torchvitals_last_healthy_step", "torchvitals_lr_scale",
             "torchvitals_skipped_batches", "torchvitals_checkpoint_seconds"}
 
+ACCELERATOR = {f"torchvitals_accelerator_memory_{k}_bytes"
+               for k in ("allocated", "reserved", "peak", "fragmentation")}
 BLOCKS = ["embed", "layers.0", "layers.1", "head"]
 NAME = re.compile(r"^torchvitals_[a-z][a-z0-9_]*$")
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_ratio", "_info")
@@ -43,11 +45,16 @@ def activation(x: float) -> dict[str, float]:
 def make_report(step: int, *, sampled: bool = False, rank: int = 0, **kw) -> Report:
     fields = dict(step=step, loss=1.0 / step, grad_norm={b: step + i for i, b in enumerate(BLOCKS)},
                   grad_norm_total=10.0 * step, world_size=2, rank=rank, local_loss=2.0 / step,
-                  step_seconds=0.25, samples=8, clip_coef=0.5)
+                  step_seconds=0.25, samples=8, clip_coef=0.5, tokens=1024,
+                  local_data_wait_seconds=0.125, data_wait_ratio=0.5)
     if sampled:
         fields["update_ratio"] = {b: 1e-3 * step + i for i, b in enumerate(BLOCKS)}
         fields["update_ratio_step"] = step - 1
         fields["activations"] = {b: activation(step + i) for i, b in enumerate(BLOCKS)}
+        fields["replicas_checked"] = True
+    # What a CUDA rank's steps carry (the last sample's counters; a CPU rank has none: no series).
+    fields["local_accelerator_memory"] = {"allocated_bytes": 3e9, "reserved_bytes": 4e9,
+                                          "peak_bytes": 3.5e9, "fragmentation_bytes": 1e9}
     fields.update(kw)
     return Report(**fields)
 
@@ -149,8 +156,11 @@ def test_before_first_report_every_series_is_present(served):
     # Samples per second is the one series that waits for a report that counts samples.
     exported = {n for n in got}
     expected = {m.name.removesuffix("_total") for m in METRICS}
-    # Present only when the caller passes the sample count, a GradScaler, or runs the watchdog.
-    assert expected - exported == {"torchvitals_samples_per_second", "torchvitals_loss_scale"} | RECOVERY
+    # Present only when the caller passes the sample (token) count, a GradScaler, runs the
+    # watchdog, or trains on CUDA.
+    assert expected - exported == ({"torchvitals_samples_per_second", "torchvitals_loss_scale",
+                                    "torchvitals_tokens_per_second", "torchvitals_learning_rate"}
+                                   | RECOVERY | ACCELERATOR)
 
 
 def test_samples_per_second_only_when_samples_known(served):
@@ -228,7 +238,7 @@ def test_series_count_constant_as_steps_go_by(served):
             after_10 = scrape(ex.url)
     after_200 = scrape(ex.url)
     assert series_count(after_10) == series_count(after_200) == \
-        10 + 3 + 10 * len(BLOCKS) + 2 * len(PATTERNS)  # rank + global scalars, per block, per pattern
+        21 + 5 + 10 * len(BLOCKS) + 2 * len(PATTERNS)  # rank + global scalars, per block, per pattern
     assert set(after_10) == set(after_200)
     # Step 200 was sampled; check an unsampled last step keeps the sampled values.
     ex.update(make_report(201))
@@ -354,3 +364,33 @@ def test_learning_rate_per_param_group_on_rank_0(served):
     got = scrape(ex.url)
     assert value(got, "torchvitals_learning_rate", rank="0", param_group="0") == 1e-3
     assert value(got, "torchvitals_learning_rate", rank="0", param_group="1") == 2.5e-4
+
+
+def test_vitals_are_served_per_rank(served):
+    """Process and host vitals come from this process at scrape time; the step's from the report."""
+    import psutil
+    ex = served(rank=1)
+    ex.update(make_report(3, rank=1))
+    got = scrape(ex.url)
+    r = {"rank": "1"}
+    assert value(got, "torchvitals_tokens_per_second", **r) == 1024 / 0.25
+    assert value(got, "torchvitals_data_wait_seconds", **r) == 0.125
+    rss = psutil.Process().memory_info().rss
+    assert 0.5 * rss < value(got, "torchvitals_process_resident_memory_bytes", **r) < 2 * rss
+    assert value(got, "torchvitals_process_cpu_seconds_total", **r) > 0
+    assert value(got, "torchvitals_process_open_fds", **r) >= 3          # stdin, stdout, stderr
+    assert value(got, "torchvitals_dataloader_workers", **r) == len(psutil.Process().children())
+    assert 0 < value(got, "torchvitals_host_memory_available_bytes", **r) <= \
+        psutil.virtual_memory().total
+    assert value(got, "torchvitals_accelerator_memory_fragmentation_bytes", **r) == 1e9
+    # A worker starting shows at the next scrape, without a step in between.
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert value(scrape(ex.url), "torchvitals_dataloader_workers", **r) == \
+            len(psutil.Process().children())
+        assert value(scrape(ex.url), "torchvitals_dataloader_workers", **r) >= 1
+    finally:
+        child.kill()
+        child.wait(10)
