@@ -159,8 +159,7 @@ def test_before_first_report_every_series_is_present(served):
     # Present only when the caller passes the sample (token) count, a GradScaler, runs the
     # watchdog, or trains on CUDA.
     assert expected - exported == ({"torchvitals_samples_per_second", "torchvitals_loss_scale",
-                                    "torchvitals_tokens_per_second", "torchvitals_learning_rate"}
-                                   | RECOVERY | ACCELERATOR)
+                                    "torchvitals_tokens_per_second"} | RECOVERY | ACCELERATOR)
 
 
 def test_samples_per_second_only_when_samples_known(served):
