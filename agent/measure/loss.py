@@ -89,6 +89,8 @@ class LossBook:
 
 
 def _combine(values: list[torch.Tensor | float], mean: bool) -> torch.Tensor | float:
+    if len(values) == 1:            # one micro-batch: nothing to combine, no kernel to launch
+        return values[0]
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if not tensors:
         total = sum(float(v) for v in values)
