@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from ..measure.blocks import LAYER, OTHER
 from ..report import Report
+from .straggler import slow_ranks
 from .thresholds import Thresholds
 from .verdict import (ACTIVATION_EXPLOSION, ATTENTION_SATURATION, CRITICAL, DEAD_LAYER, DEAD_PIPELINE,
                       DEAD_RELU, FP16_OVERFLOW, GENERALIZATION_GAP, GRAD_EXPLOSION, HOT_LR,
@@ -349,28 +350,26 @@ class Fp16Overflow(Rule):
 
 
 class Straggler(Rule):
-    """One rank's compute time well above the other ranks' median, for several steps."""
+    """Ranks whose compute time stayed well above the others' mean (each judged itself; see
+    ``straggler``): the reduced flags name them the same way on every rank."""
 
     patterns = (STRAGGLER,)
 
     def __init__(self, t: Thresholds):
         self.t = t
-        self.runs: dict[int, int] = {}
 
     def observe(self, report, extra):
-        times = extra.get("rank_compute_seconds") or report.rank_step_seconds
-        if len(times) < 2:
+        flags = extra.get("straggler")
+        if not flags:
             return []
-        found = []
-        for r, v in enumerate(times):
-            others = median(t for i, t in enumerate(times) if i != r)
-            slow = v >= self.t.straggler_factor * others and v - others >= self.t.straggler_min_seconds
-            self.runs[r] = self.runs.get(r, 0) + 1 if slow else 0
-            if self.runs[r] >= self.t.straggler_steps:
-                found.append(Verdict(STRAGGLER, WARNING, report.step, None, {
-                    "rank": r, "seconds": v, "others_median": others, "steps": self.runs[r],
-                    "fired": "straggler_factor", "straggler_factor": self.t.straggler_factor}))
-        return found
+        count, ranks = slow_ranks(flags)
+        if count == 0:
+            return []
+        # Exact for one rank; the mean over the flagged ranks otherwise.
+        evidence = {"seconds": flags[3] / count, "others_mean": flags[4] / count,
+                    "steps": int(flags[5] / count), "slow_ranks": count,
+                    "fired": "straggler_factor", "straggler_factor": self.t.straggler_factor}
+        return [Verdict(STRAGGLER, WARNING, report.step, None, dict(evidence, rank=r)) for r in ranks]
 
 
 class GeneralizationGap(Rule):

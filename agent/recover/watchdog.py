@@ -24,10 +24,12 @@ from ...errors import TorchvitalsError
 from ...protocol import CHECKPOINT, LEDGER_FILE, TRAIN
 from ..config import Config
 from ..detect.verdict import CRITICAL, WARNING, Verdict
-from ..report import json_safe
+from ..report import Report, json_safe
+from .async_save import CLOSE_TIMEOUT_S, Outcome, checkpoint_group
 from .batches import SkipAwareBatches
 from .checkpoint import CheckpointStore
 from .ledger import Ledger
+from .staged import StagedSaves
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,11 @@ class Watchdog:
 
     def __init__(self, config: Config, group: Any = None):
         self.config = config
+        if config.snapshot_max_bytes:   # the background writes get their own group
+            group = checkpoint_group(group)
         self.store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
+        self.staged = StagedSaves(self.store, config.snapshot_max_bytes) if config.snapshot_max_bytes else None
+        self.failed_saves = 0
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
         self.ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
         self.lr_scale = self.ledger.lr_scale
@@ -83,6 +89,10 @@ class Watchdog:
             return False
         extra = {"position": self.data.position, "lr_scale": self.lr_scale,
                  "verdicts": [v.to_dict() for v in history[-100:]]}
+        if self.staged is not None and self.staged.fits(model, optimizer):
+            self._settled(self.staged.begin(step, model, optimizer, scheduler, json_safe(extra),
+                                            self.data.rank_state()))
+            return True
         self.on_phase(CHECKPOINT)
         try:
             path = self.store.save(step, model, optimizer, scheduler, extra=json_safe(extra),
@@ -94,6 +104,44 @@ class Watchdog:
         self.last_healthy = step
         return True
 
+    def save_flags(self) -> list[float]:
+        """``[done, failed]`` of this rank's background write, for the step's SUM reduction."""
+        return self.staged.flags() if self.staged is not None else [0.0, 0.0]
+
+    def settle(self, reduced: list[float], world_size: int, report: Report) -> None:
+        """Every rank, same step: commit (ledger, rollback target) or report a background save
+        once the reduced flags say every rank's write ended; noted in ``report``."""
+        if self.staged is None:
+            return
+        outcome = self._settled(self.staged.settle(reduced, world_size))
+        if outcome is not None and outcome.ok:
+            report.checkpoint_committed = outcome.snapshot.step
+        elif outcome is not None:
+            report.checkpoint_failed = f"step {outcome.snapshot.step}: {outcome.error}"
+
+    def close(self) -> None:
+        """Let a background write in flight finish (or give up after CLOSE_TIMEOUT_S: its
+        folder then stays an uncommitted ``.tmp-*``, never loaded)."""
+        if self.staged is not None and self.staged.in_flight:
+            if self._settled(self.staged.wait(CLOSE_TIMEOUT_S)) is None:
+                log.error("torchvitals: a checkpoint write still in flight after %.0f s at exit; "
+                          "left uncommitted", CLOSE_TIMEOUT_S)
+
+    def _settled(self, outcome: Outcome | None) -> Outcome | None:
+        if outcome is None:
+            return None
+        step = outcome.snapshot.step
+        if outcome.ok:
+            self.checkpoint_seconds = outcome.write_seconds
+            self.ledger.record_checkpoint(step, outcome.path)
+            self.last_healthy = step
+        else:
+            self.failed_saves += 1
+            log.error("torchvitals: the healthy checkpoint of step %d failed on some rank and was "
+                      "not committed: %s; the rollback target stays step %s", step, outcome.error,
+                      self.last_healthy)
+        return outcome
+
     def rollback(self, step: int, tick: int, reason: str, model: torch.nn.Module, optimizer: Any,
                  scheduler: Any) -> dict[str, Any] | None:
         """Restore the last healthy checkpoint with the LR backed off and the bad batches skipped.
@@ -104,6 +152,8 @@ class Watchdog:
         Raises:
             TrainingAborted: the loop guard tripped (after the ledger recorded the abort).
         """
+        if self.staged is not None and self.staged.in_flight:
+            self._settled(self.staged.wait())   # every rank at this step: the same target
         if self.store.latest() is None:
             return None
         recent = [t for t in self._rollback_ticks if tick - t < self.config.rollback_window]
@@ -112,11 +162,15 @@ class Watchdog:
                    f"(max_rollbacks={self.config.max_rollbacks}); last: {reason}")
             self.ledger.record_abort(step, why)
             raise TrainingAborted(self.config.abort_exit_code)
-        self.on_phase(CHECKPOINT)
-        try:
-            restored = self.store.load(model, optimizer, scheduler)
-        finally:
-            self.on_phase(TRAIN)
+        restored = None
+        if self.staged is not None and self.last_healthy is not None:
+            restored = self.staged.restore(self.last_healthy, model, optimizer, scheduler)
+        if restored is None:
+            self.on_phase(CHECKPOINT)
+            try:
+                restored = self.store.load(model, optimizer, scheduler)
+            finally:
+                self.on_phase(TRAIN)
         scale = self.lr_scale * self.config.lr_backoff
         self._apply_lr_scale(optimizer, scheduler, restored["extra"].get("lr_scale", 1.0), scale)
         start = restored["extra"].get("position", 0)
@@ -152,5 +206,8 @@ class Watchdog:
         return {"rollbacks": self.rollbacks, "lr_scale": self.lr_scale,
                 "last_healthy_step": float("nan") if self.last_healthy is None else self.last_healthy,
                 "skipped_batches": self.ledger.skipped.batches(),
-                "checkpoint_seconds": self.checkpoint_seconds}
+                "checkpoint_seconds": self.checkpoint_seconds,
+                "checkpoint_stall_seconds": self.staged.stall_seconds if self.staged is not None
+                else self.checkpoint_seconds,
+                "checkpoint_failures": self.failed_saves}
 

@@ -48,7 +48,7 @@ SHOWN = {
     P.VANISHING_GRADIENTS: ("ratio", "first", "last"),
     P.SATURATION: ("saturation_fraction",), P.DEAD_RELU: ("zero_fraction",),
     P.ACTIVATION_EXPLOSION: ("abs_max", "first_abs_max"), P.DEAD_PIPELINE: ("max_grad_norm", "detached"),
-    P.GENERALIZATION_GAP: ("validation", "best_validation"), P.STRAGGLER: ("rank", "seconds", "others_median"),
+    P.GENERALIZATION_GAP: ("validation", "best_validation"), P.STRAGGLER: ("rank", "seconds", "others_mean"),
 }
 """Pattern -> the evidence values worth a reader's attention (others: the first few numbers)."""
 
