@@ -363,9 +363,7 @@ class Agent:
             self._pending_update = (d_sq, w_sq, chosen, report.step)
 
     def close(self) -> None:
-        """Finish a checkpoint write in flight, remove hooks, stop /metrics, close the event log."""
-        if self.watchdog is not None:
-            self.watchdog.close()
+        """Remove hooks, stop /metrics, close the event log, finish a checkpoint write in flight."""
         self._forward_hook.remove()
         if self._poller is not None:
             self._poller.close()
@@ -373,6 +371,8 @@ class Agent:
             self._acts.close()
             self._attn.close()
         self._out.close()
+        if self.watchdog is not None:   # last: it may raise that the final write failed
+            self.watchdog.close()
 
     def __enter__(self) -> "Agent":
         return self

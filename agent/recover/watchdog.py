@@ -27,7 +27,7 @@ from ..detect.verdict import CRITICAL, WARNING, Verdict
 from ..report import Report, json_safe
 from .async_save import CLOSE_TIMEOUT_S, Outcome, checkpoint_group
 from .batches import SkipAwareBatches
-from .checkpoint import CheckpointStore
+from .checkpoint import CheckpointError, CheckpointStore
 from .ledger import Ledger
 from .staged import StagedSaves
 
@@ -50,6 +50,7 @@ class Watchdog:
         self.store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
         self.staged = StagedSaves(self.store, config.snapshot_max_bytes) if config.snapshot_max_bytes else None
         self.failed_saves = 0
+        self._unreported: Outcome | None = None
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
         self.ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
         self.lr_scale = self.ledger.lr_scale
@@ -113,7 +114,9 @@ class Watchdog:
         once the reduced flags say every rank's write ended; noted in ``report``."""
         if self.staged is None:
             return
-        outcome = self._settled(self.staged.settle(reduced, world_size))
+        self._settled(self.staged.settle(reduced, world_size))
+        # Also one that a due save or a rollback had to wait for at an earlier step.
+        outcome, self._unreported = self._unreported, None
         if outcome is not None and outcome.ok:
             report.checkpoint_committed = outcome.snapshot.step
         elif outcome is not None:
@@ -121,15 +124,26 @@ class Watchdog:
 
     def close(self) -> None:
         """Let a background write in flight finish (or give up after CLOSE_TIMEOUT_S: its
-        folder then stays an uncommitted ``.tmp-*``, never loaded)."""
-        if self.staged is not None and self.staged.in_flight:
-            if self._settled(self.staged.wait(CLOSE_TIMEOUT_S)) is None:
-                log.error("torchvitals: a checkpoint write still in flight after %.0f s at exit; "
-                          "left uncommitted", CLOSE_TIMEOUT_S)
+        folder then stays an uncommitted ``.tmp-*``, never loaded).
+
+        Raises:
+            CheckpointError: that write failed (on this rank or another): the job's last healthy
+                state is not the one it ended with, which its exit status should say.
+        """
+        if self.staged is None or not self.staged.in_flight:
+            return
+        outcome = self._settled(self.staged.wait(CLOSE_TIMEOUT_S))
+        if outcome is None:
+            log.error("torchvitals: a checkpoint write still in flight after %.0f s at exit; "
+                      "left uncommitted", CLOSE_TIMEOUT_S)
+        elif not outcome.ok:
+            raise CheckpointError(f"the checkpoint of step {outcome.snapshot.step}, written at "
+                                  f"exit, failed: {outcome.error}")
 
     def _settled(self, outcome: Outcome | None) -> Outcome | None:
         if outcome is None:
             return None
+        self._unreported = outcome
         step = outcome.snapshot.step
         if outcome.ok:
             self.checkpoint_seconds = outcome.write_seconds
