@@ -67,10 +67,10 @@ class Config:
     """Healthy checkpoints kept on disk."""
 
     snapshot_max_bytes: int = 32 << 30
-    """Host memory per rank for staged copies of its state: the last healthy one, which
-    rollbacks restore from RAM, and the one written in the background (twice the state while a
-    save is in flight). A state that does not fit is saved synchronously and rollbacks read the
-    disk (logged once); 0 always does so."""
+    """Host memory per rank for two staged copies of its state: the last healthy one, which
+    rollbacks restore from RAM, and the one written in the background (its buffers reused by
+    the next save). When twice the largest rank's state exceeds it, checkpoints are saved
+    synchronously and rollbacks read the disk (logged once); 0 always does so."""
 
     healthy_window: int = 20
     """A step is healthy when no warning or critical verdict came in this many steps before it."""

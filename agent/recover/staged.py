@@ -9,8 +9,9 @@
 One staged copy serves both the background write and the in-memory rollback: once every rank's
 write succeeded it becomes the rollback target (the committed checkpoint on disk holds the same
 state, so a rollback from memory and one from disk land on identical weights). Until then the
-previous one stays the target, so at most two copies are held: that is what ``max_bytes``
-bounds. The buffers of a copy that is no longer needed are reused by the next staging.
+previous one stays the target, so two copies are held (the one no longer needed is kept for
+its buffers, which the next staging reuses: no allocation and no page faults on the step): that
+is what ``max_bytes`` bounds.
 """
 
 from __future__ import annotations

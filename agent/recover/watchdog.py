@@ -91,8 +91,12 @@ class Watchdog:
         extra = {"position": self.data.position, "lr_scale": self.lr_scale,
                  "verdicts": [v.to_dict() for v in history[-100:]]}
         if self.staged is not None and self.staged.fits(model, optimizer):
-            self._settled(self.staged.begin(step, model, optimizer, scheduler, json_safe(extra),
-                                            self.data.rank_state()))
+            self.on_phase(CHECKPOINT)       # the stall is short, unless the last write lags
+            try:
+                self._settled(self.staged.begin(step, model, optimizer, scheduler,
+                                                json_safe(extra), self.data.rank_state()))
+            finally:
+                self.on_phase(TRAIN)
             return True
         self.on_phase(CHECKPOINT)
         try:
@@ -167,7 +171,11 @@ class Watchdog:
             TrainingAborted: the loop guard tripped (after the ledger recorded the abort).
         """
         if self.staged is not None and self.staged.in_flight:
-            self._settled(self.staged.wait())   # every rank at this step: the same target
+            self.on_phase(CHECKPOINT)
+            try:
+                self._settled(self.staged.wait())   # every rank at this step: the same target
+            finally:
+                self.on_phase(TRAIN)
         if self.store.latest() is None:
             return None
         recent = [t for t in self._rollback_ticks if tick - t < self.config.rollback_window]
