@@ -24,7 +24,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch.distributed as dist
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,7 +41,6 @@ class Snapshot:
     nbytes: int
     stage_seconds: float = 0.0
     """How long staging stalled training (the device-to-host copy and the small state)."""
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 def live_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

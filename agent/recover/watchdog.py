@@ -50,6 +50,8 @@ class Watchdog:
         self.store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
         self.staged = StagedSaves(self.store, config.snapshot_max_bytes) if config.snapshot_max_bytes else None
         self.failed_saves = 0
+        self.stall_seconds = float("nan")
+        """How long the last healthy save stalled training (staging, or the whole sync save)."""
         self._unreported: Outcome | None = None
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
         self.ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
@@ -97,6 +99,7 @@ class Watchdog:
                                                 json_safe(extra), self.data.rank_state()))
             finally:
                 self.on_phase(TRAIN)
+            self.stall_seconds = self.staged.stall_seconds
             return True
         self.on_phase(CHECKPOINT)
         try:
@@ -104,7 +107,7 @@ class Watchdog:
                                    rank_state=self.data.rank_state())
         finally:
             self.on_phase(TRAIN)
-        self.checkpoint_seconds = self.store.last_save_seconds
+        self.checkpoint_seconds = self.stall_seconds = self.store.last_save_seconds
         self.ledger.record_checkpoint(step, str(path))
         self.last_healthy = step
         return True
@@ -229,7 +232,6 @@ class Watchdog:
                 "last_healthy_step": float("nan") if self.last_healthy is None else self.last_healthy,
                 "skipped_batches": self.ledger.skipped.batches(),
                 "checkpoint_seconds": self.checkpoint_seconds,
-                "checkpoint_stall_seconds": self.staged.stall_seconds if self.staged is not None
-                else self.checkpoint_seconds,
+                "checkpoint_stall_seconds": self.stall_seconds,
                 "checkpoint_failures": self.failed_saves}
 

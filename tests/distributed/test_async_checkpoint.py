@@ -31,7 +31,7 @@ def test_a_write_failure_on_one_rank_is_seen_by_every_rank_in_the_same_step(tmp_
     reports = results[0]["reports"]
     failed = [(r["step"], r["failed"]) for r in reports if r["failed"]]
     assert len(failed) == 1, failed
-    at, why = failed[0]
+    _, why = failed[0]
     assert "rank 1" in why and "File too large" in why and "rank 0" not in why, why
     bad = int(why.split(":")[0].removeprefix("step "))
     committed = [r["committed"] for r in reports if r["committed"]]
