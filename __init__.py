@@ -34,6 +34,8 @@ _EXPORTS = {
     "Report": ".agent.report", "record_attention": ".agent.measure.attention",
     "Thresholds": ".agent.detect.thresholds", "Verdict": ".agent.detect.verdict",
     "TrainingAborted": ".agent.recover.watchdog",
+    "LightningCallback": ".agent.integrations.lightning",
+    "TransformersCallback": ".agent.integrations.transformers",
 }
 __all__ = sorted([*_EXPORTS, "TorchvitalsError"])
 
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from .agent.config import Config
     from .agent.detect.thresholds import Thresholds
     from .agent.detect.verdict import Verdict
+    from .agent.integrations.lightning import LightningCallback
+    from .agent.integrations.transformers import TransformersCallback
     from .agent.measure.attention import record_attention
     from .agent.recover.watchdog import TrainingAborted
     from .agent.report import Report

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -29,10 +29,12 @@ from .detect.straggler import RankTiming
 from .detect.thresholds import Thresholds
 from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
 from .detect.wiring import wiring_verdicts
+from .guard import ClipWatch, StepGuard, intercept_clipping
 from .measure import scaler as amp
 from .measure.activations import ActivationStats
 from .measure.attention import AttentionStats
 from .measure.blocks import Blocks, discover, unwrap
+from .measure.loss import LossBook
 from .measure.reduce import Packer, Reducer, unpack
 from .measure.stats import GradStats, UpdateRatio, local
 from .outputs.sinks import Outputs
@@ -116,6 +118,17 @@ class Agent:
         self._forward_end = -math.inf
         # Always on and O(1): the end of each forward pass, for per-rank compute time.
         self._forward_hook = model.register_forward_hook(self._on_forward)
+        self.loss_book = LossBook()
+        """Where each step's loss comes from (``record_loss``, the model's outputs)."""
+        self._loss_hook = unwrap(model).register_forward_hook(self.loss_book.capture_output,
+                                                             with_kwargs=True)
+        self._call: dict[str, Any] | None = None
+        self._captured: torch.Tensor | None = None
+        self.last_report: Report | None = None
+        """The report of the last step (what a framework's ``optimizer.step()`` produced)."""
+        self._clip_check = ClipWatch(log=log if self.rank == 0 else None)
+        self._guard = StepGuard(optimizer, self._run_step, params)
+        self._release_clip = intercept_clipping(self.capture_gradients, params)
         if self.sampled(self.step_count + 1):
             self._arm()
 
@@ -158,22 +171,57 @@ class Agent:
         """Whether ``step`` records activations (and carries the preceding update's ratio)."""
         return step == 1 or step % self.config.sample_every == 0
 
-    def step(self, loss: torch.Tensor | float, *, samples: int | None = None,
+    def step(self, loss: torch.Tensor | float | None = None, *, samples: int | None = None,
              scaler: Any = None) -> Report:
-        """Measure this step, agree on it with every rank, and step the optimizer unless skipped.
+        """Measure this step, agree on it with every rank, then step the optimizer and the
+        scheduler unless every rank skips or rolls back (a hand-written loop's one call).
 
         Args:
             loss: this rank's loss (a tensor, possibly on the device, or a float); with a
                 GradScaler, the unscaled loss (``scaler.scale(loss).backward()`` as usual).
+                None: the mean of this step's ``record_loss`` calls.
             samples: how many samples this rank processed in the step (for samples/s).
-            scaler: a ``torch.amp.GradScaler``: the agent unscales, measures, then steps the
-                optimizer and updates the scaler itself (instead of ``scaler.step``/``update``).
+            scaler: a ``torch.amp.GradScaler``: the agent unscales (unless the loop already
+                did), measures, then steps the optimizer and updates the scaler itself (instead
+                of ``scaler.step``/``update``).
 
         Returns:
             The Report, identical on every rank except its ``local_*``/``step_seconds`` fields.
         """
+        self._call = {"loss": loss, "samples": samples, "scaler": scaler}
+        try:
+            self.optimizer.step()           # the guard runs _run_step
+        finally:
+            self._call = None
+        return self.last_report
+
+    def record_loss(self, loss: torch.Tensor | float) -> None:
+        """Tell the agent a micro-batch's loss (unscaled); the step's loss is their mean.
+
+        For loops and frameworks that call ``optimizer.step()`` themselves, and for gradient
+        accumulation (call it once per micro-batch). No host sync: a tensor stays on its device.
+        """
+        self.loss_book.record(loss)
+
+    @property
+    def lr(self) -> list[float]:
+        """Each param group's learning rate as the next step applies it (back-off included)."""
+        return self._guard.effective_lr(self.lr_scale)
+
+    def capture_gradients(self) -> None:
+        """Measure this step's gradients now, before something changes them (a framework's
+        gradient clipping): the report's grad norms are then the pre-clip ones. Called by the
+        integrations, and by ``torch.nn.utils.clip_grad_norm_`` while a guard is active."""
+        if self._captured is None and self._aborted is None:
+            self._captured = self._grads.block_sq(self.device)
+
+    def _run_step(self, closure_loss: Any) -> Report:
+        """The whole step, from the guarded ``optimizer.step()``: measure, reduce, decide, act."""
         if self._aborted is not None:
             raise self._aborted      # a loop that swallowed the abort must not train on
+        call = self._call or {}
+        loss = self.loss_book.take(call.get("loss"), closure_loss)
+        scaler, owns_scheduler = call.get("scaler"), self._call is not None
         step = self.step_count + 1
         step_seconds = self._clock() - self._last_end
         use_scaler = amp.enabled(scaler)
@@ -182,8 +230,11 @@ class Agent:
         layout, host = self._reducer.reduce(packer)
         report = unpack(layout, host, step=step, names=self.blocks.names,
                         world_size=self.world_size, rank=self.rank, pending=pending)
-        report.step_seconds, report.samples, report.compute_seconds = step_seconds, samples, compute
-        self._timing.observe(report.compute_seconds, report.mean_compute_seconds * self.world_size)
+        report.step_seconds, report.samples = step_seconds, call.get("samples")
+        report.compute_seconds = compute
+        report.lr = self._guard.effective_lr(self.lr_scale)
+        self._clip_check.observe(report)
+        self._timing.observe(compute, report.mean_compute_seconds * self.world_size)
         if self.watchdog is not None:
             self.watchdog.settle(layout.get(host, "checkpoint"), self.world_size, report)
         extra: dict[str, Any] = {"straggler": layout.get(host, "straggler")}
@@ -204,10 +255,10 @@ class Agent:
         elif report.nonfinite and (self.config.skip_nonfinite or report.overflow):
             report.action = "skip"
         else:
-            self._optimizer_step(report, measure=self.sampled(step + 1))
+            self._optimizer_step(report, self.sampled(step + 1), owns_scheduler)
             if self.watchdog is not None:
                 report.checkpointed = self.watchdog.maybe_save(
-                    step, self.model, self.optimizer, self.scheduler, self.detector.history)
+                    step, self.model, self.optimizer, self.scheduler, self.detector)
                 if report.checkpointed:
                     self._detector_at[step] = self.detector.snapshot()  # kept: committed + new
                     self._detector_at = {s: d for s, d in self._detector_at.items()
@@ -220,6 +271,7 @@ class Agent:
         self._publish(report)
         if self.heartbeat is not None:
             self.heartbeat.beat(self._ticks)
+        self.last_report = report
         self._last_end = self._clock()
         return report
 
@@ -229,17 +281,10 @@ class Agent:
             rolled = self.watchdog.rollback(report.step, self._ticks, reason, self.model,
                                             self.optimizer, self.scheduler)
         except TrainingAborted as aborted:
-            self._aborted = aborted
-            verdict = Verdict(ROLLBACK_LOOP, CRITICAL, report.step, None, {
+            self._abort(report, aborted, Verdict(ROLLBACK_LOOP, CRITICAL, report.step, None, {
                 "reason": reason, "max_rollbacks": self.config.max_rollbacks,
                 "rollback_window": self.config.rollback_window,
-                "exit_code": self.config.abort_exit_code})
-            report.verdicts.append(verdict)
-            self.detector.history.append(verdict)
-            report.action = "abort"
-            self._publish(report)
-            self._beat_aborted()
-            raise
+                "exit_code": self.config.abort_exit_code}))
         if rolled is None:
             report.action = "skip"
             return
@@ -258,26 +303,32 @@ class Agent:
             log.warning("torchvitals: collector directive %s (%s) at step %d", taken["id"], action,
                         report.step)
         verdict = Verdict(COLLECTOR_DIRECTIVE, CRITICAL, report.step, None, {"action": action})
+        if action == "abort":
+            if self.rank == 0:
+                log.error("torchvitals: ABORTING at step %d: the collector ordered it (%s). "
+                          "Exit code %d.", report.step, self.config.collector_url,
+                          self.config.abort_exit_code)
+            self._abort(report, TrainingAborted(self.config.abort_exit_code), verdict)
         report.verdicts.append(verdict)
         self.detector.history.append(verdict)
-        if action == "abort":
-            report.action = "abort"
-            self._publish(report)
-            self._beat_aborted()
-            self._aborted = TrainingAborted(self.config.abort_exit_code)
-            raise self._aborted
 
-    def _beat_aborted(self) -> None:
-        """Tell the supervisor this exit is on purpose: launchers such as torchrun turn every
-        worker failure into exit status 1, so the exit code alone cannot say it."""
+    def _abort(self, report: Report, aborted: TrainingAborted, verdict: Verdict) -> NoReturn:
+        """Publish the abort, tell the supervisor it is on purpose (torchrun turns every worker
+        failure into exit status 1, so the exit code alone cannot say it), and raise."""
+        self._aborted = aborted
+        report.verdicts.append(verdict)
+        self.detector.history.append(verdict)
+        report.action = "abort"
+        self._publish(report)
         if self.heartbeat is not None:
             self.heartbeat.beat(self._ticks, phase=ABORTED)
+        raise aborted
 
     def _publish(self, report: Report) -> None:
         recovery = self.watchdog.metrics() if self.watchdog is not None else None
         self._out.publish(report, self.detector, recovery)
 
-    def _measure(self, loss: torch.Tensor | float, step_seconds: float, scaler: Any,
+    def _measure(self, loss: torch.Tensor | float | None, step_seconds: float, scaler: Any,
                  pending: tuple[Any, ...] | None) -> tuple[Packer, float]:
         """This rank's statistics of the step packed for the reduction, and its compute time."""
         compute = (self._forward_end - self._last_end if self._forward_end > self._last_end
@@ -289,8 +340,9 @@ class Agent:
         packer.add_host_sum("straggler", self._timing.flags())
         if scaler is not None:
             packer.add_sum("loss_scale", amp.unscale(scaler, self.optimizer) / self.world_size)
-        packer.add_sum("grad_sq", self._grads.block_sq(self.device))
-        self._pack_loss(packer, loss)
+        captured, self._captured = self._captured, None
+        packer.add_sum("grad_sq", captured if captured is not None else self._grads.block_sq(self.device))
+        LossBook.pack(packer, loss, self.device)
         if self.config.collector_url:
             # Only rank 0 polls, so the SUM carries its code to every rank unchanged.
             packer.add_host_sum("directive", [self._poller.code() if self._poller else 0.0])
@@ -333,19 +385,8 @@ class Agent:
         from .tools.diagnose import diagnose
         return diagnose(self.detector.history, self._losses, self._validation)
 
-    def _pack_loss(self, packer: Packer, loss: torch.Tensor | float) -> None:
-        if isinstance(loss, torch.Tensor):
-            value = local(loss.detach()).reshape(()).to(F64)
-            packer.add_sum("loss", value.to(self.device))
-            packer.add_sum("loss_nonfinite", (~torch.isfinite(value)).to(F64).to(self.device))
-            packer.add_local("local_loss", value.to(self.device))
-        else:
-            value = float(loss)
-            packer.add_host_sum("loss", [value])
-            packer.add_host_sum("loss_nonfinite", [0.0 if math.isfinite(value) else 1.0])
-            packer.add_local("local_loss", torch.full((1,), value, dtype=F64, device=self.device))
-
-    def _optimizer_step(self, report: Report, measure: bool) -> None:
+    def _optimizer_step(self, report: Report, measure: bool, owns_scheduler: bool) -> None:
+        """The real optimizer step (LR backed off), the scheduler's when the agent owns it."""
         clip = self.config.clip_grad_norm
         if clip is not None and report.grad_norm_total > clip:
             report.clip_coef = clip / (report.grad_norm_total + 1e-6)
@@ -355,15 +396,19 @@ class Agent:
         measure = measure and self._update is not None
         if measure:
             self._update.before_step()
-        self.optimizer.step()
-        if self.scheduler is not None:
+        self._guard.real_step(self.lr_scale)
+        if owns_scheduler and self.scheduler is not None:
             self.scheduler.step()
         if measure:
             d_sq, w_sq, chosen = self._update.after_step(self.device)
             self._pending_update = (d_sq, w_sq, chosen, report.step)
 
     def close(self) -> None:
-        """Remove hooks, stop /metrics, close the event log, finish a checkpoint write in flight."""
+        """Give the optimizer its step back, remove hooks, stop /metrics, close the event log,
+        finish a checkpoint write in flight."""
+        self._guard.close()
+        self._release_clip()
+        self._loss_hook.remove()
         self._forward_hook.remove()
         if self._poller is not None:
             self._poller.close()

@@ -63,6 +63,12 @@ class Config:
     checkpoint_every: int = 50
     """Save a healthy checkpoint after every this many steps (when the step is healthy)."""
 
+    resume: str = "restart"
+    """What a ``checkpoint_dir`` that already holds checkpoints means at start: "restart"
+    continues it only in a restarted process (``torchvitals supervise``'s later attempts,
+    torchrun's ``--max-restarts``) and refuses it otherwise; "auto" always continues it;
+    "never" always refuses it. A refused folder is an error, never silently another run's."""
+
     checkpoint_keep: int = 3
     """Healthy checkpoints kept on disk."""
 
@@ -76,7 +82,8 @@ class Config:
     """A step is healthy when no warning or critical verdict came in this many steps before it."""
 
     lr_backoff: float = 0.5
-    """Each rollback multiplies the learning rate by this (persisted across scheduler steps)."""
+    """Each rollback multiplies the learning rate by this, applied at every optimizer step over
+    whatever set the LR (a scheduler, a framework, the loop), and kept across restarts."""
 
     skip_margin: int = 2
     """Batches skipped past the one that broke the run, on top of those since the checkpoint."""
@@ -135,6 +142,8 @@ class Config:
             raise ValueError(f"saturation_level must be > 0, got {self.saturation_level}")
         if self.checkpoint_every < 1 or self.checkpoint_keep < 1 or self.healthy_window < 0:
             raise ValueError("checkpoint_every and checkpoint_keep must be >= 1, healthy_window >= 0")
+        if self.resume not in ("restart", "auto", "never"):
+            raise ValueError(f"resume must be 'restart', 'auto' or 'never', got {self.resume!r}")
         if not 0.0 < self.lr_backoff <= 1.0:
             raise ValueError(f"lr_backoff must be in (0, 1], got {self.lr_backoff}")
         if self.skip_margin < 0 or self.max_rollbacks < 0 or self.rollback_window < 1:

@@ -22,7 +22,8 @@ class Report:
     step: int
     """1-based count of ``agent.step`` calls."""
     loss: float
-    """Mean of the ranks' losses."""
+    """Mean of the ranks' losses (NaN when no rank knew its loss: the step measured gradients
+    only)."""
     grad_norm: dict[str, float]
     """Block name -> L2 norm of the block's full (unsharded, synchronized) gradient."""
     grad_norm_total: float
@@ -45,6 +46,9 @@ class Report:
     action: str = "step"
     """"step" (the optimizer stepped), "skip" (no optimizer step on any rank), "rollback" (every
     rank restored the last healthy checkpoint) or "abort" (the loop guard gave up)."""
+    lr: list[float] = field(default_factory=list)
+    """The learning rate each param group stepped with (or would have, on a skipped step):
+    the rate its scheduler, framework or loop set, times the watchdog's back-off."""
     clip_coef: float = 1.0
     """Factor the gradients were scaled by when ``clip_grad_norm`` is set (1.0 otherwise)."""
     world_size: int = 1
@@ -64,7 +68,9 @@ class Report:
     loss_scale: float | None = None
     """The GradScaler scale used this step (when ``agent.step(loss, scaler=...)``)."""
     rollback: dict[str, Any] | None = None
-    """With action "rollback": {"to_step", "lr_scale", "skipped": [start, stop)} (batch indices)."""
+    """With action "rollback": {"to_step", "lr_scale", "skipped"}: the batch indices
+    ``[start, stop)`` of ``agent.batches`` never trained on, or None when the loop draws its own
+    batches (its RNGs were re-seeded so they are not drawn again)."""
     checkpointed: bool = False
     """A healthy checkpoint of this step was taken: saved, or staged in host memory and being
     written in the background (see ``checkpoint_committed``)."""

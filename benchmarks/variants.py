@@ -70,6 +70,18 @@ class Agent(Bare):
         self.agent.close()
 
 
+class Guarded(Agent):
+    """The loop keeps calling ``optimizer.step()`` (a framework's or nanoGPT's way): the guard
+    runs the agent; the loss arrives through ``record_loss``."""
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = self.loss(x, y)
+        self.agent.record_loss(loss)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
 class Watchdog(Agent):
     """The agent with the watchdog on: a healthy checkpoint every 50 steps into ``root``, staged
     and written in the background (``staged=True``) or synchronously. Records each save's stall
@@ -193,10 +205,11 @@ def wandb_missing() -> str | None:
     return None
 
 
-VARIANTS = ("bare", "default", "export", "every", "watchdog", "watchsync", "naive", "wandb")
+VARIANTS = ("bare", "default", "guarded", "export", "every", "watchdog", "watchsync", "naive", "wandb")
 DESCRIPTIONS = {
     "bare": "no monitoring",
     "default": "torchvitals, sample_every=10, exporter and event log off",
+    "guarded": "default, the loop calling optimizer.step() (guarded) and record_loss",
     "export": "default + Prometheus exporter + event log",
     "every": "torchvitals, every signal every step (sample_every=1)",
     "watchdog": "default + watchdog, checkpoint_every=50, staged + background write",
@@ -214,6 +227,8 @@ def build(name: str, model_kwargs: dict[str, int], *, ddp: bool, rank: int, tmp:
         return Bare(model_kwargs, ddp)
     if name == "default":
         return Agent(model_kwargs, ddp, metrics_port=0, log_dir="")
+    if name == "guarded":
+        return Guarded(model_kwargs, ddp, metrics_port=0, log_dir="")
     if name == "export":
         return Agent(model_kwargs, ddp, metrics_port=port, log_dir=os.path.join(tmp, "runs"))
     if name == "every":

@@ -51,7 +51,9 @@ def main() -> int:
         ddp = torch.nn.parallel.DistributedDataParallel(model,
                                                         device_ids=[local_rank] if cuda else None)
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
-        agent = torchvitals.watch(ddp, optimizer)
+        # An endless job restarted by its deployment (a new pod, a new supervisor): the folder
+        # it finds is its own run, to continue.
+        agent = torchvitals.watch(ddp, optimizer, resume="auto")
         if agent.resumed_from is not None and rank == 0:
             print(f"resumed from step {agent.resumed_from}", flush=True)
         # An endless, repeatable stream: agent.batches() counts its position, so a rollback or

@@ -34,7 +34,8 @@ class Detector:
         self._static = list(static or [])
         # Keyed by (pattern, block, rank): a straggler has no block but one verdict per rank.
         self.active: dict[tuple[str, str | None, Any], Verdict] = {}
-        self._pinned: set[tuple[str, str | None, Any]] = set()
+        self.pinned: set[tuple[str, str | None, Any]] = set()
+        """Keys of the wiring facts (a frozen block): active for the whole run."""
         self.history: list[Verdict] = []
         self._validation: list[tuple[int, float]] = []
 
@@ -55,7 +56,7 @@ class Detector:
             emitted += [dataclasses.replace(v, step=report.step) for v in self._static]
             for v in emitted:
                 self.active[_key(v)] = v
-                self._pinned.add(_key(v))
+                self.pinned.add(_key(v))
             self._static = []
         for rule in self.rules:
             found = rule.observe(report, extra)
@@ -63,7 +64,7 @@ class Detector:
                 continue
             keys = {_key(v) for v in found}
             for key in [k for k in self.active
-                        if k[0] in rule.patterns and k not in keys and k not in self._pinned]:
+                        if k[0] in rule.patterns and k not in keys and k not in self.pinned]:
                 del self.active[key]
             for v in found:
                 key = _key(v)

@@ -135,11 +135,12 @@ def unpack(layout: Layout, host: list[float], *, step: int, names: list[str], wo
     """The step's Report from the reduced host vector (identical on every rank but local_*)."""
     grad_sq = layout.get(host, "grad_sq")
     loss_sum = layout.get(host, "loss")[0]
+    known = layout.get(host, "loss_known")[0]     # ranks that knew their loss this step
     nonfinite_loss = layout.get(host, "loss_nonfinite")[0] > 0 or not math.isfinite(loss_sum)
     total = math.sqrt(sum(grad_sq))
     nonfinite_grad = not math.isfinite(total)
     report = Report(
-        step=step, loss=loss_sum / world_size,
+        step=step, loss=loss_sum / known if known else math.nan,
         grad_norm={n: math.sqrt(v) for n, v in zip(names, grad_sq)},
         grad_norm_total=total, nonfinite=nonfinite_loss or nonfinite_grad,
         nonfinite_loss=nonfinite_loss, nonfinite_grad=nonfinite_grad,

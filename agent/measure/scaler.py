@@ -17,8 +17,11 @@ def enabled(scaler: Any) -> bool:
 
 
 def unscale(scaler: Any, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """Unscale the gradients in place; return the scale used, as a device tensor (no sync)."""
-    scaler.unscale_(optimizer)
+    """Unscale the gradients in place, unless the loop already did (to clip them); return the
+    scale used, as a device tensor (no sync)."""
+    from torch.amp.grad_scaler import OptState
+    if scaler._per_optimizer_states[id(optimizer)]["stage"] is not OptState.UNSCALED:
+        scaler.unscale_(optimizer)
     # _get_scale_async is GradScaler's own no-sync accessor (get_scale() calls .item()).
     return scaler._get_scale_async().detach().reshape(())
 

@@ -27,9 +27,10 @@ from ...protocol import ENV_PREFIX
 from ..detect.verdict import PATTERNS
 from ..report import Report
 
-RANK, GLOBAL, BLOCK, PATTERN = "rank", "global", "block", "pattern"
-"""Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL, BLOCK and PATTERN
-ones (PATTERN: one series per detectable pattern, labels ``pattern`` and ``severity``)."""
+RANK, GLOBAL, BLOCK, PATTERN, GROUP = "rank", "global", "block", "pattern", "param_group"
+"""Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL, BLOCK, PATTERN and
+GROUP ones (PATTERN: one series per detectable pattern, labels ``pattern`` and ``severity``;
+GROUP: one per optimizer param group, label ``param_group``)."""
 
 
 def _version(dist: str) -> str:
@@ -162,6 +163,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "process).", GLOBAL, lambda s: _recovery(s, "rollbacks")),
     MetricSpec("torchvitals_last_healthy_step", "gauge", "Step of the last healthy checkpoint.",
                GLOBAL, lambda s: _recovery(s, "last_healthy_step")),
+    MetricSpec("torchvitals_learning_rate", "gauge", "Learning rate the param group stepped with "
+               "at the last step (what its scheduler, framework or loop set, times the back-off).",
+               GROUP, lambda s, group: float(s.report.lr[group])),
     MetricSpec("torchvitals_lr_scale", "gauge", "Factor the rollbacks' back-off left on the "
                "learning rate.", GLOBAL, lambda s: _recovery(s, "lr_scale")),
     MetricSpec("torchvitals_skipped_batches_total", "counter", "Batches never trained on after "
@@ -329,6 +333,10 @@ class _ReportMetrics(Collector):
                 family = _family(m, ("rank", "pattern", "severity"))
                 for pattern, severity in PATTERNS.items():
                     family.add_metric([rank, pattern, severity], m.value(snap, pattern))
+            elif m.scope == GROUP:
+                family = _family(m, ("rank", "param_group"))
+                for group in range(len(snap.report.lr) if snap.report is not None else 0):
+                    family.add_metric([rank, str(group)], m.value(snap, group))
             else:
                 value = m.value(snap)
                 if value is None:

@@ -29,7 +29,7 @@ VERSION = 1
 _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "checkpoint": {"step": (int,), "path": (str,), "time": (int, float)},
     "rollback": {"step": (int,), "to_step": (int,), "reason": (str,), "lr_scale": (int, float),
-                 "skipped": (list,), "time": (int, float)},
+                 "skipped": (list, type(None)), "time": (int, float)},
     "abort": {"step": (int,), "reason": (str,), "time": (int, float)},
 }
 
@@ -128,7 +128,7 @@ class Ledger:
         self._append({"event": "checkpoint", "step": step, "path": str(path)})
 
     def record_rollback(self, step: int, *, to_step: int, reason: str, lr_scale: float,
-                        skipped: tuple[int, int]) -> None:
+                        skipped: tuple[int, int] | None) -> None:
         """Every rank went back from ``step`` to the checkpoint of ``to_step``.
 
         Args:
@@ -136,15 +136,18 @@ class Ledger:
             to_step: the checkpoint's step.
             reason: why, for a person reading the ledger.
             lr_scale: the learning-rate scale from now on (the cumulative back-off).
-            skipped: the batch indices ``[start, stop)`` that will never be consumed.
+            skipped: the batch indices ``[start, stop)`` that will never be consumed; None when
+                the loop draws its own batches (its RNGs were re-seeded instead).
         """
-        start, stop = skipped
-        if not (0 <= start < stop) or not (math.isfinite(lr_scale) and lr_scale > 0):
-            raise ValueError(f"need 0 <= start < stop and lr_scale > 0, got {skipped}, {lr_scale}")
+        if skipped is not None and not 0 <= skipped[0] < skipped[1]:
+            raise ValueError(f"need 0 <= start < stop, got {skipped}")
+        if not (math.isfinite(lr_scale) and lr_scale > 0):
+            raise ValueError(f"need lr_scale > 0, got {lr_scale}")
         self.lr_scale = float(lr_scale)
-        self.skipped.add(start, stop)
+        if skipped is not None:
+            self.skipped.add(*skipped)
         self._append({"event": "rollback", "step": step, "to_step": to_step, "reason": reason,
-                      "lr_scale": self.lr_scale, "skipped": [start, stop]})
+                      "lr_scale": self.lr_scale, "skipped": list(skipped) if skipped else None})
 
     def record_abort(self, step: int, reason: str) -> None:
         """The job gave up at ``step`` (the loop guard, or a fault recovery cannot fix)."""

@@ -7,6 +7,7 @@ NumPy is loaded; each rank has its own states.
 from __future__ import annotations
 
 import base64
+import hashlib
 import random
 import sys
 from typing import Any
@@ -43,3 +44,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         import numpy as np
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def reseed(salt: int) -> None:
+    """Move every RNG this rank draws from to a new stream derived from its current state and
+    ``salt``: deterministic, distinct per rank when the states were, and not the stream a restored
+    state would replay (the random batches a loop draws itself)."""
+    digest = hashlib.sha256(torch.get_rng_state().numpy().tobytes() + str(salt).encode()).digest()
+    seed = int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+    torch.manual_seed(seed)           # CUDA generators too
+    random.seed(seed)
+    if (np := sys.modules.get("numpy")) is not None:
+        np.random.seed(seed % (1 << 32))

@@ -3,12 +3,14 @@
     agent = torchvitals.watch(model, optimizer, scheduler, checkpoint_dir="ckpt")
 
 Every decision here is a function of the reduced report, so every rank takes it in the same
-step. A step is *healthy* when its optimizer step ran and no warning or critical verdict came in
-the ``healthy_window`` steps before it; every ``checkpoint_every`` steps a healthy step is saved.
-On a critical verdict every rank restores the last healthy checkpoint, multiplies the learning
-rate by ``lr_backoff``, and skips the batches from the checkpoint's position to the current one
-plus ``skip_margin``. More than ``max_rollbacks`` rollbacks within ``rollback_window`` steps
-aborts with ``abort_exit_code`` instead of looping.
+step. A step is *healthy* when its optimizer step ran, no warning or critical verdict came in
+the ``healthy_window`` steps before it and none is still active; every ``checkpoint_every``
+steps a healthy step is saved. On a critical verdict every rank restores the last healthy
+checkpoint and multiplies ``lr_scale`` by ``lr_backoff`` (the guarded optimizer applies it at
+each step, over whatever set the LR), and the batches that led there are not trained on again.
+More than ``max_rollbacks`` rollbacks within ``rollback_window`` steps aborts with
+``abort_exit_code`` instead of looping. Each rollback, the abort and a resume print one line on
+global rank 0.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ...errors import TorchvitalsError
-from ...protocol import CHECKPOINT, LEDGER_FILE, TRAIN
+from ...protocol import ATTEMPT_ENV, CHECKPOINT, LEDGER_FILE, TRAIN
 from ..config import Config
 from ..detect.verdict import CRITICAL, WARNING, Verdict
 from ..report import Report, json_safe
@@ -30,8 +32,24 @@ from .batches import SkipAwareBatches
 from .checkpoint import CheckpointError, CheckpointStore
 from .ledger import Ledger
 from .staged import StagedSaves
+from .rng import reseed
 
 log = logging.getLogger(__name__)
+
+
+class ResumeRefused(TorchvitalsError, RuntimeError):
+    """The checkpoint folder holds a run that this process was not told to continue."""
+
+
+def restarted(environ: Any = None) -> bool:
+    """Whether this process is a restart: by ``torchvitals supervise`` (attempt > 1) or by
+    torchrun's ``--max-restarts`` (``TORCHELASTIC_RESTART_COUNT`` > 0)."""
+    environ = os.environ if environ is None else environ
+    try:
+        return (int(environ.get(ATTEMPT_ENV, "1")) > 1
+                or int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0)
+    except ValueError:
+        return False
 
 
 class TrainingAborted(SystemExit, TorchvitalsError):
@@ -66,32 +84,53 @@ class Watchdog:
         """Told CHECKPOINT before a checkpoint is written or loaded and TRAIN after."""
 
     def resume(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> int | None:
-        """After a restart: load the last healthy checkpoint and the ledger's state, if any."""
-        if self.store.latest() is None:
+        """At start: continue the run the folder holds, as ``Config.resume`` allows.
+
+        Raises:
+            ResumeRefused: the folder holds checkpoints and ``resume`` says not to continue them.
+        """
+        latest = self.store.latest()
+        if latest is None:
             return None
+        mode = self.config.resume
+        if mode == "never" or (mode == "restart" and not restarted()):
+            raise ResumeRefused(
+                f"checkpoint_dir {self.config.checkpoint_dir} already holds a run (latest "
+                f"{latest.name}, learning-rate scale {self.ledger.lr_scale:g}, "
+                f"{sum(e['event'] == 'rollback' for e in self.ledger.entries)} rollbacks in "
+                f"{self.ledger.path}). A new run would silently continue it: pass "
+                f"resume=\"auto\" (or TORCHVITALS_RESUME=auto) to continue it, or use a new "
+                f"checkpoint_dir. (resume={mode!r}; torchvitals supervise and torchrun restarts "
+                f"continue it by themselves)")
         restored = self.store.load(model, optimizer, scheduler)
-        self._apply_lr_scale(optimizer, scheduler, restored["extra"].get("lr_scale", 1.0))
         self.data.resume_at = restored["extra"].get("position", 0)
         self.data.restore_rank_state(restored["rank_state"])
         self.last_healthy = restored["step"]
-        log.warning("torchvitals: resumed from %s (step %d, lr scale %g, %d batches skipped)",
-                    restored["path"], restored["step"], self.lr_scale, self.ledger.skipped.batches())
+        self.say("torchvitals: resumed from %s: step %d, learning-rate scale %g, %d batches "
+                 "skipped (ledger %s)", restored["path"], restored["step"], self.lr_scale,
+                 self.ledger.skipped.batches(), self.ledger.path)
         return restored["step"]
 
     def note(self, step: int, verdicts: list[Verdict]) -> None:
         if any(v.severity in (WARNING, CRITICAL) for v in verdicts):
             self.last_bad = step
 
-    def healthy(self, step: int) -> bool:
-        return step - self.last_bad > self.config.healthy_window
+    def healthy(self, step: int, detector: Any) -> bool:
+        """No warning or critical verdict in the last ``healthy_window`` steps, and none still
+        active: a hot learning rate that keeps holding makes no step healthy. Wiring facts (a
+        block frozen on purpose) do not count: they hold for the whole run."""
+        if step - self.last_bad <= self.config.healthy_window:
+            return False
+        return not any(v.severity in (WARNING, CRITICAL) for key, v in detector.active.items()
+                       if key not in detector.pinned)
 
     def maybe_save(self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-                   history: list[Verdict]) -> bool:
+                   detector: Any) -> bool:
         """Save a healthy checkpoint if one is due; collective when it is (identical on all ranks)."""
-        if step % self.config.checkpoint_every or not self.healthy(step):
+        if step % self.config.checkpoint_every or not self.healthy(step, detector):
             return False
         extra = {"position": self.data.position, "lr_scale": self.lr_scale,
-                 "verdicts": [v.to_dict() for v in history[-100:]]}
+                 "verdicts": [v.to_dict() for v in detector.history[-100:]]}
         if self.staged is not None and self.staged.fits(model, optimizer):
             self.on_phase(CHECKPOINT)       # the stall is short, unless the last write lags
             try:
@@ -167,8 +206,14 @@ class Watchdog:
                  scheduler: Any) -> dict[str, Any] | None:
         """Restore the last healthy checkpoint with the LR backed off and the bad batches skipped.
 
+        The back-off is ``lr_scale``, which the guarded optimizer applies at each step. Batches
+        drawn through ``agent.batches`` from the checkpoint's position to now (plus a margin) are
+        never trained on again; a loop that draws its own batches gets its RNGs re-seeded, so the
+        random draws that led here are not replayed either.
+
         Returns:
-            ``{"to_step", "lr_scale", "skipped"}``, or None when there is no checkpoint yet.
+            ``{"to_step", "lr_scale", "skipped"}`` (``skipped`` None: the RNGs were re-seeded
+            instead), or None when there is no checkpoint.
 
         Raises:
             TrainingAborted: the loop guard tripped (after the ledger recorded the abort).
@@ -186,6 +231,9 @@ class Watchdog:
             why = (f"{len(recent) + 1} rollbacks within {self.config.rollback_window} steps "
                    f"(max_rollbacks={self.config.max_rollbacks}); last: {reason}")
             self.ledger.record_abort(step, why)
+            self.say("torchvitals: ABORTING at step %d: %s. Rolling back again would not cure "
+                     "it; a person must look (ledger %s). Exit code %d.", step, why,
+                     self.ledger.path, self.config.abort_exit_code, error=True)
             raise TrainingAborted(self.config.abort_exit_code)
         restored = None
         if self.staged is not None and self.last_healthy is not None:
@@ -196,36 +244,30 @@ class Watchdog:
                 restored = self.store.load(model, optimizer, scheduler)
             finally:
                 self.on_phase(TRAIN)
-        scale = self.lr_scale * self.config.lr_backoff
-        self._apply_lr_scale(optimizer, scheduler, restored["extra"].get("lr_scale", 1.0), scale)
-        start = restored["extra"].get("position", 0)
-        stop = self.data.position + self.config.skip_margin
+        self.lr_scale *= self.config.lr_backoff
+        skipped: tuple[int, int] | None = None
+        if self.data.used:
+            skipped = (restored["extra"].get("position", 0), self.data.position + self.config.skip_margin)
+        else:
+            reseed(self.rollbacks + 1)
         self.ledger.record_rollback(step, to_step=restored["step"], reason=reason,
-                                    lr_scale=self.lr_scale, skipped=(start, stop))
+                                    lr_scale=self.lr_scale, skipped=skipped)
         self.rollbacks += 1
         self._rollback_ticks.append(tick)
         self.last_bad = restored["step"]
-        return {"to_step": restored["step"], "lr_scale": self.lr_scale, "skipped": [start, stop]}
+        what = (f"batches {skipped[0]}..{skipped[1] - 1} skipped" if skipped else
+                "the loop's RNGs re-seeded so its random batches are not replayed")
+        self.say("torchvitals: ROLLBACK at step %d (%s): back to step %d, learning-rate scale "
+                 "%g, %s; rollback %d of at most %d within %d steps (ledger %s)", step, reason,
+                 restored["step"], self.lr_scale, what, len(recent) + 1,
+                 self.config.max_rollbacks, self.config.rollback_window, self.ledger.path)
+        return {"to_step": restored["step"], "lr_scale": self.lr_scale,
+                "skipped": list(skipped) if skipped else None}
 
-    def _apply_lr_scale(self, optimizer: Any, scheduler: Any, saved_scale: float,
-                        scale: float | None = None) -> None:
-        """Bring the just-restored LRs (at ``saved_scale``) to ``scale`` (default: the ledger's).
-
-        The scheduler's ``base_lrs`` and each group's ``initial_lr`` scale too, so the back-off
-        survives every later scheduler step (LambdaLR & co. recompute the LR from them).
-        """
-        if scale is not None:
-            self.lr_scale = scale
-        factor = self.lr_scale / saved_scale
-        if factor == 1.0:
-            return
-        for group in optimizer.param_groups:
-            group["lr"] = group["lr"] * factor
-            if "initial_lr" in group:
-                group["initial_lr"] = group["initial_lr"] * factor
-        if scheduler is not None and hasattr(scheduler, "base_lrs"):
-            scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
-            scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    def say(self, message: str, *args: Any, error: bool = False) -> None:
+        """One line for a person, on global rank 0 (every rank takes the same decision)."""
+        if self.ledger.writer:
+            (log.error if error else log.warning)(message, *args)
 
     def metrics(self) -> dict[str, float]:
         return {"rollbacks": self.rollbacks, "lr_scale": self.lr_scale,

@@ -169,7 +169,7 @@ def nan_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
             params20 = params(model)
         if report.action == "rollback":
             out["after_rollback"] = {"step_count": agent.step_count, "lr_scale": agent.lr_scale,
-                                     "lr": opt.param_groups[0]["lr"],
+                                     "lr": agent.lr[0],
                                      "skipped": ranges(agent.skipped_batches),
                                      "metrics": metric_values(registry) if rank == 0 else None,
                                      "ledger": read_ledger(root) if rank == 0 else None}
@@ -221,7 +221,7 @@ def lr_times_50(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
             for group in opt.param_groups:
                 group["lr"] *= 50
     out.update(final_step=agent.step_count, lr_scale=agent.lr_scale,
-               lr=opt.param_groups[0]["lr"], skipped=ranges(agent.skipped_batches),
+               lr=agent.lr[0], skipped=ranges(agent.skipped_batches),
                final_loss=eval_loss(model, kind))
     agent.close()
     out["clean_loss"] = _plain_run(kind, world, data, lr_x50_after=None)
@@ -275,10 +275,11 @@ def killable_run(rank: int, world: int, kind: str, root: str, log_dir: str, run:
         _arm_kill(*kill, write)
     model, opt, sched = build(kind, world)
     torch.manual_seed(1000 + rank)
-    agent = torchvitals.watch(model, opt, sched, checkpoint_dir=root, **WATCH)
+    # Each launch is a restart of the same job (by hand here, not through a supervisor).
+    agent = torchvitals.watch(model, opt, sched, checkpoint_dir=root, resume="auto", **WATCH)
     write({"event": "start", "resumed_from": agent.resumed_from, "step_count": agent.step_count,
            "data_position": agent.data_position, "lr_scale": agent.lr_scale,
-           "lr": opt.param_groups[0]["lr"], "skipped": ranges(agent.skipped_batches)})
+           "lr": agent.lr[0], "skipped": ranges(agent.skipped_batches)})
     marker = Path(log_dir) / f"nan-injected-rank{rank}"
     for batch_id, x, y in agent.batches(data):
         step = agent.step_count + 1

@@ -13,7 +13,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "overhead.py")
-VARIANTS = ("bare", "default", "naive")
+VARIANTS = ("bare", "default", "guarded", "naive")
 
 
 def test_overhead_benchmark_prints_a_ratio_row_per_variant(tmp_path):

@@ -1,5 +1,6 @@
 """The examples run: the quickstart prints its per-block signals, and the plain, fp16, DDP and
-FSDP2 (torchrun, 2 CPU ranks) examples train a few steps under the agent."""
+FSDP2 (torchrun, 2 CPU ranks), Lightning, Hugging Face Trainer and nanoGPT-shaped examples train
+a few steps under the agent."""
 
 import os
 import subprocess
@@ -28,7 +29,8 @@ def test_quickstart_prints_per_block_signals_and_writes_its_event_log(tmp_path):
 
 def _run_example(args: list[str], tmp_path) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
-    env.update(TORCHVITALS_METRICS_PORT="0", TORCHVITALS_LOG_DIR="", OMP_NUM_THREADS="1")
+    env.update(TORCHVITALS_METRICS_PORT="0", TORCHVITALS_LOG_DIR="", OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1")
     proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -51,3 +53,13 @@ def test_torchrun_examples_train_two_ranks_under_the_agent(name, tmp_path):
     # Printed by rank 0 only; every block of the 2-layer GPT measured (tok, pos, 2 blocks,
     # head, other).
     assert out.count("step 4 loss") == 1 and "blocks 6" in out, out
+
+
+@pytest.mark.parametrize("name, expected", [("lightning_ddp", "step 6: loss"),
+                                            ("hf_trainer", "step 6: loss"),
+                                            ("nanogpt_loop", "6 iterations, model step 6")])
+def test_framework_and_nanogpt_examples_run_as_shown(name, expected, tmp_path):
+    flag = "--max-iters" if name == "nanogpt_loop" else "--steps"
+    out = _run_example([os.path.join(ROOT, "examples", f"{name}.py"), flag, "6",
+                        "--out", str(tmp_path / "run")], tmp_path)
+    assert expected in out, out

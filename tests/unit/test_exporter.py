@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchvitals.agent.detect import PATTERNS
-from torchvitals.agent.outputs.exporter import (BLOCK, GLOBAL, METRICS, PATTERN, RANK, Exporter,
+from torchvitals.agent.outputs.exporter import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, Exporter,
                                        MetricsPortError)
 from torchvitals.agent.report import Report
 
@@ -168,7 +168,7 @@ def test_names_follow_conventions(served):
     for m in METRICS:
         assert NAME.match(m.name), m.name
         assert m.kind in ("gauge", "counter"), m.name
-        assert m.scope in (RANK, GLOBAL, BLOCK, PATTERN), m.name
+        assert m.scope in (RANK, GLOBAL, BLOCK, PATTERN, GROUP), m.name
         # _total means "counter" to Prometheus tooling; a gauge with it misleads rate().
         assert m.name.endswith("_total") == (m.kind == "counter"), m.name
         assert m.doc.strip(), m.name
@@ -177,6 +177,7 @@ def test_names_follow_conventions(served):
     ex = served()
     report = make_report(1, sampled=True)
     report.loss_scale = 1024.0
+    report.lr = [1e-3]
     ex.update(report, recovery={"rollbacks": 1, "lr_scale": 0.5, "last_healthy_step": 50,
                                 "skipped_batches": 12, "checkpoint_seconds": 0.2,
                                 "checkpoint_stall_seconds": 0.01, "checkpoint_failures": 0})
@@ -190,7 +191,7 @@ def test_names_follow_conventions(served):
             assert NAME.match(sample), sample
             assert kinds[sample] == family["type"], sample
             assert {k for k, _ in labels} <= {"rank", "block", "version", "torch_version",
-                                              "pattern", "severity"}
+                                              "pattern", "severity", "param_group"}
             assert dict(labels)["rank"] == "0"
             if family["type"] == "counter":
                 assert sample.endswith("_total"), sample
@@ -347,3 +348,11 @@ def test_scrapes_during_updates_see_consistent_counters(served):
     assert not errors and not thread.is_alive()
     assert seen and seen == sorted(seen)
     assert value(scrape(ex.url), "torchvitals_steps_total", rank="0") == 2000
+
+
+def test_learning_rate_per_param_group_on_rank_0(served):
+    ex = served()
+    ex.update(make_report(3, lr=[1e-3, 2.5e-4]))
+    got = scrape(ex.url)
+    assert value(got, "torchvitals_learning_rate", rank="0", param_group="0") == 1e-3
+    assert value(got, "torchvitals_learning_rate", rank="0", param_group="1") == 2.5e-4

@@ -63,8 +63,10 @@ def test_nan_rolls_back_to_the_last_healthy_checkpoint(tmp_path):
     assert agent.skipped_batches == [(20, 29)]
     assert [r.step for r in reports if r.checkpointed] == [10, 20, 30, 40]
     assert agent.lr_scale == 0.5
-    assert sched.base_lrs == [pytest.approx(1.5e-3)] * len(sched.base_lrs)
-    assert opt.param_groups[0]["lr"] == pytest.approx(1.5e-3)
+    # The scheduler keeps the intended rate; the back-off applies at each step over it.
+    assert sched.base_lrs == [pytest.approx(3e-3)] * len(sched.base_lrs)
+    assert opt.param_groups[0]["lr"] == pytest.approx(3e-3)
+    assert reports[-1].lr == [pytest.approx(1.5e-3)]
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
     assert ledger["lr_scale"] == 0.5 and ledger["skipped"] == [[20, 29]]
     assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -77,11 +79,11 @@ def test_restart_resumes_position_lr_scale_and_skips(tmp_path):
     agent.close()
     expected = {n: p.detach().clone() for n, p in model.state_dict().items()}
     position = agent.data_position
-    # A new process: same command, same folder -> resumes from step 30's checkpoint.
-    model2, opt2, sched2, agent2 = setup(tmp_path)
+    # A restarted process (resume="auto"): same folder -> resumes from step 30's checkpoint.
+    model2, opt2, sched2, agent2 = setup(tmp_path, resume="auto")
     assert agent2.resumed_from == 30 and agent2.step_count == 30
     assert agent2.lr_scale == 0.5 and agent2.skipped_batches == [(20, 29)]
-    assert opt2.param_groups[0]["lr"] == pytest.approx(1.5e-3)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(3e-3)
     seen = []
     train(model2, opt2, agent2, 35, seen=seen)
     assert agent2.data_position == position
@@ -132,7 +134,7 @@ def test_stateful_loader_resumes_without_reading_anything_twice(tmp_path):
         data = CountingTokens(400)
         loader = StatefulDataLoader(data, batch_size=4, shuffle=True,
                                     generator=torch.Generator().manual_seed(7))
-        model, opt, sched, agent = setup(tmp_path)
+        model, opt, sched, agent = setup(tmp_path, resume="auto")
         start = agent.step_count
         while agent.step_count < steps:
             for x, y in agent.batches(loader):

@@ -141,7 +141,7 @@ def train(rank: int, world: int, run: DemoRun) -> dict[str, Any]:
         # Healthy: the last steps trained without a verdict and none is still active (a frozen
         # block stays a dead layer: a rollback cannot fix it, so that run does not end healthy).
         summary["healthy_at_end"] = bool(report is not None and report.action == "step"
-                                         and agent.watchdog.healthy(agent.step_count)
+                                         and agent.watchdog.healthy(agent.step_count, agent.detector)
                                          and not summary["active_at_end"])
     if rank == 0:
         path = os.path.join(run.out, "summary.json")

@@ -1,0 +1,209 @@
+"""The guarded optimizer: whoever calls ``optimizer.step()``, the step goes through the agent.
+
+    agent = torchvitals.watch(model, optimizer)     # installs the guard
+    loss.backward()
+    optimizer.step()        # measured, reduced, judged; then stepped, skipped or rolled back
+
+Frameworks (Lightning, the Hugging Face Trainer, torchtitan) and nanoGPT-style scripts call
+``optimizer.step()`` themselves; the guard replaces the optimizer instance's ``step`` with one
+that runs the agent's pipeline and calls the real step only when every rank agreed to step.
+Three more things happen here because only the step knows them:
+
+- the learning rate: the watchdog's back-off multiplies each group's ``lr`` for the duration of
+  the real step and puts the value back, so whatever sets ``lr`` (a scheduler, a framework, a
+  line of user code) sets the intended rate and the back-off still applies;
+- a second ``optimizer.step()`` with no backward pass since the last one (the same gradients
+  applied twice: a callback stepping as well as the framework) raises ``DoubleStepError``;
+- a real step that did not come through the guard (a bound ``step`` taken before ``watch``)
+  raises ``GuardBypassedError`` from the optimizer's own pre-step hook, before it changes
+  anything.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+import torch
+
+from ..errors import TorchvitalsError
+
+
+class DoubleStepError(TorchvitalsError, RuntimeError):
+    """``optimizer.step()`` ran twice on the same gradients."""
+
+
+class GuardBypassedError(TorchvitalsError, RuntimeError):
+    """The optimizer stepped without going through torchvitals."""
+
+
+class StepGuard:
+    """Installs itself as ``optimizer.step`` and routes every call to ``run``.
+
+    Args:
+        optimizer: the torch optimizer.
+        run: ``run(closure_loss)`` runs the agent's step (it calls ``real_step`` to step).
+        watched: the parameters whose gradients tell one backward pass from the next.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, run: Callable[[Any], Any],
+                 watched: list[torch.nn.Parameter]) -> None:
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise TorchvitalsError("torchvitals cannot guard LBFGS: it re-evaluates its closure "
+                                   "many times per step, and the agent measures one gradient")
+        self.optimizer, self._run = optimizer, run
+        self._own_attr = "step" in vars(optimizer)     # e.g. an LR scheduler's wrapper
+        self._original = optimizer.step
+        self._inside = False
+        self._marks: list[tuple[torch.Tensor, int]] = []
+        # A few of the smallest parameters: their gradients are cheap to keep a reference to,
+        # and any backward pass that reaches the model replaces or bumps at least one of them.
+        self._probes = sorted(watched, key=lambda p: p.numel())[:4]
+
+        def step(opt: torch.optim.Optimizer, closure: Callable[[], Any] | None = None,
+                 **kwargs: Any) -> Any:
+            return self._guarded(closure, kwargs)
+
+        # A bound method, like the one it replaces: torch's LR schedulers wrap ``step.__func__``,
+        # and skip (and do not warn) when it says it tells them it stepped, which real_step does.
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+        self._hook = optimizer.register_step_pre_hook(self._pre_hook)
+
+    def _guarded(self, closure: Callable[[], Any] | None, kwargs: dict[str, Any]) -> Any:
+        if kwargs:
+            raise TorchvitalsError(f"torchvitals' guarded step takes only a closure, got "
+                                   f"{sorted(kwargs)}")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_new_gradients()
+        try:
+            self._run(loss)
+        finally:
+            # Marked after the pipeline: unscaling and clipping change the gradients in place.
+            self._marks = self._mark()
+        return loss
+
+    def real_step(self, lr_scale: float) -> None:
+        """Step the wrapped optimizer once with each group's ``lr`` multiplied by ``lr_scale``."""
+        groups = self.optimizer.param_groups
+        intended = [g["lr"] for g in groups]
+        try:
+            if lr_scale != 1.0:
+                for g, lr in zip(groups, intended):
+                    g["lr"] = lr * lr_scale
+            self._inside = True
+            self.optimizer._opt_called = True    # what torch's LR schedulers check for
+            self._original()
+        finally:
+            self._inside = False
+            for g, lr in zip(groups, intended):
+                g["lr"] = lr
+
+    def effective_lr(self, lr_scale: float) -> list[float]:
+        """The learning rate of each param group as a step would apply it now."""
+        return [_host_float(g["lr"]) * lr_scale for g in self.optimizer.param_groups]
+
+    def _mark(self) -> list[tuple[torch.Tensor, int]]:
+        return [(g, g._version) for g in (p.grad for p in self._probes) if g is not None]
+
+    def _check_new_gradients(self) -> None:
+        marks = self._mark()
+        if marks and self._marks and all(
+                new is old and version == seen
+                for (new, version), (old, seen) in zip(marks, self._marks)) \
+                and len(marks) == len(self._marks):
+            raise DoubleStepError(
+                "optimizer.step() was called again with no backward pass since the last step: "
+                "the same gradients would be applied twice. With torchvitals.watch() the "
+                "optimizer's own step() already runs the agent: call either agent.step(loss) or "
+                "optimizer.step(), once per training step (a framework callback must not step)")
+
+    def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self._inside:
+            raise GuardBypassedError(
+                "the optimizer stepped without torchvitals: its step() was called through a "
+                "reference taken before torchvitals.watch() (or the class method directly), so "
+                "no rank measured or agreed on this step. Call optimizer.step() after watch()")
+
+    def close(self) -> None:
+        """Give the optimizer its own ``step`` back."""
+        self._hook.remove()
+        if self._own_attr:
+            self.optimizer.step = self._original  # type: ignore[method-assign]
+        else:
+            vars(self.optimizer).pop("step", None)
+
+
+def _host_float(lr: Any) -> float:
+    """A group's ``lr`` as a float, without a device sync (a CUDA tensor LR reads as NaN)."""
+    if isinstance(lr, torch.Tensor):
+        return float(lr) if lr.device.type == "cpu" else float("nan")
+    return float(lr)
+
+
+# ---------------------------------------------------------------- gradient clipping
+
+_capturers: list[tuple[Callable[[], None], set[int]]] = []
+_original_clip: Callable[..., Any] | None = None
+
+
+def intercept_clipping(capture: Callable[[], None], params: list[torch.Tensor]) -> Callable[[], None]:
+    """Call ``capture`` before every ``torch.nn.utils.clip_grad_norm_`` of some of ``params``
+    until the returned function is called, so the agent measures the gradients before a framework's (or the
+    loop's) clipping scales them. Frameworks call it through the module attribute (Lightning's
+    precision plugins, accelerate, nanoGPT), so replacing the attribute reaches them; a name
+    imported before ``watch`` is not reached, and ``ClipWatch`` flags what that hides."""
+    global _original_clip
+    if _original_clip is None:
+        _original_clip = torch.nn.utils.clip_grad_norm_
+
+        def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+            # A generator can be read once: read it here and hand the list on.
+            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            clipped = {id(p) for p in parameters}
+            for fn, mine in list(_capturers):
+                if clipped & mine:
+                    fn()
+            return _original_clip(parameters, *args, **kwargs)
+
+        clip_grad_norm_.__doc__ = _original_clip.__doc__
+        clip_grad_norm_.__wrapped__ = _original_clip  # type: ignore[attr-defined]
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+    entry = (capture, {id(p) for p in params})
+    _capturers.append(entry)
+
+    def release() -> None:
+        global _original_clip
+        if entry in _capturers:
+            _capturers.remove(entry)
+        if not _capturers and _original_clip is not None:
+            torch.nn.utils.clip_grad_norm_ = _original_clip
+            _original_clip = None
+
+    return release
+
+
+class ClipWatch:
+    """Warns once when the measured total gradient norm sits at one value step after step: the
+    loop clipped before the agent measured, so the norms are the clipped ones."""
+
+    def __init__(self, steps: int = 5, log: Any = None) -> None:
+        self.steps, self._log = steps, log
+        self._value, self._run, self.warned = float("nan"), 0, False
+
+    def observe(self, report: Any) -> None:
+        total = report.grad_norm_total
+        same = total > 0 and abs(total - self._value) <= 1e-6 * total
+        self._run = self._run + 1 if same else 0
+        self._value = total
+        if self._run + 1 >= self.steps and not self.warned and self._log is not None:
+            self.warned = True
+            self._log.warning(
+                "torchvitals: the total gradient norm has been %.6g for %d steps: the gradients "
+                "look clipped before torchvitals measured them, so the reported norms are the "
+                "clipped ones. Call torch.nn.utils.clip_grad_norm_ through the module attribute "
+                "(not a name imported before watch()), or let torchvitals clip: "
+                "watch(..., clip_grad_norm=%.6g)", total, self.steps, total)

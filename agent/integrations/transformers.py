@@ -1,0 +1,54 @@
+"""torchvitals in the Hugging Face Trainer: ``Trainer(..., callbacks=[TransformersCallback()])``.
+
+The Trainer (through accelerate) calls the torch optimizer's ``step()``, which the guard routes
+through the agent; the loss comes from the model's output (``outputs.loss``), and the gradients
+are measured when the Trainer calls ``torch.nn.utils.clip_grad_norm_``, before it clips. The
+Trainer's scheduler, ``max_grad_norm``, gradient accumulation and logging keep working. After a
+torchvitals rollback ``state.global_step`` still counts every optimizer step the Trainer made
+(skipped and rolled-back ones too); ``agent.step_count`` is the model's step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ..agent import Agent, watch
+from ..config import Config
+from ..detect.verdict import Verdict
+from ..report import Report
+
+
+class TransformersCallback(TrainerCallback):
+    """Watches the Trainer's model and optimizer on every rank.
+
+    Args:
+        **config: any ``torchvitals.Config`` field; ``TORCHVITALS_*`` variables fill in the rest.
+    """
+
+    def __init__(self, **config: Any) -> None:
+        Config.from_env(**config)
+        self.config = config
+        self.agent: Agent | None = None
+        """The rank's agent while the framework trains (None before and after)."""
+        self.last_report: Report | None = None
+        """The last step's report, kept after training ends."""
+        self.verdicts: list[Verdict] = []
+        """Every verdict of the run, kept after training ends."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
+        inner = getattr(optimizer, "optimizer", optimizer)     # accelerate's wrapper
+        self.agent = watch(model, inner, lr_scheduler, **self.config)
+        if getattr(args, "average_tokens_across_devices", False):
+            # The model then normalises each micro-batch by every rank's items, and the Trainer
+            # multiplies the loss by the world size before backward: so do the recorded shares.
+            self.agent.loss_book.share_scale = float(self.agent.world_size)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.agent is not None:
+            self.last_report = self.agent.last_report
+            self.verdicts = list(self.agent.detector.history)
+            self.agent.close()
+            self.agent = None

@@ -1,0 +1,78 @@
+"""examples/hf_trainer.py's model and arguments under torchrun, with a NaN loss on one rank at one
+batch, for tests/integration/test_frameworks.py.
+
+    torchrun --standalone --nproc-per-node 2 tests/integration/hf_job.py OUT --fault-step 25
+
+Each rank writes ``OUT/rank<r>.json``, as lightning_job.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from transformers import Trainer, TrainerCallback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "examples")]
+import torchvitals  # noqa: E402
+from hf_trainer import Arithmetic, arguments, tiny_gpt2  # noqa: E402
+from real_steps import describe, record_real_steps  # noqa: E402
+
+CLIP = 0.1
+
+
+class Record(TrainerCallback):
+    """What actually happened, read from the optimizer and the Trainer, not from torchvitals."""
+
+    def __init__(self, vitals, model, rank: int, fault_step: int) -> None:
+        self.vitals, self.model, self.rank, self.fault_step = vitals, model, rank, fault_step
+        self.real, self.reports, self.micro_losses, self.lambdas = [], [], [], []
+        self.fired = False
+
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        record_real_steps(getattr(optimizer, "optimizer", optimizer), self.real)
+        self.lambdas = [lr_scheduler.lr_lambdas[0](s) for s in range(args.max_steps + 1)]
+        self.base_lr = args.learning_rate
+
+        original = self.model.forward
+
+        def forward(*a, **kw):          # rank 1's loss is NaN on one micro-batch of fault_step
+            out = original(*a, **kw)
+            self.micro_losses.append(out.loss.item())
+            if self.rank == 1 and state.global_step == self.fault_step and not self.fired:
+                self.fired = True
+                out.loss = out.loss * float("nan")
+            return out
+        self.model.forward = forward
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.reports.append(describe(self.vitals.agent.last_report))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--fault-step", type=int, default=-1)
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    rank = int(os.environ.get("RANK", "0"))
+    vitals = torchvitals.TransformersCallback(checkpoint_dir=os.path.join(args.out, "ckpt"),
+                                              checkpoint_every=10, log_dir="", metrics_port=0)
+    model = tiny_gpt2()
+    record = Record(vitals, model, rank, args.fault_step)
+    trainer = Trainer(model=model, args=arguments(os.path.join(args.out, "hf"), args.steps,
+                                                  max_grad_norm=CLIP, logging_steps=1000),
+                      train_dataset=Arithmetic(2000), callbacks=[vitals, record])
+    trainer.train()
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump({"micro_losses": record.micro_losses, "real": record.real,
+                   "reports": record.reports, "global_step": trainer.state.global_step,
+                   "accumulate": 2, "clip": CLIP, "base_lr": record.base_lr,
+                   "lr_lambda": record.lambdas}, f)
+
+
+if __name__ == "__main__":
+    main()

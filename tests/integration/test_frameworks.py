@@ -1,0 +1,117 @@
+"""torchvitals in the frameworks users train with, the real ones, under torchrun with 2 gloo ranks:
+a NaN loss on one rank at one batch rolls back every rank in the same step, the run finishes,
+the real optimizer steps match what the framework counts, its scheduler and clipping keep
+acting, and the learning rate after the rollback is the backed-off one."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), env.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", str(script), str(out), *args],
+                          cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def check_one_rollback_everywhere(ranks: list[dict], fault_step: int) -> list[dict]:
+    """Same decisions on both ranks, one rollback at the faulty step, the run finished."""
+    actions = [[(r["step"], r["action"]) for r in rank["reports"]] for rank in ranks]
+    assert actions[0] == actions[1], "the ranks took different decisions"
+    reports = ranks[0]["reports"]
+    rollbacks = [r for r in reports if r["action"] == "rollback"]
+    assert len(rollbacks) == 1, [r["verdicts"] for r in rollbacks]
+    assert rollbacks[0]["step"] == fault_step + 1 and rollbacks[0]["rollback"]["to_step"] == 20
+    assert rollbacks[0]["rollback"]["lr_scale"] == 0.5
+    assert {"nonfinite_loss", "nonfinite_grad"} & set(rollbacks[0]["verdicts"])
+    for rank in ranks:
+        # Every optimizer.step() the framework made became one real step, or a skip/rollback
+        # the report says: never two, never one the agent did not see.
+        stepped = sum(r["action"] == "step" for r in rank["reports"])
+        assert len(rank["real"]) == stepped
+        assert rank["global_step"] == len(rank["reports"])
+    assert all(math.isfinite(r["loss"]) for r in reports if r["action"] == "step")
+    return reports
+
+
+def check_lr_and_clipping(rank: dict, reports: list[dict], fault_step: int) -> None:
+    steps = [r for r in reports if r["action"] == "step"]
+    for real, report in zip(rank["real"], steps):
+        assert real["lr"] == pytest.approx(report["lr"][0], rel=1e-9)   # what it stepped with
+        assert real["grad_norm"] <= rank["clip"] * (1 + 1e-4)        # the framework clipped
+    assert any(r["grad_norm_total"] > rank["clip"] * 1.5 for r in steps), \
+        "the reported norms should be the pre-clip ones"
+    after = [(i, r) for i, r in enumerate(reports) if r["action"] == "step" and i > fault_step]
+    assert after
+    for i, report in after:
+        # The rollback restored the scheduler with the model: the framework's scheduler at the
+        # model's step, backed off by half.
+        expected = 0.5 * rank["base_lr"] * rank["lr_lambda"][report["step"] - 1]
+        assert report["lr"][0] == pytest.approx(expected, rel=1e-6), (i, report["step"])
+
+
+def test_lightning_ddp_rolls_back_every_rank_and_keeps_its_scheduler_and_clipping(tmp_path):
+    fault_step = 25
+    ranks = torchrun(HERE / "lightning_job.py", tmp_path, "--fault-step", str(fault_step),
+                     "--steps", "50")
+    reports = check_one_rollback_everywhere(ranks, fault_step)
+    assert ranks[0]["global_step"] == 50
+    check_lr_and_clipping(ranks[0], reports, fault_step)
+    # The reported loss is the true mean over both ranks and both accumulated micro-batches.
+    k = ranks[0]["accumulate"]
+    for i, report in enumerate(reports[:fault_step]):
+        mean = sum(sum(rank["micro_losses"][k * i:k * i + k]) / k for rank in ranks) / 2
+        assert report["loss"] == pytest.approx(mean, rel=1e-5), i
+
+
+def test_hf_trainer_rolls_back_every_rank_and_keeps_its_scheduler_and_clipping(tmp_path):
+    fault_step = 25
+    ranks = torchrun(HERE / "hf_job.py", tmp_path, "--fault-step", str(fault_step), "--steps", "50")
+    reports = check_one_rollback_everywhere(ranks, fault_step)
+    assert ranks[0]["global_step"] == 50
+    check_lr_and_clipping(ranks[0], reports, fault_step)
+    # GPT-2 normalises each micro-batch's summed token loss by the tokens of the whole step on
+    # every rank (num_items_in_batch): the step's mean loss is the sum of all those shares.
+    k = ranks[0]["accumulate"]
+    for i, report in enumerate(reports[:fault_step]):
+        total = sum(sum(rank["micro_losses"][k * i:k * i + k]) for rank in ranks)
+        assert report["loss"] == pytest.approx(total, rel=1e-5), i
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_healthy_runs_in_both_frameworks_raise_nothing(tmp_path, seed):
+    """200 healthy steps in each framework (one process): no verdict at all, nothing rolled back."""
+    import lightning.pytorch as pl
+    from transformers import Trainer
+
+    import torchvitals
+    from hf_trainer import Arithmetic, arguments, tiny_gpt2
+    from lightning_ddp import GPTModule, loader, trainer
+
+    pl.seed_everything(seed)
+    lightning = torchvitals.LightningCallback(log_dir="", metrics_port=0)
+    trainer(str(tmp_path / "pl"), 200, 1, [lightning]).fit(GPTModule(total_steps=200),
+                                                           loader(4000, seed=seed))
+    hf = torchvitals.TransformersCallback(log_dir="", metrics_port=0)
+    Trainer(model=tiny_gpt2(seed), args=arguments(str(tmp_path / "hf"), 200, seed=seed,
+                                                  logging_steps=1000),
+            train_dataset=Arithmetic(8000, seed=seed), callbacks=[hf]).train()
+    for callback in (lightning, hf):
+        assert callback.last_report.step == 200 and callback.last_report.action == "step"
+        assert not callback.verdicts, [str(v) for v in callback.verdicts]
+    assert lightning.last_report.loss < 2.0 and hf.last_report.loss < 2.0
