@@ -72,9 +72,10 @@ def write_fails_on_rank1(rank: int, world: int, root: str) -> dict[str, Any]:
 
 def decisions_at_scale(rank: int, world: int, root: str) -> dict[str, Any]:
     """24 batches on every rank of a larger world, healthy checkpoints every 4 steps in the
-    background. Rank 6 stalls 0.3 s in its data loading from step 2 on (a straggler); rank 5's
-    loss is NaN at step 14 (once). Every rank must name rank 6 and roll back in the same step,
-    commit the same checkpoints in the same steps, and end with the same weights."""
+    background. Rank 5's loss is NaN at step 10 (once); rank 6 stalls 0.3 s in its data loading
+    on every step numbered 9 or more (a straggler, from before the rollback on). Every rank must
+    roll back and name rank 6 in the same step, commit the same checkpoints in the same steps,
+    and end with the same weights."""
     data = dataset("ddp", 24, rank)
     model, opt, sched = build("ddp", world)
     torch.manual_seed(1000 + rank)
@@ -85,10 +86,10 @@ def decisions_at_scale(rank: int, world: int, root: str) -> dict[str, Any]:
     injected = False
     for _, x, y in agent.batches(data):
         step = agent.step_count + 1
-        if rank == 6 and step >= 2:
+        if rank == 6 and step >= 9:
             time.sleep(0.3)
         loss = forward_loss(model, x, y)
-        if rank == 5 and step == 14 and not injected:
+        if rank == 5 and step == 10 and not injected:
             injected = True
             loss = loss * float("nan")
         loss.backward()
