@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..protocol import ABORTED, CHECKPOINT, CODES, TRAIN, token_from_env
 from .config import Config
 from .detect.detector import Detector
+from .detect.straggler import RankTiming
 from .detect.thresholds import Thresholds
 from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
 from .detect.wiring import wiring_verdicts
@@ -82,13 +83,13 @@ class Agent:
         self.detector = Detector(self.blocks.names, self.blocks.kinds,
                                  Thresholds.from_overrides(self.config.detect),
                                  static=wiring_verdicts(self.blocks, optimizer))
-        self._vitals = StepVitals(model, self.blocks, self.device, self._group, self._reducer,
-                                  clock, suspect=self.detector.suspect)
+        self._timing = RankTiming(self.detector.thresholds, self.rank, self.world_size)
+        self._vitals = StepVitals(model, self.blocks, self.device, self._group, self._reducer, clock)
         self.record_data_wait = self._vitals.wait.record  # adapters: a batch drawn elsewhere
         self.watchdog = Watchdog(self.config, self._group) if self.config.checkpoint_dir else None
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
         self._ticks = 0
-        self._detector_at_checkpoint: Any = None
+        self._detector_at: dict[int, Any] = {}   # step -> detector, per rollback target
         # Every rank reads the token, so a missing secret fails every rank alike, not rank 0
         # alone while the others wait in a collective; only rank 0 polls.
         token = token_from_env() if self.config.collector_url else None
@@ -228,16 +229,20 @@ class Agent:
         step_seconds = self._clock() - self._last_end
         use_scaler = amp.enabled(scaler)
         pending, self._pending_update = self._pending_update, None
-        packer = self._measure(loss, step_seconds, scaler if use_scaler else None, pending)
+        packer, compute = self._measure(loss, step_seconds, scaler if use_scaler else None, pending)
         layout, host = self._reducer.reduce(packer)
         report = unpack(layout, host, step=step, names=self.blocks.names,
                         world_size=self.world_size, rank=self.rank, pending=pending)
         report.step_seconds, report.samples = step_seconds, call.get("samples")
-        report.tokens = call.get("tokens")
+        report.tokens, report.compute_seconds = call.get("tokens"), compute
         report.lr = self._guard.effective_lr(self.lr_scale)
         self._clip_check.observe(report)
-        extra: dict[str, Any] = {"rank_compute_seconds": report.rank_compute_seconds,
-                                 **self._vitals.unpack(layout, host, report)}
+        vitals = self._vitals.unpack(layout, host, report)
+        self._timing.observe(compute, report.mean_compute_seconds * self.world_size,
+                             report.local_data_wait_seconds)
+        if self.watchdog is not None:
+            self.watchdog.settle(layout.get(host, "checkpoint"), self.world_size, report)
+        extra: dict[str, Any] = {"straggler": layout.get(host, "straggler"), **vitals}
         if use_scaler:
             report.loss_scale = layout.get(host, "loss_scale")[0]
             report.overflow = report.nonfinite_grad and not report.nonfinite_loss
@@ -260,7 +265,9 @@ class Agent:
                 report.checkpointed = self.watchdog.maybe_save(
                     step, self.model, self.optimizer, self.scheduler, self.detector)
                 if report.checkpointed:
-                    self._detector_at_checkpoint = self.detector.snapshot()
+                    self._detector_at[step] = self.detector.snapshot()  # kept: committed + new
+                    self._detector_at = {s: d for s, d in self._detector_at.items()
+                                         if s in (step, self.watchdog.last_healthy)}
         if use_scaler:
             amp.finish(scaler, self.optimizer, overflow=report.action != "step")
         self.step_count = report.rollback["to_step"] if report.rollback else step
@@ -288,8 +295,8 @@ class Agent:
             return
         report.action, report.rollback = "rollback", rolled
         self._pending_update = None
-        if self._detector_at_checkpoint is not None:
-            self.detector.restore(self._detector_at_checkpoint)
+        if rolled["to_step"] in self._detector_at:
+            self.detector.restore(self._detector_at[rolled["to_step"]])
 
     def _directive(self, report: Report, code: float) -> None:
         """Every rank, same step: a collector's directive becomes a critical verdict, or an abort."""
@@ -327,13 +334,15 @@ class Agent:
         self._out.publish(report, self.detector, recovery)
 
     def _measure(self, loss: torch.Tensor | float | None, step_seconds: float, scaler: Any,
-                 pending: tuple[Any, ...] | None) -> Packer:
-        """This rank's statistics of the step, on the device, packed for the reduction."""
+                 pending: tuple[Any, ...] | None) -> tuple[Packer, float]:
+        """This rank's statistics of the step packed for the reduction, and its compute time."""
         compute = (self._forward_end - self._last_end if self._forward_end > self._last_end
                    else step_seconds)
         packer = Packer(self.device)
-        packer.add_host_sum("rank_step_seconds", self._onehot(step_seconds))
-        packer.add_host_sum("rank_compute_seconds", self._onehot(compute))
+        packer.add_host_sum("checkpoint", self.watchdog.save_flags() if self.watchdog else [0.0, 0.0])
+        # O(1) in the world size: sums, and a straggler's own flag (see detect/straggler.py).
+        packer.add_host_sum("rank_seconds", [step_seconds, compute])
+        packer.add_host_sum("straggler", self._timing.flags())
         self._vitals.pack(packer, step_seconds, sampled=self.sampled(self.step_count + 1))
         if scaler is not None:
             packer.add_sum("loss_scale", amp.unscale(scaler, self.optimizer) / self.world_size)
@@ -355,12 +364,7 @@ class Agent:
             packer.add_host_sum("attn_count", counts)
             packer.add_max("attn_neg_entropy", neg_entropy)
             packer.add_max("attn_logit", logit)
-        return packer
-
-    def _onehot(self, value: float) -> list[float]:
-        slots = [0.0] * self.world_size
-        slots[self.rank] = value
-        return slots
+        return packer, compute
 
     def observe_validation(self, loss: torch.Tensor | float) -> float:
         """Report a validation loss; every rank must call it (it is averaged over the ranks).
@@ -406,7 +410,8 @@ class Agent:
             self._pending_update = (d_sq, w_sq, chosen, report.step)
 
     def close(self) -> None:
-        """Give the optimizer its step back, remove hooks, stop /metrics, close the event log."""
+        """Give the optimizer its step back, remove hooks, stop /metrics, close the event log,
+        finish a checkpoint write in flight."""
         self._guard.close()
         self._release_clip()
         self._loss_hook.remove()
@@ -417,6 +422,8 @@ class Agent:
             self._acts.close()
             self._attn.close()
         self._out.close()
+        if self.watchdog is not None:   # last: it may raise that the final write failed
+            self.watchdog.close()
 
     def __enter__(self) -> "Agent":
         return self

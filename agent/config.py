@@ -72,6 +72,12 @@ class Config:
     checkpoint_keep: int = 3
     """Healthy checkpoints kept on disk."""
 
+    snapshot_max_bytes: int = 32 << 30
+    """Host memory per rank for two staged copies of its state: the last healthy one, which
+    rollbacks restore from RAM, and the one written in the background (its buffers reused by
+    the next save). When twice the largest rank's state exceeds it, checkpoints are saved
+    synchronously and rollbacks read the disk (logged once); 0 always does so."""
+
     healthy_window: int = 20
     """A step is healthy when no warning or critical verdict came in this many steps before it."""
 
@@ -144,8 +150,8 @@ class Config:
             raise ValueError("skip_margin and max_rollbacks must be >= 0, rollback_window >= 1")
         if not self.collector_poll_seconds > 0:
             raise ValueError(f"collector_poll_seconds must be > 0, got {self.collector_poll_seconds}")
-        if self.update_ratio_max_bytes < 0:
-            raise ValueError("update_ratio_max_bytes must be >= 0")
+        if self.update_ratio_max_bytes < 0 or self.snapshot_max_bytes < 0:
+            raise ValueError("update_ratio_max_bytes and snapshot_max_bytes must be >= 0")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ValueError(f"clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
         Thresholds.from_overrides(self.detect)   # an unknown threshold fails at watch(), not later

@@ -52,17 +52,19 @@ class Report:
     clip_coef: float = 1.0
     """Factor the gradients were scaled by when ``clip_grad_norm`` is set (1.0 otherwise)."""
     world_size: int = 1
-    rank_step_seconds: list[float] = field(default_factory=list)
-    """Each rank's duration of the previous step, indexed by global rank."""
+    mean_step_seconds: float = math.nan
+    """Mean over the ranks of their ``step_seconds``."""
     rank: int = 0
     local_loss: float = math.nan
     step_seconds: float = math.nan
     """This rank's wall time since its previous ``agent.step`` returned (or since ``watch``)."""
     samples: int | None = None
     """Samples this rank processed in the step, when the caller said so."""
-    rank_compute_seconds: list[float] = field(default_factory=list)
-    """Each rank's time from its previous step's end to the end of its last forward pass: data
+    compute_seconds: float = math.nan
+    """This rank's time from its previous step's end to the end of its last forward pass: data
     loading and forward, before the backward's collectives make every rank wait for the slowest."""
+    mean_compute_seconds: float = math.nan
+    """Mean over the ranks of their ``compute_seconds`` (a straggler is judged against it)."""
     loss_scale: float | None = None
     """The GradScaler scale used this step (when ``agent.step(loss, scaler=...)``)."""
     rollback: dict[str, Any] | None = None
@@ -70,7 +72,14 @@ class Report:
     ``[start, stop)`` of ``agent.batches`` never trained on, or None when the loop draws its own
     batches (its RNGs were re-seeded so they are not drawn again)."""
     checkpointed: bool = False
-    """A healthy checkpoint of this step was saved."""
+    """A healthy checkpoint of this step was taken: saved, or staged in host memory and being
+    written in the background (see ``checkpoint_committed``)."""
+    checkpoint_committed: int | None = None
+    """The step of a staged healthy checkpoint that every rank finished writing, committed at
+    this step (the new rollback target)."""
+    checkpoint_failed: str | None = None
+    """Why the background write of a staged checkpoint failed (on some rank), when that became
+    known at this step; the previous checkpoint stays the rollback target."""
     overflow: bool = False
     """The scaler found Inf/NaN gradients on some rank: the step was skipped, the scale backed off."""
     tokens: int | None = None

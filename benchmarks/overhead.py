@@ -9,6 +9,8 @@ Times, in one run, single process (default torch threads) and DDP world size 2 o
     default   torchvitals.watch(model, opt, metrics_port=0, log_dir="")   (the measuring path)
     export    the same with the Prometheus exporter and the event log on (never scraped)
     every     every signal every step (sample_every=1)
+    watchdog  default + the watchdog (checkpoint_every=50): staged, written in the background
+    watchsync the same with synchronous saves (snapshot_max_bytes=0), as before issue 14
     naive     hand-written per-parameter/per-block .item() statistics, every step
     wandb     wandb.watch(model, log="all", log_freq=1) in an offline run (skipped, with the
               reason, when wandb does not import; pip install wandb)
@@ -26,6 +28,11 @@ the agent's sample_every (10) so every round holds the same number of sampled st
 the median round time, the ratio to bare (median over rounds of round time / bare's round time
 in the same round) and the min-max of those per-round ratios. A measurement tool: it never
 judges the numbers.
+
+The watchdog variants save every 50 steps: time them with ``--steps 50`` (one save per round),
+e.g. ``python benchmarks/overhead.py --modes single --variants default,watchdog,watchsync
+--rounds 6 --steps 50``; the stall per save and one rollback from memory and from disk are
+printed below the table.
 
 The defaults take about 7 minutes on a quiet 2-core machine (bare step ~240 ms single, ~430 ms
 DDP). The wandb run stays open for the whole mode; its idle background threads (~0.03 of a core)
@@ -120,7 +127,10 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
     batches = list(random_batches(POOL, batch, model_kwargs["seq_len"], model_kwargs["vocab"],
                                   seed=rank))
     tmp = tempfile.mkdtemp(prefix=f"tv-overhead-r{rank}-")
-    runs = {v: build(v, model_kwargs, ddp=ddp, rank=rank, tmp=tmp, port=port) for v in names}
+    # The checkpoints' folder must be the same on every rank: named after the shared port.
+    shared = os.path.join(tempfile.gettempdir(), f"tv-overhead-ckpt-{port}")
+    runs = {v: build(v, model_kwargs, ddp=ddp, rank=rank, tmp=tmp, port=port, shared=shared)
+            for v in names}
     done = dict.fromkeys(names, 0)
 
     def run_steps(v: str, n: int) -> None:
@@ -147,7 +157,13 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
         for run in runs.values():
             run.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"times": times, "skipped": skipped}
+        if ddp:
+            dist.barrier()
+        if rank == 0:
+            shutil.rmtree(shared, ignore_errors=True)
+    saves = {v: {"stalls": r.stalls, "restore_s": r.restore_s} for v, r in runs.items()
+             if hasattr(r, "stalls")}
+    return {"times": times, "skipped": skipped, "saves": saves}
 
 
 def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
@@ -241,6 +257,25 @@ def print_table(mode: str, summary: dict[str, dict[str, Any]], skipped: dict[str
         print(f"{mode:<7} {v:<8} skipped: {reason}")
 
 
+def print_saves(mode: str, summary: dict[str, dict[str, Any]], saves: dict[str, Any],
+                every: int = 50) -> None:
+    """Each watchdog variant's stall per save, in ms and in steps of the bare loop, the share of
+    training time it costs at one save per ``every`` steps, and one rollback from memory/disk."""
+    if not saves:
+        return
+    bare_ms = summary["bare"]["step_ms"]
+    for v, s in saves.items():
+        if not s["stalls"]:
+            print(f"{mode:<7} {v:<9} no checkpoint was due (run >= 50 steps per variant)")
+            continue
+        stall = 1e3 * statistics.median(s["stalls"])
+        rollback = ", ".join(f"from {k} {1e3 * t:.1f} ms ({1e3 * t / bare_ms:.2f} steps)"
+                             for k, t in s["restore_s"].items())
+        print(f"{mode:<7} {v:<9} {len(s['stalls'])} saves, stall per save {stall:.1f} ms = "
+              f"{stall / bare_ms:.3f} steps of {bare_ms:.0f} ms, {100 * stall / (every * bare_ms):.2f}% "
+              f"of training time; rollback {rollback}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     model = SMALL if args.small else MODEL
@@ -264,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
         load = contention(before, cpu_sample())
         summary = summarize(result["times"])
         print_table(mode, summary, result["skipped"])
+        print_saves(mode, summary, result.get("saves", {}))
         print(f"({mode}: {threads} torch thread(s) per process, {load['wall_s']:.0f} s; other "
               f"processes used {load['other_cores']:.2f} of {os.cpu_count()} cores on average, "
               f"hypervisor steal {load['steal_cores']:.2f})", flush=True)
@@ -271,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"warning: the machine was not quiet during {mode}; these ratios measure "
                   "contention as much as overhead", flush=True)
         report["modes"][mode] = {"threads": threads, "load": load, "variants": summary,
-                                 "skipped": result["skipped"]}
+                                 "skipped": result["skipped"], "saves": result.get("saves", {})}
     report["wall_s"] = time.perf_counter() - began
     print(f"\ntotal wall time {report['wall_s']:.0f} s")
     if args.json:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
+import time
 from typing import Any
 
 import torch
@@ -78,6 +80,41 @@ class Guarded(Agent):
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+
+
+class Watchdog(Agent):
+    """The agent with the watchdog on: a healthy checkpoint every 50 steps into ``root``, staged
+    and written in the background (``staged=True``) or synchronously. Records each save's stall
+    (what ``agent.step`` spent saving) and, at close, one rollback from memory and one from disk."""
+
+    def __init__(self, model_kwargs: dict[str, int], ddp: bool, root: str, staged: bool):
+        shutil.rmtree(root, ignore_errors=True)
+        super().__init__(model_kwargs, ddp, metrics_port=0, log_dir="", checkpoint_dir=root,
+                         checkpoint_every=50, **({} if staged else {"snapshot_max_bytes": 0}))
+        self.stalls: list[float] = []
+        self.restore_s: dict[str, float] = {}
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = self.loss(x, y)
+        loss.backward()
+        report = self.agent.step(loss)
+        self.opt.zero_grad(set_to_none=True)
+        if report.checkpointed:
+            self.stalls.append(self.agent.watchdog.metrics()["checkpoint_stall_seconds"])
+
+    def close(self) -> None:
+        watchdog = self.agent.watchdog
+        self.agent.close()          # settles a write in flight: the memory copy is committed
+        staged = watchdog.staged
+        if watchdog.last_healthy is None:
+            return
+        if staged is not None and staged.memory is not None:
+            start = time.perf_counter()
+            staged.restore(watchdog.last_healthy, self.net, self.opt, None)
+            self.restore_s["memory"] = time.perf_counter() - start
+        start = time.perf_counter()
+        watchdog.store.load(self.net, self.opt, None)
+        self.restore_s["disk"] = time.perf_counter() - start
 
 
 class Naive(Bare):
@@ -168,21 +205,24 @@ def wandb_missing() -> str | None:
     return None
 
 
-VARIANTS = ("bare", "default", "guarded", "export", "every", "naive", "wandb")
+VARIANTS = ("bare", "default", "guarded", "export", "every", "watchdog", "watchsync", "naive", "wandb")
 DESCRIPTIONS = {
     "bare": "no monitoring",
     "default": "torchvitals, sample_every=10, exporter and event log off",
     "guarded": "default, the loop calling optimizer.step() (guarded) and record_loss",
     "export": "default + Prometheus exporter + event log",
     "every": "torchvitals, every signal every step (sample_every=1)",
+    "watchdog": "default + watchdog, checkpoint_every=50, staged + background write",
+    "watchsync": "default + watchdog, checkpoint_every=50, synchronous save",
     "naive": "hand-written .item() per parameter/block, every step",
     "wandb": 'wandb.watch(log="all", log_freq=1), offline',
 }
 
 
 def build(name: str, model_kwargs: dict[str, int], *, ddp: bool, rank: int, tmp: str,
-          port: int) -> Bare:
-    """One variant by name (see VARIANTS); ``port`` and ``tmp`` serve the exporter and logs."""
+          port: int, shared: str = "") -> Bare:
+    """One variant by name (see VARIANTS); ``port`` and ``tmp`` serve the exporter and logs,
+    ``shared`` (a folder every rank sees) the checkpoints."""
     if name == "bare":
         return Bare(model_kwargs, ddp)
     if name == "default":
@@ -193,6 +233,8 @@ def build(name: str, model_kwargs: dict[str, int], *, ddp: bool, rank: int, tmp:
         return Agent(model_kwargs, ddp, metrics_port=port, log_dir=os.path.join(tmp, "runs"))
     if name == "every":
         return Agent(model_kwargs, ddp, metrics_port=0, log_dir="", sample_every=1)
+    if name in ("watchdog", "watchsync"):
+        return Watchdog(model_kwargs, ddp, os.path.join(shared, name), staged=name == "watchdog")
     if name == "naive":
         return Naive(model_kwargs, ddp)
     if name == "wandb":

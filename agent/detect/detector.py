@@ -14,10 +14,11 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..report import Report
-from .rules import Straggler, make_rules
-from .rules_vitals import make_vital_rules, straggler_cause
+from .rules import make_rules
+from .rules_vitals import make_vital_rules
+from .straggler import Straggler
 from .thresholds import Thresholds
-from .verdict import CRITICAL, STRAGGLER, Verdict
+from .verdict import CRITICAL, Verdict
 
 
 def _key(v: Verdict) -> tuple[str, str | None, Any]:
@@ -31,8 +32,8 @@ class Detector:
                  thresholds: Thresholds | None = None, static: list[Verdict] | None = None):
         self.thresholds = thresholds or Thresholds()
         self.block_names, self.block_kinds = block_names, block_kinds
-        self.rules = make_rules(block_names, block_kinds, self.thresholds) + make_vital_rules(
-            self.thresholds)
+        self.rules = (make_rules(block_names, block_kinds, self.thresholds)
+                      + [Straggler(self.thresholds)] + make_vital_rules(self.thresholds))
         self._static = list(static or [])
         # Keyed by (pattern, block, rank): a straggler has no block but one verdict per rank.
         self.active: dict[tuple[str, str | None, Any], Verdict] = {}
@@ -53,7 +54,6 @@ class Detector:
             extra["validation"] = self._validation
             self._validation = []
         emitted: list[Verdict] = []
-        suspect = self.suspect()        # the rank whose data wait this step's reduction carries
         if self._static:
             # Wiring facts (a frozen block) hold for the whole run: no rule may clear them.
             emitted += [dataclasses.replace(v, step=report.step) for v in self._static]
@@ -70,24 +70,12 @@ class Detector:
                         if k[0] in rule.patterns and k not in keys and k not in self.pinned]:
                 del self.active[key]
             for v in found:
-                if v.pattern == STRAGGLER and v.evidence.get("rank") == suspect:
-                    v = straggler_cause(v, extra.get("suspect_data_wait"))
                 key = _key(v)
                 if v.severity == CRITICAL or key not in self.active:
                     emitted.append(v)
                 self.active[key] = v
         self.history.extend(emitted)
         return emitted
-
-    def suspect(self) -> int | None:
-        """The rank with the longest run of slow steps now (the straggler rule's), or None.
-
-        The next step's reduction carries that rank's data wait, so a straggler verdict can say
-        whether data or compute made it slow without a world-sized vector.
-        """
-        runs = next((getattr(r, "runs", {}) for r in self.rules if isinstance(r, Straggler)), {})
-        slow = {r: n for r, n in runs.items() if n > 0}
-        return min(slow, key=lambda r: (-slow[r], r)) if slow else None
 
     def snapshot(self) -> Any:
         """The rules' windows as they are now (a few hundred floats), for ``restore``."""

@@ -18,7 +18,7 @@ from .thresholds import Thresholds
 from .verdict import (ACTIVATION_EXPLOSION, ATTENTION_SATURATION, CRITICAL, DEAD_LAYER, DEAD_PIPELINE,
                       DEAD_RELU, FP16_OVERFLOW, GENERALIZATION_GAP, GRAD_EXPLOSION, HOT_LR,
                       LAYER_DIVERGENCE, LOSS_SPIKE, NONFINITE_GRAD, NONFINITE_LOSS, SATURATION,
-                      STRAGGLER, VANISHING_GRADIENTS, WARNING, Verdict)
+                      VANISHING_GRADIENTS, WARNING, Verdict)
 
 MAD_SCALE = 1.4826   # MAD -> standard deviation for normal noise
 
@@ -348,31 +348,6 @@ class Fp16Overflow(Rule):
         return []
 
 
-class Straggler(Rule):
-    """One rank's compute time well above the other ranks' median, for several steps."""
-
-    patterns = (STRAGGLER,)
-
-    def __init__(self, t: Thresholds):
-        self.t = t
-        self.runs: dict[int, int] = {}
-
-    def observe(self, report, extra):
-        times = extra.get("rank_compute_seconds") or report.rank_step_seconds
-        if len(times) < 2:
-            return []
-        found = []
-        for r, v in enumerate(times):
-            others = median(t for i, t in enumerate(times) if i != r)
-            slow = v >= self.t.straggler_factor * others and v - others >= self.t.straggler_min_seconds
-            self.runs[r] = self.runs.get(r, 0) + 1 if slow else 0
-            if self.runs[r] >= self.t.straggler_steps:
-                found.append(Verdict(STRAGGLER, WARNING, report.step, None, {
-                    "rank": r, "seconds": v, "others_median": others, "steps": self.runs[r],
-                    "fired": "straggler_factor", "straggler_factor": self.t.straggler_factor}))
-        return found
-
-
 class GeneralizationGap(Rule):
     """Validation loss rising over several reports while the training loss keeps falling."""
 
@@ -413,5 +388,6 @@ class GeneralizationGap(Rule):
 def make_rules(names: list[str], kinds: list[str], t: Thresholds) -> list[Rule]:
     norms = BlockNorms(t, names)
     return [NonFinite(), norms, LossSpike(t, norms), UpdateRatios(t, names), Vanishing(t, names, kinds),
-            Activations(t), AttentionSaturation(t), DeadPipeline(t), Fp16Overflow(t), Straggler(t), GeneralizationGap(t)]
+            Activations(t), AttentionSaturation(t), DeadPipeline(t), Fp16Overflow(t),
+            GeneralizationGap(t)]
 

@@ -7,7 +7,6 @@ rank names the same verdict in the same step.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 
 from ..report import Report
@@ -96,25 +95,6 @@ class ReplicaDivergence(Rule):
             "blocks": blocks, "ranks": ranks, "samples": self.run,
             "fired": "replica_mismatch_samples",
             "replica_mismatch_samples": self.t.replica_mismatch_samples})]
-
-
-def straggler_cause(verdict: Verdict, data_wait: float | None) -> Verdict:
-    """A straggler verdict with what made the rank slow: its own data wait, or compute.
-
-    Args:
-        verdict: a ``straggler`` verdict (evidence ``seconds`` and ``others_median``).
-        data_wait: the slow rank's data wait in the same step (None when not carried).
-
-    Returns:
-        The verdict, its evidence extended by ``data_wait_seconds`` and ``cause``: "data_wait"
-        when the wait accounts for at least half of the rank's excess over the others.
-    """
-    if data_wait is None:
-        return verdict
-    excess = verdict.evidence["seconds"] - verdict.evidence["others_median"]
-    cause = "data_wait" if data_wait >= 0.5 * excess else "compute"
-    evidence = {**verdict.evidence, "data_wait_seconds": data_wait, "cause": cause}
-    return dataclasses.replace(verdict, evidence=evidence)
 
 
 def make_vital_rules(t: Thresholds) -> list[Rule]:

@@ -145,8 +145,8 @@ def unpack(layout: Layout, host: list[float], *, step: int, names: list[str], wo
         grad_norm_total=total, nonfinite=nonfinite_loss or nonfinite_grad,
         nonfinite_loss=nonfinite_loss, nonfinite_grad=nonfinite_grad,
         world_size=world_size, rank=rank,
-        rank_step_seconds=layout.get(host, "rank_step_seconds"),
-        rank_compute_seconds=layout.get(host, "rank_compute_seconds"),
+        mean_step_seconds=layout.get(host, "rank_seconds")[0] / world_size,
+        mean_compute_seconds=layout.get(host, "rank_seconds")[1] / world_size,
         local_loss=layout.get(host, "local_loss")[0])
     if pending is not None:
         d_sq, w_sq, chosen = layout.get(host, "update_dsq"), layout.get(host, "update_wsq"), pending[2]

@@ -1,13 +1,12 @@
 """The step's non-numeric vitals in the reduction: data wait, memory, replica fingerprints.
 
-    vitals = StepVitals(model, blocks, device, group, reducer, clock, suspect=detector.suspect)
+    vitals = StepVitals(model, blocks, device, group, reducer, clock)
     vitals.pack(packer, step_seconds, sampled=True)      # before the reduction
     vitals.unpack(layout, host, report)                  # after it: fills the report's fields
 
 Every step adds two host floats to the SUM vector (this rank's data wait and step time, so the
-job's data-wait share is known on every rank) and, when a rank is suspected of straggling, one
-more (the suspect's own wait, so the straggler verdict can say whether data or compute made it
-slow). Sampled steps add to the MAX vector the rank's resident and accelerator memory (the
+job's data-wait share is known on every rank; a straggler's own wait rides its flag, see
+``detect/straggler.py``). Sampled steps add to the MAX vector the rank's resident and accelerator memory (the
 rank nearest to running out) and, under DDP, the replica fingerprints. Nothing here syncs the
 device; the only extra collective runs in the step where replicas were seen to differ.
 """
@@ -40,12 +39,10 @@ class StepVitals:
         group: the reduction's process group (None in one process).
         reducer: the step's reducer (its world size, and where its collectives run).
         clock: the agent's clock, for the data wait.
-        suspect: () -> the rank the straggler rule suspects now, or None (rank-identical).
     """
 
     def __init__(self, model: nn.Module, blocks: Blocks, device: torch.device,
-                 group: dist.ProcessGroup | None, reducer: Reducer, clock: Callable[[], float],
-                 *, suspect: Callable[[], int | None] = lambda: None):
+                 group: dist.ProcessGroup | None, reducer: Reducer, clock: Callable[[], float]):
         self.device, self.group, self.world_size = device, group, reducer.world_size
         self.rank = dist.get_rank(group) if reducer.world_size > 1 else 0
         self.wait = DataWait(clock)
@@ -53,7 +50,6 @@ class StepVitals:
         replicas = isinstance(model, DistributedDataParallel) and self.world_size > 1
         self.fingerprint = Fingerprint(blocks) if replicas else None
         self._collective_device = device if reducer.device_collectives else torch.device("cpu")
-        self._suspect = suspect
         self._wait = 0.0
 
     def pack(self, packer: Packer, step_seconds: float, *, sampled: bool) -> None:
@@ -65,10 +61,7 @@ class StepVitals:
             sampled: a sampled step (memory and fingerprints ride its MAX vector).
         """
         self._wait = self.wait.take()
-        suspect = self._suspect()
         packer.add_host_sum("data_wait", [self._wait, step_seconds])
-        if suspect is not None:
-            packer.add_host_sum("suspect_data_wait", [self._wait if suspect == self.rank else 0.0])
         if sampled:
             packer.add_max("memory", _to_device(self.memory.read(), packer.device))
             if self.fingerprint is not None:
@@ -85,8 +78,6 @@ class StepVitals:
         report.data_wait_mean_seconds = wait_sum / self.world_size
         report.data_wait_ratio = wait_sum / step_sum if step_sum > 0 else 0.0
         extra: dict[str, Any] = {}
-        if "suspect_data_wait" in layout:
-            extra["suspect_data_wait"] = layout.get(host, "suspect_data_wait")[0]
         if "memory" in layout:
             report.memory = MemorySample.unpack(layout.get(host, "memory"),
                                                 accelerator=self.device.type == "cuda")

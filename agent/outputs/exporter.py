@@ -88,10 +88,7 @@ def _accelerator(key: str) -> Callable[[_Snapshot], float | None]:
 
 
 def _rank_compute(s: _Snapshot) -> float:
-    r = s.report
-    if r is None or not 0 <= r.rank < len(r.rank_compute_seconds):
-        return math.nan
-    return float(r.rank_compute_seconds[r.rank])
+    return math.nan if s.report is None else float(s.report.compute_seconds)
 
 
 def _recovery(s: "_Snapshot", key: str) -> float | None:
@@ -220,7 +217,14 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("torchvitals_skipped_batches_total", "counter", "Batches never trained on after "
                "rollbacks (the skip list).", GLOBAL, lambda s: _recovery(s, "skipped_batches")),
     MetricSpec("torchvitals_checkpoint_seconds", "gauge", "Duration of the last healthy "
-               "checkpoint save.", GLOBAL, lambda s: _recovery(s, "checkpoint_seconds")),
+               "checkpoint save (the background write, when staged).", GLOBAL,
+               lambda s: _recovery(s, "checkpoint_seconds")),
+    MetricSpec("torchvitals_checkpoint_stall_seconds", "gauge", "How long the last healthy "
+               "checkpoint stalled training (the staging copy, or the whole synchronous save).",
+               GLOBAL, lambda s: _recovery(s, "checkpoint_stall_seconds")),
+    MetricSpec("torchvitals_checkpoint_failures_total", "counter", "Healthy checkpoints that "
+               "failed on some rank and were not committed.", GLOBAL,
+               lambda s: _recovery(s, "checkpoint_failures")),
     MetricSpec("torchvitals_verdicts_total", "counter", "Verdicts emitted, by pattern.", PATTERN,
                lambda s, p: float(s.verdicts.get(p, 0))),
     MetricSpec("torchvitals_active_verdicts", "gauge", "Blocks (or 1 for job-wide patterns) in "

@@ -39,6 +39,7 @@ from ...errors import TorchvitalsError
 from ..report import json_safe
 from .durable import fsync_dir, sha256_file, write_json
 from .rng import rng_state, set_rng_state
+from .snapshot import Snapshot, live_tensors
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +102,10 @@ class CheckpointStore:
         folders = self.list()
         return folders[-1] if folders else None
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: Any = None, extra: dict[str, Any] | None = None,
-             rank_state: dict[str, Any] | None = None) -> Path:
+    def save(self, step: int, model: torch.nn.Module | None = None,
+             optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+             extra: dict[str, Any] | None = None, rank_state: dict[str, Any] | None = None,
+             *, staged: Snapshot | None = None) -> Path:
         """Write a checkpoint of ``step`` and commit it; collective.
 
         Args:
@@ -113,6 +115,9 @@ class CheckpointStore:
             scheduler: an LR scheduler whose ``state_dict()`` is JSON-able (the usual ones are).
             extra: JSON-able state of the caller (data position, skip list, ...); rank 0's is kept.
             rank_state: JSON-able state of this rank alone (e.g. its data loader's), kept per rank.
+            staged: a host copy of all of the above (``snapshot.stage``) to write instead of the
+                live objects, which are then ignored: the background write reads only this, so
+                training may go on meanwhile.
 
         Returns:
             The committed folder.
@@ -124,13 +129,17 @@ class CheckpointStore:
         name = f"step-{step:08d}"
         tmp, final = self.root / f".tmp-{name}", self.root / name
         leader = self._rank == 0
+        if staged is not None:
+            extra, rank_state = staged.extra, staged.rank_state
+        sched_state = staged.scheduler if staged is not None else (
+            None if scheduler is None else scheduler.state_dict())
 
         def prepare() -> None:
             if not leader:
                 return
             state = {"step": step, "world_size": self._world, "time": time.time(),
-                     "scheduler": None if scheduler is None
-                     else _jsonable(scheduler.state_dict(), "scheduler.state_dict()"),
+                     "scheduler": None if sched_state is None
+                     else _jsonable(sched_state, "scheduler.state_dict()"),
                      "extra": _jsonable(extra or {}, "extra")}
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob(".tmp-*"):     # an interrupted earlier save
@@ -142,10 +151,10 @@ class CheckpointStore:
             write_json(tmp / STATE, state)
 
         def write_shards() -> None:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
+            tensors = staged.tensors if staged is not None else live_tensors(model, optimizer)
             try:
                 with _quiet_single_process():
-                    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(tmp),
+                    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp),
                              process_group=self._group, no_dist=not self._distributed)
             except dcp.CheckpointException as e:
                 # torch.save inside DCP reports a short write (full disk) as "unexpected pos".
@@ -172,7 +181,9 @@ class CheckpointStore:
 
         self._agree("preparing", prepare, step, tmp)
         self._agree("writing the RNG states",
-                    lambda: self._write_rank_files(tmp, rank_state), step, tmp)
+                    lambda: self._write_rank_files(tmp, rank_state,
+                                                   staged.rng if staged is not None else None),
+                    step, tmp)
         self._agree("writing the model and optimizer shards", write_shards, step, tmp)
         try:
             files = self._digests(tmp, self._on_leader(lambda: sorted(p.name for p in tmp.iterdir())))
@@ -247,8 +258,9 @@ class CheckpointStore:
         return {"step": state["step"], "path": folder, "extra": state["extra"],
                 "rank_state": rank_state, "refused": refused}
 
-    def _write_rank_files(self, tmp: Path, rank_state: dict[str, Any] | None) -> None:
-        write_json(tmp / f"rng-rank-{self._rank:05d}.json", rng_state())
+    def _write_rank_files(self, tmp: Path, rank_state: dict[str, Any] | None,
+                          rng: dict[str, Any] | None) -> None:
+        write_json(tmp / f"rng-rank-{self._rank:05d}.json", rng if rng is not None else rng_state())
         if rank_state is not None:
             write_json(tmp / f"data-rank-{self._rank:05d}.json", _jsonable(rank_state, "rank_state"))
 

@@ -26,10 +26,12 @@ from ...errors import TorchvitalsError
 from ...protocol import ATTEMPT_ENV, CHECKPOINT, LEDGER_FILE, TRAIN
 from ..config import Config
 from ..detect.verdict import CRITICAL, WARNING, Verdict
-from ..report import json_safe
+from ..report import Report, json_safe
+from .async_save import CLOSE_TIMEOUT_S, Outcome, checkpoint_group
 from .batches import SkipAwareBatches
-from .checkpoint import CheckpointStore
+from .checkpoint import CheckpointError, CheckpointStore
 from .ledger import Ledger
+from .staged import StagedSaves
 from .rng import reseed
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,14 @@ class Watchdog:
 
     def __init__(self, config: Config, group: Any = None):
         self.config = config
+        if config.snapshot_max_bytes:   # the background writes get their own group
+            group = checkpoint_group(group)
         self.store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
+        self.staged = StagedSaves(self.store, config.snapshot_max_bytes) if config.snapshot_max_bytes else None
+        self.failed_saves = 0
+        self.stall_seconds = float("nan")
+        """How long the last healthy save stalled training (staging, or the whole sync save)."""
+        self._unreported: Outcome | None = None
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
         self.ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
         self.lr_scale = self.ledger.lr_scale
@@ -122,16 +131,76 @@ class Watchdog:
             return False
         extra = {"position": self.data.position, "lr_scale": self.lr_scale,
                  "verdicts": [v.to_dict() for v in detector.history[-100:]]}
+        if self.staged is not None and self.staged.fits(model, optimizer):
+            self.on_phase(CHECKPOINT)       # the stall is short, unless the last write lags
+            try:
+                self._settled(self.staged.begin(step, model, optimizer, scheduler,
+                                                json_safe(extra), self.data.rank_state()))
+            finally:
+                self.on_phase(TRAIN)
+            self.stall_seconds = self.staged.stall_seconds
+            return True
         self.on_phase(CHECKPOINT)
         try:
             path = self.store.save(step, model, optimizer, scheduler, extra=json_safe(extra),
                                    rank_state=self.data.rank_state())
         finally:
             self.on_phase(TRAIN)
-        self.checkpoint_seconds = self.store.last_save_seconds
+        self.checkpoint_seconds = self.stall_seconds = self.store.last_save_seconds
         self.ledger.record_checkpoint(step, str(path))
         self.last_healthy = step
         return True
+
+    def save_flags(self) -> list[float]:
+        """``[done, failed]`` of this rank's background write, for the step's SUM reduction."""
+        return self.staged.flags() if self.staged is not None else [0.0, 0.0]
+
+    def settle(self, reduced: list[float], world_size: int, report: Report) -> None:
+        """Every rank, same step: commit (ledger, rollback target) or report a background save
+        once the reduced flags say every rank's write ended; noted in ``report``."""
+        if self.staged is None:
+            return
+        self._settled(self.staged.settle(reduced, world_size))
+        # Also one that a due save or a rollback had to wait for at an earlier step.
+        outcome, self._unreported = self._unreported, None
+        if outcome is not None and outcome.ok:
+            report.checkpoint_committed = outcome.snapshot.step
+        elif outcome is not None:
+            report.checkpoint_failed = f"step {outcome.snapshot.step}: {outcome.error}"
+
+    def close(self) -> None:
+        """Let a background write in flight finish (or give up after CLOSE_TIMEOUT_S: its
+        folder then stays an uncommitted ``.tmp-*``, never loaded).
+
+        Raises:
+            CheckpointError: that write failed (on this rank or another): the job's last healthy
+                state is not the one it ended with, which its exit status should say.
+        """
+        if self.staged is None or not self.staged.in_flight:
+            return
+        outcome = self._settled(self.staged.wait(CLOSE_TIMEOUT_S))
+        if outcome is None:
+            log.error("torchvitals: a checkpoint write still in flight after %.0f s at exit; "
+                      "left uncommitted", CLOSE_TIMEOUT_S)
+        elif not outcome.ok:
+            raise CheckpointError(f"the checkpoint of step {outcome.snapshot.step}, written at "
+                                  f"exit, failed: {outcome.error}")
+
+    def _settled(self, outcome: Outcome | None) -> Outcome | None:
+        if outcome is None:
+            return None
+        self._unreported = outcome
+        step = outcome.snapshot.step
+        if outcome.ok:
+            self.checkpoint_seconds = outcome.write_seconds
+            self.ledger.record_checkpoint(step, outcome.path)
+            self.last_healthy = step
+        else:
+            self.failed_saves += 1
+            log.error("torchvitals: the healthy checkpoint of step %d failed on some rank and was "
+                      "not committed: %s; the rollback target stays step %s", step, outcome.error,
+                      self.last_healthy)
+        return outcome
 
     def rollback(self, step: int, tick: int, reason: str, model: torch.nn.Module, optimizer: Any,
                  scheduler: Any) -> dict[str, Any] | None:
@@ -149,6 +218,12 @@ class Watchdog:
         Raises:
             TrainingAborted: the loop guard tripped (after the ledger recorded the abort).
         """
+        if self.staged is not None and self.staged.in_flight:
+            self.on_phase(CHECKPOINT)
+            try:
+                self._settled(self.staged.wait())   # every rank at this step: the same target
+            finally:
+                self.on_phase(TRAIN)
         if self.store.latest() is None:
             return None
         recent = [t for t in self._rollback_ticks if tick - t < self.config.rollback_window]
@@ -160,11 +235,15 @@ class Watchdog:
                      "it; a person must look (ledger %s). Exit code %d.", step, why,
                      self.ledger.path, self.config.abort_exit_code, error=True)
             raise TrainingAborted(self.config.abort_exit_code)
-        self.on_phase(CHECKPOINT)
-        try:
-            restored = self.store.load(model, optimizer, scheduler)
-        finally:
-            self.on_phase(TRAIN)
+        restored = None
+        if self.staged is not None and self.last_healthy is not None:
+            restored = self.staged.restore(self.last_healthy, model, optimizer, scheduler)
+        if restored is None:
+            self.on_phase(CHECKPOINT)
+            try:
+                restored = self.store.load(model, optimizer, scheduler)
+            finally:
+                self.on_phase(TRAIN)
         self.lr_scale *= self.config.lr_backoff
         skipped: tuple[int, int] | None = None
         if self.data.used:
@@ -194,5 +273,7 @@ class Watchdog:
         return {"rollbacks": self.rollbacks, "lr_scale": self.lr_scale,
                 "last_healthy_step": float("nan") if self.last_healthy is None else self.last_healthy,
                 "skipped_batches": self.ledger.skipped.batches(),
-                "checkpoint_seconds": self.checkpoint_seconds}
+                "checkpoint_seconds": self.checkpoint_seconds,
+                "checkpoint_stall_seconds": self.stall_seconds,
+                "checkpoint_failures": self.failed_saves}
 

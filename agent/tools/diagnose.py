@@ -52,7 +52,8 @@ SHOWN = {
     P.VANISHING_GRADIENTS: ("ratio", "first", "last"),
     P.SATURATION: ("saturation_fraction",), P.DEAD_RELU: ("zero_fraction",),
     P.ACTIVATION_EXPLOSION: ("abs_max", "first_abs_max"), P.DEAD_PIPELINE: ("max_grad_norm", "detached"),
-    P.GENERALIZATION_GAP: ("validation", "best_validation"), P.STRAGGLER: ("rank", "seconds", "others_median", "cause"),
+    P.GENERALIZATION_GAP: ("validation", "best_validation"),
+    P.STRAGGLER: ("rank", "seconds", "others_mean", "cause"),
     P.REPLICA_DIVERGENCE: ("blocks", "ranks"), P.MEMORY_GROWTH: ("memory", "rise_bytes", "bytes_per_step"),
     P.DATA_STALL: ("data_wait_ratio", "data_wait_seconds"),
 }

@@ -17,7 +17,7 @@ from tvsupport import (TINY, TINY_BLOCKS, OutputRecorder, assert_activations, as
 
 GLOBAL_FIELDS = ("step", "loss", "grad_norm", "grad_norm_total", "update_ratio", "update_ratio_step",
                  "activations", "nonfinite", "nonfinite_loss", "nonfinite_grad", "action",
-                 "rank_step_seconds", "world_size", "verdicts", "clip_coef")
+                 "mean_step_seconds", "world_size", "verdicts", "clip_coef")
 
 
 def _count_all_reduce(counter: list[int]):
@@ -142,4 +142,4 @@ def serve_metrics(rank: int, world: int, base_port: int) -> dict:
             "report_local_loss": report.local_loss, "loss": report.loss,
             "compute": next(s.value for s in samples
                             if s.name == "torchvitals_compute_duration_seconds"),
-            "report_compute": report.rank_compute_seconds}
+            "report_compute": report.compute_seconds}

@@ -18,6 +18,7 @@ import math
 import os
 import pickle
 import signal
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -108,6 +109,7 @@ def describe(report: Any) -> dict[str, Any]:
         rollback = {k: (list(v) if isinstance(v, tuple) else v) for k, v in rollback.items()}
     return {"step": report.step, "action": report.action, "loss": report.loss,
             "rollback": rollback, "checkpointed": getattr(report, "checkpointed", None),
+            "committed": report.checkpoint_committed, "failed": report.checkpoint_failed,
             "verdicts": [(v.pattern, v.severity) for v in report.verdicts]}
 
 
@@ -315,7 +317,8 @@ def _arm_kill(point: str, step: int, write: Callable[[dict[str, Any]], None]) ->
     CheckpointStore.save = save
 
     def die(where: str) -> None:
-        write({"event": "killed", "point": point, "step": step, "where": where})
+        write({"event": "killed", "point": point, "step": step, "where": where,
+               "thread": threading.current_thread().name})
         os.kill(os.getpid(), signal.SIGKILL)
 
     if point == "before_commit":

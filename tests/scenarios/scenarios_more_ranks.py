@@ -86,6 +86,6 @@ def slow_rank(rank: int, world: int, steps: int, slow: int, from_step: int, dela
             report = agent.step(loss)
             opt.zero_grad(set_to_none=True)
             out.append({"step": report.step, "verdicts": _verdicts(report),
-                        "compute": report.rank_compute_seconds})
+                        "compute": report.compute_seconds})
         history = [(v.pattern, v.block, v.step, v.evidence.get("rank")) for v in agent.detector.history]
     return {"steps": out, "history": history}

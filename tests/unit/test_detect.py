@@ -7,6 +7,7 @@ import pytest
 
 from torchvitals.agent.measure.blocks import EMBEDDING, HEAD, LAYER, OTHER
 from torchvitals.agent.detect import PATTERNS, Detector, Thresholds
+from torchvitals.agent.detect.straggler import RankTiming, slow_ranks
 from torchvitals.agent.report import Report
 
 NAMES = ["emb", "layers.0", "layers.1", "layers.2", "head", "other"]
@@ -117,10 +118,35 @@ def test_hot_lr_and_dead_layer_from_update_ratios():
     assert len([v for v in fired if v.pattern == "dead_layer"]) == 1, "a warning is emitted once while active"
 
 
+def straggler_extras(times: list[float], steps: int) -> dict[int, dict]:
+    """What the reduction hands the detector at each step when every rank's compute time is
+    ``times[rank]``: each rank judges itself and the SUM of their flags rides the next step."""
+    t = Thresholds()
+    ranks = [RankTiming(t, r, len(times)) for r in range(len(times))]
+    extras = {}
+    for s in range(1, steps + 1):
+        extras[s] = {"straggler": [sum(v) for v in zip(*(r.flags() for r in ranks))]}
+        for r, own in zip(ranks, times):
+            r.observe(own, sum(times))
+    return extras
+
+
 def test_straggler_names_the_rank():
-    extras = {s: {"rank_compute_seconds": [0.10, 0.31, 0.11, 0.10]} for s in range(1, 9)}
+    extras = straggler_extras([0.10, 0.31, 0.11, 0.10], 8)
     _, fired = run([report(s) for s in range(1, 9)], extras=extras)
-    assert [(v.pattern, v.step, v.evidence["rank"]) for v in fired] == [("straggler", 5, 1)]
+    # Slow from step 1, judged slow for the 5th time at step 5: its flag rides step 6's SUM.
+    assert [(v.pattern, v.step, v.evidence["rank"]) for v in fired] == [("straggler", 6, 1)]
+    evidence = fired[0].evidence
+    assert evidence["seconds"] == 0.31 and evidence["slow_ranks"] == 1
+    assert evidence["others_mean"] == pytest.approx((0.10 + 0.11 + 0.10) / 3)
+
+
+def test_three_slow_ranks_are_counted_and_a_single_one_is_named_at_16k_ranks():
+    flags = [3.0, 1 + 7 + 9, 1 + 49 + 81, 0.6, 0.03, 15.0]
+    assert slow_ranks(flags) == (3, [None])
+    r = 16_383
+    assert slow_ranks([1.0, r, r * r, 0.2, 0.01, 5.0]) == (1, [r])
+    assert slow_ranks([2.0, 5 + r, 25 + r * r, 0.4, 0.02, 10.0]) == (2, [5, r])
 
 
 def test_generalization_gap():
@@ -140,8 +166,8 @@ def test_thresholds_are_configurable_and_unknown_ones_refused():
 
 
 def test_two_slow_ranks_are_both_named():
-    extras = {s: {"rank_compute_seconds": [0.01, 0.2, 0.01, 0.2]} for s in range(1, 8)}
-    detector, fired = run([report(s) for s in range(1, 8)], extras=extras)
+    extras = straggler_extras([0.01, 0.2, 0.01, 0.2], 8)
+    detector, fired = run([report(s) for s in range(1, 9)], extras=extras)
     assert sorted(v.evidence["rank"] for v in fired) == [1, 3]
     assert detector.active_counts()["straggler"] == 2
 

@@ -118,7 +118,7 @@ def test_generalization_gap_from_a_verdict_and_from_the_curves():
 def test_non_fatal_causes_rank_below_the_optimization_failures():
     dead = Verdict("dead_layer", WARNING, 1, "blocks.2",
                    {"requires_grad_false": ["blocks.2.w"], "not_in_optimizer": []})
-    slow = Verdict("straggler", WARNING, 40, None, {"rank": 1, "seconds": 0.3, "others_median": 0.1})
+    slow = Verdict("straggler", WARNING, 40, None, {"rank": 1, "seconds": 0.3, "others_mean": 0.1})
     d = diagnose([slow, dead], healthy_losses())
     assert (d.cause, d.block) == ("dead layer", "blocks.2")
     assert d.evidence == ["step 1: dead_layer in blocks.2 (requires_grad_false=[blocks.2.w])"]

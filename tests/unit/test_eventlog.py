@@ -30,7 +30,7 @@ def test_round_trip_with_nonfinite_values(tmp_path):
                                           "nonfinite": 3.0}}),
         make_report(2, loss=math.nan, grad_norm={"embed": -math.inf, "head": 1.0},
                     grad_norm_total=math.nan, nonfinite=True, nonfinite_loss=True,
-                    action="skip", rank_step_seconds=[0.1, 0.2]),
+                    action="skip", mean_step_seconds=0.15, compute_seconds=0.1),
     ]
     with EventLog(path) as log:
         assert all(log.write(r) for r in reports)

@@ -22,7 +22,8 @@ from torchvitals.agent.outputs.exporter import (BLOCK, GLOBAL, GROUP, METRICS, P
 from torchvitals.agent.report import Report
 
 RECOVERY = {"torchvitals_rollbacks", "torchvitals_last_healthy_step", "torchvitals_lr_scale",
-            "torchvitals_skipped_batches", "torchvitals_checkpoint_seconds"}
+            "torchvitals_skipped_batches", "torchvitals_checkpoint_seconds",
+            "torchvitals_checkpoint_stall_seconds", "torchvitals_checkpoint_failures"}
 
 ACCELERATOR = {f"torchvitals_accelerator_memory_{k}_bytes"
                for k in ("allocated", "reserved", "peak", "fragmentation")}
@@ -187,7 +188,8 @@ def test_names_follow_conventions(served):
     report.loss_scale = 1024.0
     report.lr = [1e-3]
     ex.update(report, recovery={"rollbacks": 1, "lr_scale": 0.5, "last_healthy_step": 50,
-                                "skipped_batches": 12, "checkpoint_seconds": 0.2})
+                                "skipped_batches": 12, "checkpoint_seconds": 0.2,
+                                "checkpoint_stall_seconds": 0.01, "checkpoint_failures": 0})
     got = scrape(ex.url)
     kinds = {m.name: m.kind for m in METRICS}
     assert {s for f in got.values() for s, _ in f["samples"]} == set(table), \

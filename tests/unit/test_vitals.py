@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from torchvitals.agent.detect.rules_vitals import (DataStall, MemoryGrowth, ReplicaDivergence,
-                                                   straggler_cause)
+from torchvitals.agent.detect.rules_vitals import DataStall, MemoryGrowth, ReplicaDivergence
+from torchvitals.agent.detect.straggler import straggler_cause
 from torchvitals.agent.detect.thresholds import Thresholds
 from torchvitals.agent.detect.verdict import STRAGGLER, WARNING, Verdict
 from torchvitals.agent.measure.blocks import discover
@@ -189,7 +189,7 @@ def test_replica_divergence_is_critical_and_names_blocks_and_ranks():
 
 
 def test_straggler_cause_compares_the_wait_with_the_excess():
-    v = Verdict(STRAGGLER, WARNING, 15, None, {"rank": 1, "seconds": 0.3, "others_median": 0.1})
+    v = Verdict(STRAGGLER, WARNING, 15, None, {"rank": 1, "seconds": 0.3, "others_mean": 0.1})
     assert straggler_cause(v, None) is v
     assert straggler_cause(v, 0.15).evidence["cause"] == "data_wait"
     assert straggler_cause(v, 0.05).evidence["cause"] == "compute"

@@ -1,0 +1,132 @@
+"""Healthy checkpoints written in the background, committed when every rank's write succeeded.
+
+    saver = BackgroundSaver(store)                 # store over its own gloo group (checkpoint_group)
+    saver.start(snapshot)                          # after ``snapshot.stage``: returns at once
+    packer.add_host_sum("checkpoint", saver.flags())       # every step, in the step's SUM
+    outcome = saver.settle(reduced_flags, world_size)      # same step, same answer on every rank
+
+The write thread runs the whole ``CheckpointStore.save`` of the staged copy: rank files, DCP
+shards, hashes, manifest and the atomic rename, each phase agreed over the checkpoint group, so
+the rename happens only once every rank's write succeeded and a failure is raised in every rank's
+thread alike. What remains is to tell every *training* thread in the same step: each rank adds
+``[done, failed]`` of its own thread to the step's SUM reduction (no extra collective), and the
+first step whose sum says every rank is done settles the save on every rank at once.
+
+Why a separate group: the write's collectives (DCP's plan exchange, the phase agreements) run
+while the training thread issues its own; two threads on one process group interleave their
+collectives differently on different ranks and hang. torch's own ``dcp.async_save`` runs only
+DCP's part in its thread, not our manifest and rename, hence this thread of our own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from .checkpoint import CheckpointStore
+from .snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 600.0
+"""How long ``close`` waits for a write in flight (a 14 GB shard at 1 GB/s takes 14 s; a peer
+that died never finishes, and the folder then stays an uncommitted ``.tmp-*``)."""
+
+
+def checkpoint_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """A gloo group over the same ranks as ``group`` for the background write; collective.
+
+    Returns:
+        The new group, or None when not distributed (a single process needs none).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    ranks = None if group is None else dist.get_process_group_ranks(group)
+    # Local synchronization: only the ranks of a subgroup take part in creating it.
+    return dist.new_group(ranks, backend="gloo", use_local_synchronization=ranks is not None)
+
+
+@dataclass
+class Outcome:
+    """How a background save ended, identical on every rank."""
+
+    snapshot: Snapshot
+    ok: bool
+    path: str | None
+    error: str | None
+    write_seconds: float
+
+
+class BackgroundSaver:
+    """At most one checkpoint write in flight, in a daemon thread of this rank."""
+
+    def __init__(self, store: CheckpointStore):
+        self.store = store
+        self.pending: Snapshot | None = None
+        self._thread: threading.Thread | None = None
+        self._result: tuple[bool, str | None, str | None, float] | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        """A save was started and not settled yet (the same on every rank)."""
+        return self.pending is not None
+
+    def start(self, snap: Snapshot) -> None:
+        """Write ``snap`` in the background; collective in the write thread."""
+        if self.pending is not None:
+            raise RuntimeError("a checkpoint write is already in flight")
+        self.pending, self._result = snap, None
+        self._thread = threading.Thread(target=self._write, args=(snap,), daemon=True,
+                                        name=f"torchvitals-checkpoint-{snap.step}")
+        self._thread.start()
+
+    def _write(self, snap: Snapshot) -> None:
+        start = time.perf_counter()
+        try:
+            path = self.store.save(snap.step, staged=snap)
+            self._result = (True, str(path), None, time.perf_counter() - start)
+        except BaseException as e:  # noqa: BLE001 - reported on every rank at settle()
+            self._result = (False, None, f"{type(e).__name__}: {e}", time.perf_counter() - start)
+
+    def flags(self) -> list[float]:
+        """``[done, failed]`` of this rank's write, for the step's SUM reduction."""
+        result = self._result
+        if self.pending is None or result is None:
+            return [0.0, 0.0]
+        return [1.0, 0.0 if result[0] else 1.0]
+
+    def settle(self, reduced: list[float], world_size: int) -> Outcome | None:
+        """The save's outcome once the reduced flags say every rank is done, else None.
+
+        Args:
+            reduced: the SUM over the ranks of ``flags()``.
+            world_size: ranks in the reduction.
+        """
+        if self.pending is None or reduced[0] < world_size:
+            return None
+        outcome = self.wait()
+        if outcome.ok and reduced[1] > 0:      # cannot happen: the phases agree; be safe
+            log.error("torchvitals: checkpoint of step %d committed here but failed on %d "
+                      "rank(s); not trusting it", outcome.snapshot.step, int(reduced[1]))
+            outcome.ok, outcome.error = False, f"failed on {int(reduced[1])} rank(s)"
+        return outcome
+
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        """Block until this rank's write ends and take its outcome (None: timed out).
+
+        Every rank's thread reached the same verdict (the phases agree over the checkpoint
+        group), so ranks that wait at the same step settle alike without a message.
+        """
+        if self.pending is None:
+            return None
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return None
+        ok, path, error, seconds = self._result
+        outcome = Outcome(self.pending, ok, path, error, seconds)
+        self.pending, self._thread, self._result = None, None, None
+        return outcome

@@ -1,0 +1,152 @@
+"""The last healthy state of one rank, staged in host memory: what a rollback restores from RAM
+and what the background checkpoint write reads.
+
+    snap = stage(step, model, optimizer, scheduler, extra={...}, rank_state=None)  # the stall
+    restore(snap, model, optimizer, scheduler)      # a memory copy back, no disk read
+
+A snapshot holds this rank's own shards only (its DTensor local shards under FSDP2, the whole
+replica under DDP), the optimizer state, the scheduler's state, this rank's RNG states, the
+caller's ``extra`` (data position, LR scale) and ``rank_state`` (a stateful loader's). The
+tensors are host copies (pinned when the source is on an accelerator, so the device-to-host copy
+runs at full bandwidth), never views of the live ones: training goes on while the copy is
+written, and a rollback can restore the same snapshot more than once.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+
+from .rng import rng_state, set_rng_state
+
+
+@dataclass
+class Snapshot:
+    """One rank's staged state of a healthy step."""
+
+    step: int
+    tensors: dict[str, Any]
+    """``{"model": ..., "optim": ...}`` as ``get_state_dict`` shapes them, on the host."""
+    scheduler: dict[str, Any] | None
+    rng: dict[str, Any]
+    extra: dict[str, Any]
+    rank_state: dict[str, Any] | None
+    nbytes: int
+    stage_seconds: float = 0.0
+    """How long staging stalled training (the device-to-host copy and the small state)."""
+
+
+def live_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``{"model", "optim"}`` state dicts whose tensors are the live ones (no copy)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def state_bytes(tensors: dict[str, Any]) -> int:
+    """Bytes of this rank's tensors in a state dict (local shards for DTensors)."""
+    total = 0
+
+    def visit(value: Any) -> None:
+        nonlocal total
+        if isinstance(value, DTensor):
+            value = value.to_local()
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v)
+
+    visit(tensors)
+    return total
+
+
+def stage(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+          extra: dict[str, Any], rank_state: dict[str, Any] | None,
+          into: Snapshot | None = None) -> Snapshot:
+    """Copy this rank's state into host memory; the only part of a save that stalls training.
+
+    Args:
+        step: the healthy step it holds.
+        model, optimizer, scheduler: the live objects (scheduler may be None).
+        extra: JSON-able state of the caller, kept as it is (a deep copy).
+        rank_state: JSON-able state of this rank alone, or None.
+        into: a snapshot that is no longer needed: its host buffers are reused when the state
+            has the same structure (no allocation, no page faults on the second save).
+
+    Returns:
+        The Snapshot.
+    """
+    start = time.perf_counter()
+    live = live_tensors(model, optimizer)
+    on_device = _any_accelerator(live)
+    buffers = None
+    if into is not None:
+        try:
+            buffers = _copy_state_dict(live, into.tensors, non_blocking=on_device)
+        except Exception:  # noqa: BLE001 - CompanionMismatch & co.: the structure changed
+            buffers = None          # (a new param group, new optimizer state): allocate anew
+    if buffers is None:
+        buffers = _copy_state_dict(live, _create_cpu_state_dict(live, pin_memory=on_device),
+                                   non_blocking=on_device)
+    if on_device:
+        torch.cuda.synchronize()    # the non_blocking copies must land before anyone reads them
+    return Snapshot(step=step, tensors=buffers,
+                    scheduler=None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
+                    rng=rng_state(), extra=copy.deepcopy(extra), rank_state=copy.deepcopy(rank_state),
+                    nbytes=state_bytes(buffers), stage_seconds=time.perf_counter() - start)
+
+
+def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            scheduler: Any) -> dict[str, Any]:
+    """Bring model, optimizer, scheduler and this rank's RNG states back to ``snap``, in place.
+
+    The live tensors are overwritten from the host copy (the disk path does the same: DCP loads
+    into the live state dict, then ``set_state_dict``), so the snapshot stays intact for a
+    later rollback to it. Not collective: every rank restores its own shards.
+
+    Returns:
+        ``{"step", "path", "extra", "rank_state", "refused"}`` like ``CheckpointStore.load``
+        (``path`` is None: nothing was read from disk).
+    """
+    live = live_tensors(model, optimizer)
+    on_device = _any_accelerator(live)
+    restored = _copy_state_dict(snap.tensors, live, non_blocking=on_device)
+    if on_device:
+        torch.cuda.synchronize()
+    set_state_dict(model, optimizer, model_state_dict=restored["model"],
+                   optim_state_dict=restored["optim"])
+    if scheduler is not None and snap.scheduler is not None:
+        scheduler.load_state_dict(copy.deepcopy(snap.scheduler))
+    set_rng_state(snap.rng)
+    return {"step": snap.step, "path": None, "extra": copy.deepcopy(snap.extra),
+            "rank_state": copy.deepcopy(snap.rank_state), "refused": []}
+
+
+def _any_accelerator(tensors: dict[str, Any]) -> bool:
+    found = False
+
+    def visit(value: Any) -> None:
+        nonlocal found
+        if found:
+            return
+        if isinstance(value, torch.Tensor):
+            found = value.device.type == "cuda"
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v)
+
+    visit(tensors)
+    return found
