@@ -3,12 +3,14 @@
     agent = torchvitals.watch(model, optimizer, scheduler)     # agent.Agent
     report = agent.step(loss)                                  # report.Report
 
-``agent.py`` runs the step: ``measure/`` (what the rank sees, reduced across ranks) ->
-``detect/`` (what it means) -> ``recover/`` (what the watchdog does about it) -> ``outputs/``
-(who hears of it); ``config.py`` is its one settings dataclass and ``report.py`` the plain data
-it returns. ``tools/`` are offline commands built on the same pieces. A stage imports only the
-stages before it (and ``config``, ``report``, the package's ``protocol``/``settings``/``errors``);
-only ``agent.py`` sees them all. The names load on first use: importing this package alone
+``agent.py`` wires a rank's agent at ``watch()``; ``guard.py`` routes the optimizer's own
+``step()`` to it; ``pipeline.py`` runs each step: ``measure/`` (what the rank sees, reduced
+across ranks) -> ``detect/`` (what it means) -> ``recover/`` (what the watchdog does about it)
+-> ``outputs/`` (who hears of it). ``config.py`` is its one settings dataclass and ``report.py``
+the plain data it returns. ``tools/`` are offline commands and ``integrations/`` the framework
+callbacks, built on the same pieces. A stage imports only the stages before it (and ``config``,
+``report``, the package's ``protocol``/``settings``/``errors``); only ``agent.py`` and
+``pipeline.py`` see them all. The names load on first use: importing this package alone
 imports no torch.
 """
 

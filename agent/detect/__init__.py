@@ -1,7 +1,8 @@
 """Stage 2, detect: named failure patterns from the reduced reports, the same on every rank.
 
 ``verdict`` (a leaf) spells every pattern and severity once; ``thresholds`` holds every number
-a rule compares against; ``rules`` are the fingerprints, one small class each; ``detector`` runs
+a rule compares against; ``rules`` are the fingerprints, one small class each (``rules_vitals``
+memory, data and replicas; ``straggler`` the slow rank, judged by itself); ``detector`` runs
 them and keeps what is active; ``wiring`` finds frozen or unoptimized parameters before the
 first step. May import ``..measure`` (block kinds), ``..report``, ``..config``; nothing from
 recover or outputs. Pure Python but for ``wiring``: no torch on the per-step path.

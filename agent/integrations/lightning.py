@@ -3,7 +3,8 @@
 Lightning calls ``optimizer.step(closure)``; the closure runs the training step, the backward,
 ``on_before_optimizer_step`` and Lightning's gradient clipping. The guard runs the closure, so
 the step is measured (before the clipping: this callback captures the gradients in
-``on_before_optimizer_step``), reduced and judged on every rank before the real step. Lightning's
+``on_before_optimizer_step``), reduced and judged on every rank before the real step; the time
+between batches is the data wait. Lightning's
 scheduler, clipping, accumulation and checkpoints keep working. After a torchvitals rollback
 ``trainer.global_step`` still counts every ``optimizer.step()`` Lightning made (skipped and
 rolled-back ones too); ``agent.step_count`` is the model's step.
@@ -11,6 +12,7 @@ rolled-back ones too); ``agent.step_count`` is the model's step.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import lightning.pytorch as pl
@@ -39,6 +41,7 @@ class LightningCallback(pl.Callback):
         """The last step's report, kept after training ends."""
         self.verdicts: list[Verdict] = []
         """Every verdict of the run, kept after training ends."""
+        self._batch_end: float | None = None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if len(trainer.optimizers) != 1:
@@ -51,6 +54,16 @@ class LightningCallback(pl.Callback):
         # The training step's output passes through the module's forward; the loss is
         # recorded in on_before_backward instead (once, unnormalised).
         self.agent.loss_book.capture = False
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        # From the last batch's end to this one's start: Lightning drew (and moved) the batch.
+        if self.agent is not None and self._batch_end is not None:
+            self.agent.record_data_wait(time.perf_counter() - self._batch_end)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._batch_end = time.perf_counter()
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            loss: Any) -> None:

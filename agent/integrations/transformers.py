@@ -2,7 +2,8 @@
 
 The Trainer (through accelerate) calls the torch optimizer's ``step()``, which the guard routes
 through the agent; the loss comes from the model's output (``outputs.loss``), and the gradients
-are measured when the Trainer calls ``torch.nn.utils.clip_grad_norm_``, before it clips. The
+are measured when the Trainer calls ``torch.nn.utils.clip_grad_norm_``, before it clips; the time
+between steps, when the Trainer draws the step's batches, is the data wait. The
 Trainer's scheduler, ``max_grad_norm``, gradient accumulation and logging keep working. After a
 torchvitals rollback ``state.global_step`` still counts every optimizer step the Trainer made
 (skipped and rolled-back ones too); ``agent.step_count`` is the model's step.
@@ -10,6 +11,7 @@ torchvitals rollback ``state.global_step`` still counts every optimizer step the
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from transformers import TrainerCallback
@@ -36,6 +38,7 @@ class TransformersCallback(TrainerCallback):
         """The last step's report, kept after training ends."""
         self.verdicts: list[Verdict] = []
         """Every verdict of the run, kept after training ends."""
+        self._step_end: float | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
@@ -45,6 +48,14 @@ class TransformersCallback(TrainerCallback):
             # The model then normalises each micro-batch by every rank's items, and the Trainer
             # multiplies the loss by the world size before backward: so do the recorded shares.
             self.agent.loss_book.share_scale = float(self.agent.world_size)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The Trainer draws every micro-batch of the step before its first forward.
+        if self.agent is not None and self._step_end is not None:
+            self.agent.record_data_wait(time.perf_counter() - self._step_end)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._step_end = time.perf_counter()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.agent is not None:

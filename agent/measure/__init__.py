@@ -2,7 +2,9 @@
 
 ``blocks`` says what a block is; ``stats`` computes per-block gradient and update sums of
 squares (exact under DDP and FSDP2), ``activations`` and ``attention`` the forward hooks'
-statistics, ``scaler`` the GradScaler's unscale; ``reduce`` packs everything into one SUM (and,
-on sampled steps, one MAX) collective with one device-to-host copy and unpacks the Report.
+statistics, ``scaler`` the GradScaler's unscale, ``loss`` where the step's loss comes from;
+``vitals`` the non-numeric ones (``datawait``, ``host`` memory, ``fingerprint`` of DDP
+replicas); ``reduce`` packs everything into one SUM (and, on sampled steps, one MAX) collective
+with one device-to-host copy and unpacks the Report.
 May import torch, ``..report`` and ``..config``; nothing from the later stages.
 """

@@ -115,3 +115,5 @@ def test_healthy_runs_in_both_frameworks_raise_nothing(tmp_path, seed):
         assert callback.last_report.step == 200 and callback.last_report.action == "step"
         assert not callback.verdicts, [str(v) for v in callback.verdicts]
     assert lightning.last_report.loss < 2.0 and hf.last_report.loss < 2.0
+    for callback in (lightning, hf):        # the time between batches reached the agent
+        assert 0 < callback.last_report.local_data_wait_seconds < 1.0

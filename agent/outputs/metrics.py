@@ -1,0 +1,221 @@
+"""Every metric an agent exports, defined once: name, type, help, scope and where its value
+comes from. ``exporter.py`` serves them; ``tests/unit/test_exporter.py`` checks each name
+against the Prometheus conventions.
+
+    curl -s http://127.0.0.1:9400/metrics | grep ^torchvitals_
+"""
+
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+from ..report import Report
+
+RANK, GLOBAL, BLOCK, PATTERN, GROUP = "rank", "global", "block", "pattern", "param_group"
+"""Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL, BLOCK, PATTERN and
+GROUP ones (PATTERN: one series per detectable pattern, labels ``pattern`` and ``severity``;
+GROUP: one per optimizer param group, label ``param_group``)."""
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """What one scrape reads: references taken under the lock, read outside it."""
+
+    report: Report | None
+    steps: int
+    skipped: int
+    nonfinite: int
+    world_size: int
+    update_ratio: dict[str, float]
+    activations: dict[str, dict[str, float]]
+    verdicts: dict[str, int]
+    active: dict[str, int]
+    recovery: dict[str, float] | None
+    replica_checks: int = 0
+    host: dict[str, float] = field(default_factory=dict)      # read at scrape time
+
+
+def _last(attr: str, default: float = math.nan) -> Callable[[_Snapshot], float]:
+    return lambda s: default if s.report is None else float(getattr(s.report, attr))
+
+
+def _samples_per_second(s: _Snapshot) -> float | None:
+    r = s.report
+    if r is None or r.samples is None or not r.step_seconds > 0:  # also rejects NaN
+        return None
+    return r.samples / r.step_seconds
+
+
+def _tokens_per_second(s: _Snapshot) -> float | None:
+    r = s.report
+    if r is None or r.tokens is None or not r.step_seconds > 0:
+        return None
+    return r.tokens / r.step_seconds
+
+
+def _host(key: str) -> Callable[[_Snapshot], float]:
+    return lambda s: s.host.get(key, math.nan)
+
+
+def _accelerator(key: str) -> Callable[[_Snapshot], float | None]:
+    """A CUDA allocator counter of the last sample; None (no series) without one."""
+    return lambda s: (None if s.report is None or s.report.local_accelerator_memory is None
+                      else float(s.report.local_accelerator_memory[key]))
+
+
+def _rank_compute(s: _Snapshot) -> float:
+    return math.nan if s.report is None else float(s.report.compute_seconds)
+
+
+def _recovery(s: "_Snapshot", key: str) -> float | None:
+    """A watchdog value; None (no series) when the watchdog is off."""
+    return None if s.recovery is None else float(s.recovery[key])
+
+
+def _activation(key: str) -> Callable[[_Snapshot, str], float]:
+    return lambda s, block: float(s.activations.get(block, {}).get(key, math.nan))
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric: its name, type, help text, scope and where its value comes from."""
+
+    name: str
+    kind: str
+    """"gauge" or "counter"."""
+    doc: str
+    scope: str
+    """RANK, GLOBAL or BLOCK (one series per block, label ``block``)."""
+    value: Callable[..., float | None] = field(repr=False)
+    """(snapshot) -> value, or (snapshot, block) -> value for BLOCK; None omits the series."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """Constant labels besides ``rank``."""
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("torchvitals_build_info", "gauge", "Versions of this process (always 1).", RANK,
+               lambda s: 1.0,
+               labels=(("version", _version("torchvitals")), ("torch_version", _version("torch")))),
+    MetricSpec("torchvitals_world_size", "gauge", "Ranks in the job.", RANK,
+               lambda s: float(s.world_size)),
+    MetricSpec("torchvitals_step", "gauge", "Last completed step (1-based; 0 before the first).",
+               RANK, _last("step", 0.0)),
+    MetricSpec("torchvitals_steps_total", "counter", "Steps reported on this rank.", RANK,
+               lambda s: float(s.steps)),
+    MetricSpec("torchvitals_skipped_steps_total", "counter",
+               "Steps whose optimizer step was skipped.", RANK, lambda s: float(s.skipped)),
+    MetricSpec("torchvitals_nonfinite_steps_total", "counter",
+               "Steps with a NaN/Inf loss or gradient on any rank.", RANK,
+               lambda s: float(s.nonfinite)),
+    MetricSpec("torchvitals_step_duration_seconds", "gauge", "This rank's wall time of the "
+               "last step.", RANK, _last("step_seconds")),
+    # Synchronous ranks all wait for the slowest in the collectives, so their step times agree;
+    # the time before the backward's collectives is what tells a straggler.
+    MetricSpec("torchvitals_compute_duration_seconds", "gauge", "This rank's compute time of the "
+               "last step (from the previous step's end to the end of its forward and loss).",
+               RANK, _rank_compute),
+    MetricSpec("torchvitals_local_loss", "gauge", "This rank's loss at the last step.", RANK,
+               _last("local_loss")),
+    MetricSpec("torchvitals_samples_per_second", "gauge", "This rank's samples / step duration "
+               "of the last step (only when the caller passes the sample count).", RANK,
+               _samples_per_second),
+    MetricSpec("torchvitals_tokens_per_second", "gauge", "This rank's tokens / step duration "
+               "(only when the caller passes the token count).", RANK, _tokens_per_second),
+    MetricSpec("torchvitals_data_wait_seconds", "gauge", "This rank's wait for its batches in "
+               "the last step.", RANK, _last("local_data_wait_seconds", 0.0)),
+    MetricSpec("torchvitals_process_resident_memory_bytes", "gauge", "This rank's resident "
+               "memory.", RANK, _host("resident_bytes")),
+    MetricSpec("torchvitals_process_cpu_seconds_total", "counter", "User and system CPU time of "
+               "this rank (rate(): cores used).", RANK, _host("cpu_seconds")),
+    MetricSpec("torchvitals_process_open_fds", "gauge", "File descriptors this rank holds open.",
+               RANK, _host("open_fds")),
+    MetricSpec("torchvitals_dataloader_workers", "gauge", "Live child processes of this rank "
+               "(its DataLoader workers).", RANK, _host("children")),
+    MetricSpec("torchvitals_host_memory_available_bytes", "gauge", "Memory available on this "
+               "rank's host.", RANK, _host("host_available_bytes")),
+    MetricSpec("torchvitals_accelerator_memory_allocated_bytes", "gauge", "CUDA memory held by "
+               "tensors (last sample).", RANK, _accelerator("allocated_bytes")),
+    MetricSpec("torchvitals_accelerator_memory_reserved_bytes", "gauge", "CUDA memory reserved "
+               "by the caching allocator (last sample).", RANK, _accelerator("reserved_bytes")),
+    MetricSpec("torchvitals_accelerator_memory_peak_bytes", "gauge", "Peak CUDA memory held by "
+               "tensors since the sample before.", RANK, _accelerator("peak_bytes")),
+    MetricSpec("torchvitals_accelerator_memory_fragmentation_bytes", "gauge", "Reserved minus "
+               "allocated CUDA memory (last sample).", RANK, _accelerator("fragmentation_bytes")),
+    MetricSpec("torchvitals_data_wait_ratio", "gauge", "Share of the ranks' step time spent "
+               "waiting for data (last step).", GLOBAL, _last("data_wait_ratio", 0.0)),
+    MetricSpec("torchvitals_replica_checks_total", "counter", "Sampled steps that compared the "
+               "DDP replicas' fingerprints.", GLOBAL, lambda s: float(s.replica_checks)),
+    MetricSpec("torchvitals_loss", "gauge", "Mean loss over the ranks at the last step.", GLOBAL,
+               _last("loss")),
+    # Not "_grad_norm_total": the _total suffix is reserved for counters.
+    MetricSpec("torchvitals_grad_norm_global", "gauge", "L2 norm of all gradients before "
+               "clipping.", GLOBAL, _last("grad_norm_total")),
+    MetricSpec("torchvitals_clip_coefficient", "gauge", "Factor the gradients were scaled by "
+               "(1 without clipping).", GLOBAL, _last("clip_coef")),
+    MetricSpec("torchvitals_grad_norm", "gauge", "L2 norm of the block's gradient.", BLOCK,
+               lambda s, b: math.nan if s.report is None
+               else float(s.report.grad_norm.get(b, math.nan))),
+    MetricSpec("torchvitals_update_ratio", "gauge", "||dw|| / ||w|| of the block's last sampled "
+               "optimizer update.", BLOCK,
+               lambda s, b: float(s.update_ratio.get(b, math.nan))),
+    MetricSpec("torchvitals_activation_mean", "gauge", "Mean of the block's output (last "
+               "sample).", BLOCK, _activation("mean")),
+    MetricSpec("torchvitals_activation_rms", "gauge", "RMS of the block's output (last sample).",
+               BLOCK, _activation("rms")),
+    MetricSpec("torchvitals_activation_abs_max", "gauge", "Max |x| of the block's output (last "
+               "sample).", BLOCK, _activation("abs_max")),
+    MetricSpec("torchvitals_activation_zero_ratio", "gauge", "Fraction of the block's outputs "
+               "that are exactly 0 (last sample).", BLOCK, _activation("zero_fraction")),
+    MetricSpec("torchvitals_activation_saturated_ratio", "gauge", "Fraction of the block's "
+               "outputs with |x| >= saturation_level (last sample).", BLOCK,
+               _activation("saturation_fraction")),
+    MetricSpec("torchvitals_activation_nonfinite", "gauge", "NaN/Inf elements in the block's "
+               "output (last sample).", BLOCK, _activation("nonfinite")),
+    MetricSpec("torchvitals_attention_entropy_min", "gauge", "Lowest per-head attention entropy "
+               "in the block, nats (last sample; NaN without attention).", BLOCK,
+               _activation("attention_entropy")),
+    MetricSpec("torchvitals_attention_logit_max", "gauge", "Largest attention logit in the block "
+               "(last sample; from record_attention(logits=...)).", BLOCK,
+               _activation("attention_logit_max")),
+    MetricSpec("torchvitals_loss_scale", "gauge", "GradScaler scale used at the last step (only "
+               "when a scaler is passed to agent.step).", GLOBAL,
+               lambda s: None if s.report is None or s.report.loss_scale is None
+               else float(s.report.loss_scale)),
+    MetricSpec("torchvitals_rollbacks_total", "counter", "Rollbacks to a healthy checkpoint (this "
+               "process).", GLOBAL, lambda s: _recovery(s, "rollbacks")),
+    MetricSpec("torchvitals_last_healthy_step", "gauge", "Step of the last healthy checkpoint.",
+               GLOBAL, lambda s: _recovery(s, "last_healthy_step")),
+    MetricSpec("torchvitals_learning_rate", "gauge", "Learning rate the param group stepped with "
+               "at the last step (what its scheduler, framework or loop set, times the back-off).",
+               GROUP, lambda s, group: float(s.report.lr[group])),
+    MetricSpec("torchvitals_lr_scale", "gauge", "Factor the rollbacks' back-off left on the "
+               "learning rate.", GLOBAL, lambda s: _recovery(s, "lr_scale")),
+    MetricSpec("torchvitals_skipped_batches_total", "counter", "Batches never trained on after "
+               "rollbacks (the skip list).", GLOBAL, lambda s: _recovery(s, "skipped_batches")),
+    MetricSpec("torchvitals_checkpoint_seconds", "gauge", "Duration of the last healthy "
+               "checkpoint save (the background write, when staged).", GLOBAL,
+               lambda s: _recovery(s, "checkpoint_seconds")),
+    MetricSpec("torchvitals_checkpoint_stall_seconds", "gauge", "How long the last healthy "
+               "checkpoint stalled training (the staging copy, or the whole synchronous save).",
+               GLOBAL, lambda s: _recovery(s, "checkpoint_stall_seconds")),
+    MetricSpec("torchvitals_checkpoint_failures_total", "counter", "Healthy checkpoints that "
+               "failed on some rank and were not committed.", GLOBAL,
+               lambda s: _recovery(s, "checkpoint_failures")),
+    MetricSpec("torchvitals_verdicts_total", "counter", "Verdicts emitted, by pattern.", PATTERN,
+               lambda s, p: float(s.verdicts.get(p, 0))),
+    MetricSpec("torchvitals_active_verdicts", "gauge", "Blocks (or 1 for job-wide patterns) in "
+               "which the pattern is currently active.", PATTERN,
+               lambda s, p: float(s.active.get(p, 0))),
+)
