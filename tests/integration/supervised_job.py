@@ -44,8 +44,11 @@ def rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
     model = torch.nn.parallel.DistributedDataParallel(TinyGPT(**TINY))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     # heartbeat_dir comes from TORCHVITALS_HEARTBEAT_DIR, set by the supervisor.
+    # Synchronous saves: the kill at step 12 must find step 10 committed. A background save
+    # commits a step or more after it was staged, which tests/distributed/test_async_checkpoint.py
+    # covers; here the subject is the supervisor.
     agent = torchvitals.watch(model, opt, checkpoint_dir=args.ckpt, checkpoint_every=5,
-                              healthy_window=2)
+                              healthy_window=2, snapshot_max_bytes=0)
     resumed = agent.resumed_from
     data = list(random_batches(200, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"],
                                seed=rank))
