@@ -31,6 +31,7 @@ from torchvitals.agent.detect.detector import Detector
 from torchvitals.agent.detect.rules import median
 from torchvitals.agent.detect.straggler import RankTiming
 from torchvitals.agent.detect.thresholds import Thresholds
+from torchvitals.agent.measure.loss import LossBook
 from torchvitals.agent.measure.reduce import Packer, Reducer, unpack
 
 F64 = torch.float64
@@ -62,9 +63,9 @@ class Step:
         packer.add_host_sum("rank_seconds", [seconds, compute])
         packer.add_host_sum("straggler", self.timing.flags())
         packer.add_sum("grad_sq", self.grad_sq)
-        packer.add_sum("loss", torch.tensor([2.0 + 0.01 * self.rng.random()], dtype=F64))
-        packer.add_sum("loss_nonfinite", torch.zeros(1, dtype=F64))
-        packer.add_local("local_loss", torch.tensor([2.0], dtype=F64))
+        LossBook.pack(packer, torch.tensor(2.0 + 0.01 * self.rng.random(), dtype=F64),
+                      torch.device("cpu"))
+        packer.add_host_sum("data_wait", [0.0, seconds])      # the vitals' two floats
         if step % 10 == 0:
             counts, sums, maxes = self.act
             packer.add_host_sum("act_count", counts.tolist())

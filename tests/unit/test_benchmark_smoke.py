@@ -1,8 +1,9 @@
-"""The overhead benchmark runs end to end on a tiny model and prints one ratio row per variant.
+"""The benchmarks run end to end: the overhead benchmark on a tiny model prints one ratio row per
+variant, the payload benchmark shows the step's SUM payload independent of the world size.
 
     python -m pytest tests/unit/test_benchmark_smoke.py
 
-Only that it runs: the numbers it prints are measurements, never asserted.
+Timings they print are measurements, never asserted; the payload's size is a count.
 """
 
 import json
@@ -28,3 +29,15 @@ def test_overhead_benchmark_prints_a_ratio_row_per_variant(tmp_path):
         assert re.search(row, proc.stdout, re.MULTILINE), f"no row for {variant}:\n{proc.stdout}"
     result = json.loads(out.read_text())
     assert set(result["modes"]["single"]["variants"]) == set(VARIANTS)
+
+
+def test_payload_benchmark_shows_a_payload_that_does_not_grow_with_the_world():
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "payload.py"), "--worlds", "2,512",
+         "--steps", "10", "--rounds", "1", "--onehot-max", "512", "--onehot-steps", "10"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[1:]]
+    (w2, new2, _, old2, _), (w512, new512, _, old512, _) = rows
+    assert new2 == new512, "the SUM payload grew with the world"
+    assert int(old512) - int(old2) == 2 * (512 - 2)     # the old one-hot vectors: 2 per rank
