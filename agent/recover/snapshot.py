@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
@@ -51,23 +51,21 @@ def live_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> di
 
 def state_bytes(tensors: dict[str, Any]) -> int:
     """Bytes of this rank's tensors in a state dict (local shards for DTensors)."""
-    total = 0
+    return sum(t.numel() * t.element_size() for t in _tensors(tensors))
 
-    def visit(value: Any) -> None:
-        nonlocal total
-        if isinstance(value, DTensor):
-            value = value.to_local()
-        if isinstance(value, torch.Tensor):
-            total += value.numel() * value.element_size()
-        elif isinstance(value, dict):
-            for v in value.values():
-                visit(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                visit(v)
 
-    visit(tensors)
-    return total
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in a nested state dict, a DTensor as its local shard."""
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
 
 
 def stage(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -133,20 +131,4 @@ def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optim
 
 
 def _any_accelerator(tensors: dict[str, Any]) -> bool:
-    found = False
-
-    def visit(value: Any) -> None:
-        nonlocal found
-        if found:
-            return
-        if isinstance(value, torch.Tensor):
-            found = value.device.type == "cuda"
-        elif isinstance(value, dict):
-            for v in value.values():
-                visit(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                visit(v)
-
-    visit(tensors)
-    return found
+    return any(t.device.type == "cuda" for t in _tensors(tensors))
