@@ -63,8 +63,9 @@ class Watchdog:
 
     def __init__(self, config: Config, group: Any = None):
         self.config = config
+        self._own_group = None
         if config.snapshot_max_bytes:   # the background writes get their own group
-            group = checkpoint_group(group)
+            group = self._own_group = checkpoint_group(group)
         self.store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
         self.staged = StagedSaves(self.store, config.snapshot_max_bytes) if config.snapshot_max_bytes else None
         self.failed_saves = 0
@@ -176,15 +177,22 @@ class Watchdog:
             CheckpointError: that write failed (on this rank or another): the job's last healthy
                 state is not the one it ended with, which its exit status should say.
         """
-        if self.staged is None or not self.staged.in_flight:
-            return
-        outcome = self._settled(self.staged.wait(CLOSE_TIMEOUT_S))
-        if outcome is None:
-            log.error("torchvitals: a checkpoint write still in flight after %.0f s at exit; "
-                      "left uncommitted", CLOSE_TIMEOUT_S)
-        elif not outcome.ok:
-            raise CheckpointError(f"the checkpoint of step {outcome.snapshot.step}, written at "
-                                  f"exit, failed: {outcome.error}")
+        try:
+            if self.staged is None or not self.staged.in_flight:
+                return
+            outcome = self._settled(self.staged.wait(CLOSE_TIMEOUT_S))
+            if outcome is None:
+                log.error("torchvitals: a checkpoint write still in flight after %.0f s at exit; "
+                          "left uncommitted", CLOSE_TIMEOUT_S)
+            elif not outcome.ok:
+                raise CheckpointError(f"the checkpoint of step {outcome.snapshot.step}, written "
+                                      f"at exit, failed: {outcome.error}")
+        finally:
+            # Our own gloo group goes with us, unless a write still uses it: left for the
+            # interpreter's teardown, gloo's threads can abort the process after a peer left.
+            if self._own_group is not None and not (self.staged and self.staged.in_flight):
+                dist.destroy_process_group(self._own_group)
+                self._own_group = None
 
     def _settled(self, outcome: Outcome | None) -> Outcome | None:
         if outcome is None:

@@ -76,3 +76,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # The results are written: leave without the interpreter's teardown, where gloo's threads
+    # can abort a rank whose peer already left (the test asserts the run, not the teardown).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
