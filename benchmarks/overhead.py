@@ -51,7 +51,6 @@ import platform
 import queue as queue_module
 import resource
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -101,17 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def free_port_pair() -> int:
     """A port p with p and p + 1 free: the exporter serves on base + LOCAL_RANK."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                with socket.socket() as b:
-                    b.bind(("127.0.0.1", port + 1))
-                    return port
-            except OSError:
-                continue
-    raise RuntimeError("no pair of adjacent free ports")
+    from torchvitals.agent.tools.demo.launch import free_ports
+    return free_ports(2)
 
 
 def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> dict[str, Any]:
@@ -200,9 +190,7 @@ def run_ddp(args: argparse.Namespace, world: int = 2) -> dict[str, Any]:
     """Spawn ``world`` gloo ranks running ``measure``; rank 0's result (times are the max)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        master = s.getsockname()[1]
+    master = free_port_pair()
     port = free_port_pair()
     procs = [ctx.Process(target=_ddp_rank, args=(r, world, args, master, port, queue), daemon=True)
              for r in range(world)]

@@ -9,7 +9,6 @@ import math
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import time
@@ -20,6 +19,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from torchvitals.agent.measure.reduce import drain_collectives_at_exit
 
 TINY = dict(vocab=64, d_model=32, n_layers=3, n_heads=4, seq_len=16)
 TINY_BLOCKS = ["tok_emb", "pos_emb", "blocks.0", "blocks.1", "blocks.2", "lm_head", "other"]
@@ -135,15 +136,16 @@ def wrap(kind: str, model: nn.Module, world: int) -> nn.Module:
 # ---------------------------------------------------------------- world-size-2 harness
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range, so no outgoing connection takes it first."""
+    from torchvitals.agent.tools.demo.launch import free_ports
+    return free_ports(1)
 
 
 def _child(fn: Callable, rank: int, world: int, port: int, queue: Any, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
+    drain_collectives_at_exit()     # a reference run without the agent exits as cleanly
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
         try:

@@ -20,6 +20,7 @@ from torchvitals.agent.detect import PATTERNS
 from torchvitals.agent.outputs.exporter import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, Exporter,
                                        MetricsPortError)
 from torchvitals.agent.report import Report
+from tvsupport import free_port
 
 RECOVERY = {"torchvitals_rollbacks", "torchvitals_last_healthy_step", "torchvitals_lr_scale",
             "torchvitals_skipped_batches", "torchvitals_checkpoint_seconds",
@@ -30,12 +31,6 @@ ACCELERATOR = {f"torchvitals_accelerator_memory_{k}_bytes"
 BLOCKS = ["embed", "layers.0", "layers.1", "head"]
 NAME = re.compile(r"^torchvitals_[a-z][a-z0-9_]*$")
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_ratio", "_info")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def activation(x: float) -> dict[str, float]:

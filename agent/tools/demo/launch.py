@@ -42,11 +42,24 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+def listen_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """Ports to listen on that no outgoing connection takes: those below the kernel's ephemeral
+    range. A free port inside that range can be taken by any connect() (a gloo pair, a scrape)
+    between the moment it is picked and the moment the server binds it."""
+    try:
+        with open(path) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768                     # Linux's default
+    return (10000, low) if low > 11000 else (low // 2, low)
+
+
 def free_ports(count: int, rng: random.Random | None = None) -> int:
     """A base port with ``count`` consecutive free ports on 127.0.0.1 (rank r serves base + r)."""
     rng = rng or random.Random()
+    low, high = listen_port_range()
     for _ in range(200):
-        base = rng.randrange(20000, 60000 - count)
+        base = rng.randrange(low, high - count)
         if all(port_is_free(base + i) for i in range(count)):
             return base
     raise RuntimeError(f"no {count} consecutive free ports found on {HOST}")
