@@ -28,7 +28,8 @@ from .detect.detector import Detector
 from .detect.straggler import RankTiming
 from .detect.thresholds import Thresholds
 from .detect.wiring import wiring_verdicts
-from .guard import ClipWatch, StepGuard, intercept_clipping
+from .guard import (ClipWatch, StepGuard, intercept_clipping, intercept_scaler_step,
+                    same_tensors)
 from .measure.activations import ActivationStats
 from .measure.attention import AttentionStats
 from .measure.blocks import Blocks, discover, unwrap
@@ -126,10 +127,13 @@ class Agent(StepPipeline):
                                                              with_kwargs=True)
         self._call: dict[str, Any] | None = None
         self._captured: torch.Tensor | None = None
+        self._captured_from: list[Any] = []     # the gradients it was measured from
         self.last_report: Report | None = None
         """The report of the last step (what a framework's ``optimizer.step()`` produced)."""
         self._clip_check = ClipWatch(log=log if self.rank == 0 else None)
         self._guard = StepGuard(optimizer, self._run_step, params)
+        self._loop_scaler: Any = None
+        self._release_scaler = intercept_scaler_step(optimizer, self._scaler_step)
         self._release_clip = intercept_clipping(self.capture_gradients, params)
         if self.sampled(self.step_count + 1):
             self._arm()
@@ -206,8 +210,11 @@ class Agent(StepPipeline):
         """Measure this step's gradients now, before something changes them (a framework's
         gradient clipping): the report's grad norms are then the pre-clip ones. Called by the
         integrations, and by ``torch.nn.utils.clip_grad_norm_`` while a guard is active."""
+        now = self._guard.probe_grads()
+        if self._captured is not None and not same_tensors(now, self._captured_from):
+            self._captured = None     # a new backward since: the loop skipped that step itself
         if self._captured is None and self._aborted is None:
-            self._captured = self._grads.block_sq(self.device)
+            self._captured, self._captured_from = self._grads.block_sq(self.device), now
 
     def observe_validation(self, loss: torch.Tensor | float) -> float:
         """Report a validation loss; every rank must call it (it is averaged over the ranks).
@@ -238,6 +245,7 @@ class Agent(StepPipeline):
         """Give the optimizer its step back, remove hooks, stop /metrics, close the event log,
         finish a checkpoint write in flight."""
         self._guard.close()
+        self._release_scaler()
         self._release_clip()
         self._loss_hook.remove()
         self._forward_hook.remove()

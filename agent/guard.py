@@ -62,7 +62,7 @@ class StepGuard:
 
         def step(opt: torch.optim.Optimizer, closure: Callable[[], Any] | None = None,
                  **kwargs: Any) -> Any:
-            return self._guarded(closure, kwargs)
+            return self.guarded_step(closure, **kwargs)
 
         # A bound method, like the one it replaces: torch's LR schedulers wrap ``step.__func__``,
         # and skip (and do not warn) when it says it tells them it stepped, which real_step does.
@@ -70,7 +70,12 @@ class StepGuard:
         optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
         self._hook = optimizer.register_step_pre_hook(self._pre_hook)
 
-    def _guarded(self, closure: Callable[[], Any] | None, kwargs: dict[str, Any]) -> Any:
+    def guarded_step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """What ``optimizer.step()`` now does: the agent's step (and, inside it, the real one)."""
+        if self._inside:
+            # real_step called the optimizer's current ``step``, a wrapper someone put around
+            # this one (a framework's "it stepped" marker): this is the real step.
+            return self._original(closure) if closure is not None else self._original()
         if kwargs:
             raise TorchvitalsError(f"torchvitals' guarded step takes only a closure, got "
                                    f"{sorted(kwargs)}")
@@ -87,7 +92,13 @@ class StepGuard:
         return loss
 
     def real_step(self, lr_scale: float) -> None:
-        """Step the wrapped optimizer once with each group's ``lr`` multiplied by ``lr_scale``."""
+        """Step the wrapped optimizer once with each group's ``lr`` multiplied by ``lr_scale``.
+
+        The step goes through the optimizer's current ``step``: a wrapper a framework installs
+        for the duration of its step (accelerate marks that the optimizer really stepped, and
+        steps its scheduler only then) sees it, and a wrapper around the guard lands back in
+        ``guarded_step``, which takes the real step.
+        """
         groups = self.optimizer.param_groups
         intended = [g["lr"] for g in groups]
         try:
@@ -96,7 +107,7 @@ class StepGuard:
                     g["lr"] = lr * lr_scale
             self._inside = True
             self.optimizer._opt_called = True    # what torch's LR schedulers check for
-            self._original()
+            self.optimizer.step()
         finally:
             self._inside = False
             for g, lr in zip(groups, intended):
@@ -105,6 +116,11 @@ class StepGuard:
     def effective_lr(self, lr_scale: float) -> list[float]:
         """The learning rate of each param group as a step would apply it now."""
         return [_host_float(g["lr"]) * lr_scale for g in self.optimizer.param_groups]
+
+    def probe_grads(self) -> list[Any]:
+        """The probe parameters' gradient tensors: a backward pass after ``zero_grad()`` makes
+        new ones, so holding these tells whether gradients are still the same step's."""
+        return [p.grad for p in self._probes]
 
     def _mark(self) -> list[tuple[torch.Tensor, int]]:
         return [(g, g._version) for g in (p.grad for p in self._probes) if g is not None]
@@ -135,6 +151,11 @@ class StepGuard:
             self.optimizer.step = self._original  # type: ignore[method-assign]
         else:
             vars(self.optimizer).pop("step", None)
+
+
+def same_tensors(a: list[Any], b: list[Any]) -> bool:
+    """The same tensor objects (identity, not values), in the same order."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _host_float(lr: Any) -> float:
@@ -207,3 +228,54 @@ class ClipWatch:
                 "clipped ones. Call torch.nn.utils.clip_grad_norm_ through the module attribute "
                 "(not a name imported before watch()), or let torchvitals clip: "
                 "watch(..., clip_grad_norm=%.6g)", total, self.steps, total)
+
+
+# ---------------------------------------------------------------- GradScaler.step
+
+_scaler_routes: dict[int, tuple[torch.optim.Optimizer, Callable[[Any], Any]]] = {}
+_original_scaler_step: Callable[..., Any] | None = None
+
+
+def intercept_scaler_step(optimizer: torch.optim.Optimizer,
+                          route: Callable[[Any], Any]) -> Callable[[], None]:
+    """Send ``GradScaler.step(optimizer)`` to ``route(scaler)`` until the returned function is
+    called.
+
+    ``scaler.step(optimizer)`` skips ``optimizer.step()`` altogether when it finds Inf/NaN
+    gradients, so a loop or framework that steps through a GradScaler (nanoGPT's fp16 path,
+    Lightning's ``16-mixed``, accelerate's fp16) would hide every overflow step from the
+    agent. Routed, every such call runs the agent's step with that scaler: measured at the true
+    scale, agreed on by every rank (an overflow anywhere skips the step everywhere), then
+    stepped or skipped; the caller's ``scaler.update()`` then sees the job-wide verdict. The
+    class attribute is replaced (torch's CPU, CUDA and FSDP scalers inherit it), so a scaler
+    made before or after ``watch`` is reached; other optimizers and disabled scalers keep the
+    scaler's own step.
+    """
+    global _original_scaler_step
+    from torch.amp.grad_scaler import GradScaler
+    if _original_scaler_step is None:
+        _original_scaler_step = GradScaler.step
+
+        def step(scaler: Any, opt: Any, *args: Any, **kwargs: Any) -> Any:
+            entry = _scaler_routes.get(id(opt))
+            if entry is None or entry[0] is not opt or not scaler.is_enabled():
+                return _original_scaler_step(scaler, opt, *args, **kwargs)
+            if "closure" in kwargs or any(a is not None for a in args):
+                raise TorchvitalsError("GradScaler.step(optimizer, closure) is not supported: "
+                                       "torch's GradScaler refuses closures too")
+            return entry[1](scaler)
+
+        step.__doc__ = _original_scaler_step.__doc__
+        step.__wrapped__ = _original_scaler_step  # type: ignore[attr-defined]
+        GradScaler.step = step  # type: ignore[method-assign]
+    _scaler_routes[id(optimizer)] = (optimizer, route)
+
+    def release() -> None:
+        global _original_scaler_step
+        if _scaler_routes.get(id(optimizer), (None,))[0] is optimizer:
+            del _scaler_routes[id(optimizer)]
+        if not _scaler_routes and _original_scaler_step is not None:
+            GradScaler.step = _original_scaler_step  # type: ignore[method-assign]
+            _original_scaler_step = None
+
+    return release

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..protocol import ABORTED, CODES
 from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
+from .guard import same_tensors
 from .measure import scaler as amp
 from .measure.loss import LossBook
 from .measure.reduce import Packer, unpack
@@ -48,6 +49,9 @@ class StepPipeline:
         call = self._call or {}
         loss = self.loss_book.take(call.get("loss"), closure_loss)
         scaler, owns_scheduler = call.get("scaler"), self._call is not None
+        update_scaler = scaler is not None          # agent.step(scaler=): the agent updates it
+        if scaler is None:
+            scaler = self._loop_scaler              # scaler.step(optimizer): the caller updates
         step = self.step_count + 1
         step_seconds = self._clock() - self._last_end
         use_scaler = amp.enabled(scaler)
@@ -92,7 +96,8 @@ class StepPipeline:
                     self._detector_at = {s: d for s, d in self._detector_at.items()
                                          if s in (step, self.watchdog.last_healthy)}
         if use_scaler:
-            amp.finish(scaler, self.optimizer, overflow=report.action != "step")
+            amp.finish(scaler, self.optimizer, overflow=report.action != "step",
+                       update=update_scaler)
         self.step_count = report.rollback["to_step"] if report.rollback else step
         if self.sampled(self.step_count + 1):
             self._arm()
@@ -102,6 +107,14 @@ class StepPipeline:
         self.last_report = report
         self._last_end = self._clock()
         return report
+
+    def _scaler_step(self, scaler: Any) -> Any:
+        """``scaler.step(optimizer)`` from the loop or a framework (see guard.intercept_scaler_step)."""
+        self._loop_scaler = scaler
+        try:
+            return self._guard.guarded_step()
+        finally:
+            self._loop_scaler = None
 
     def _rollback(self, report: Report, reason: str) -> None:
         """Every rank, same step: back to the last healthy checkpoint, or skip without one."""
@@ -170,6 +183,9 @@ class StepPipeline:
         if scaler is not None:
             packer.add_sum("loss_scale", amp.unscale(scaler, self.optimizer) / self.world_size)
         captured, self._captured = self._captured, None
+        if captured is not None and not same_tensors(self._guard.probe_grads(), self._captured_from):
+            captured = None           # measured before a step the loop then left out
+        self._captured_from = []
         packer.add_sum("grad_sq", captured if captured is not None else self._grads.block_sq(self.device))
         LossBook.pack(packer, loss, self.device)
         if self.config.collector_url:

@@ -1,4 +1,4 @@
-"""A nanoGPT-shaped training loop under torchvitals: three lines differ from the original.
+"""A nanoGPT-shaped training loop under torchvitals: two lines differ from the original.
 
     python examples/nanogpt_loop.py --out runs/nanogpt
     torchrun --standalone --nproc-per-node 2 examples/nanogpt_loop.py --out runs/nanogpt
@@ -6,10 +6,10 @@
 The loop is the one nanoGPT's train.py runs: it sets the learning rate by hand every iteration
 (warmup, then cosine), accumulates gradients over micro-batches, scales them with a GradScaler,
 unscales and clips them itself, and draws its batches at random with ``torch.randint``.
-torchvitals adds ``watch`` and ``record_loss`` and takes over ``scaler.step(optimizer);
-scaler.update()`` as ``agent.step(scaler=scaler)`` (marked below): a GradScaler skips the
-optimizer step on an overflow by itself, so the agent would never see that step; with no scaler
-(or a disabled one) a plain ``optimizer.step()`` goes through the agent just the same. The
+torchvitals adds ``watch`` and ``record_loss`` (marked below). The loop's own
+``scaler.step(optimizer)`` runs the agent's step, the steps the scaler skips for an overflow
+included; with no scaler (or a disabled one) ``optimizer.step()`` goes through the agent just the
+same. The
 back-off of a rollback applies over the hand-set LR, the gradients are measured before the
 loop clips them, and after a rollback the loop's RNGs are re-seeded, so the random batch that
 broke the run is not drawn again.
@@ -119,7 +119,8 @@ def train(s: Settings, corrupt: Callable[[torch.Tensor], bool] | None = None,
         if s.grad_clip != 0.0:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        agent.step(scaler=scaler)            # torchvitals: was scaler.step(optimizer); scaler.update()
+        scaler.step(optimizer)               # goes through the agent, overflow steps too
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
         reports.append(agent.last_report)

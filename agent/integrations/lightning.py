@@ -5,7 +5,9 @@ Lightning calls ``optimizer.step(closure)``; the closure runs the training step,
 the step is measured (before the clipping: this callback captures the gradients in
 ``on_before_optimizer_step``), reduced and judged on every rank before the real step; the time
 between batches is the data wait. Lightning's
-scheduler, clipping, accumulation and checkpoints keep working. After a torchvitals rollback
+scheduler, clipping, accumulation and checkpoints keep working; with ``16-mixed`` the plugin's
+``scaler.step(optimizer)`` is routed through the agent too, so the steps the scaler skips for
+an overflow are measured and reported. After a torchvitals rollback
 ``trainer.global_step`` still counts every ``optimizer.step()`` Lightning made (skipped and
 rolled-back ones too); ``agent.step_count`` is the model's step.
 """
@@ -68,8 +70,13 @@ class LightningCallback(pl.Callback):
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            loss: Any) -> None:
         if self.agent is not None:
-            # Lightning divides each micro-batch's loss by the accumulation before backward.
-            self.agent.record_loss(loss.detach() * trainer.accumulate_grad_batches)
+            # Lightning divides each micro-batch's loss by the accumulation before backward,
+            # and with a GradScaler (16-mixed) this hook sees the scaled loss.
+            loss = loss.detach() * trainer.accumulate_grad_batches
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            if scaler is not None and scaler.is_enabled():
+                loss = loss / scaler._get_scale_async()     # GradScaler's no-sync accessor
+            self.agent.record_loss(loss)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: Any) -> None:

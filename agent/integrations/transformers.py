@@ -4,7 +4,10 @@ The Trainer (through accelerate) calls the torch optimizer's ``step()``, which t
 through the agent; the loss comes from the model's output (``outputs.loss``), and the gradients
 are measured when the Trainer calls ``torch.nn.utils.clip_grad_norm_``, before it clips; the time
 between steps, when the Trainer draws the step's batches, is the data wait. The
-Trainer's scheduler, ``max_grad_norm``, gradient accumulation and logging keep working. After a
+Trainer's scheduler, ``max_grad_norm``, gradient accumulation and logging keep working. With
+``fp16=True`` accelerate steps through its GradScaler: that ``scaler.step`` is routed through the
+agent as well, so overflow steps are measured and reported, and the real step still goes through
+accelerate's own wrapper (its scheduler steps only after a real step). After a
 torchvitals rollback ``state.global_step`` still counts every optimizer step the Trainer made
 (skipped and rolled-back ones too); ``agent.step_count`` is the model's step.
 """

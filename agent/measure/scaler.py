@@ -2,7 +2,9 @@
 
 The agent unscales before measuring, so norms are the real ones; an overflow on any rank (the
 reduced non-finite flag) makes every rank's scaler see an overflow, so all skip the step and back
-the scale off together instead of diverging.
+the scale off together instead of diverging. The scaler reaches the step either from
+``agent.step(loss, scaler=...)`` (the agent also updates it) or through the loop's or the
+framework's own ``scaler.step(optimizer)``, which the guard routes here (the caller updates it).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ def unscale(scaler: Any, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     return scaler._get_scale_async().detach().reshape(())
 
 
-def finish(scaler: Any, optimizer: torch.optim.Optimizer, overflow: bool) -> None:
-    """Record the job-wide overflow verdict in this rank's scaler and update its scale."""
+def finish(scaler: Any, optimizer: torch.optim.Optimizer, overflow: bool, update: bool) -> None:
+    """Record the job-wide overflow verdict in this rank's scaler; update its scale unless the
+    caller does (``scaler.step`` then ``scaler.update()`` in the loop or the framework)."""
     if overflow:
         state = scaler._per_optimizer_states[id(optimizer)]
         for found_inf in state["found_inf_per_device"].values():
             found_inf.fill_(1.0)
-    scaler.update()
+    if update:
+        scaler.update()

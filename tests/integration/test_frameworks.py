@@ -117,3 +117,63 @@ def test_healthy_runs_in_both_frameworks_raise_nothing(tmp_path, seed):
     assert lightning.last_report.loss < 2.0 and hf.last_report.loss < 2.0
     for callback in (lightning, hf):        # the time between batches reached the agent
         assert 0 < callback.last_report.local_data_wait_seconds < 1.0
+
+
+def _lightning_fp16(callbacks: list, tmp_path: Path, tag: str) -> tuple[list, list, float]:
+    """Lightning's own 16-mixed plugin (fp16 autocast + GradScaler) on CPU, 30 optimizer steps,
+    a scaler starting at 2^30 so the first steps overflow as a real fp16 run's first steps do.
+    Returns (the module's losses, the final weights, the final scale)."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from lightning_ddp import GPTModule, loader
+
+    class Recorded(GPTModule):
+        losses: list = []
+
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.losses.append(float(loss.detach()))
+            return loss
+
+    pl.seed_everything(0)
+    module = Recorded(total_steps=30)
+    module.losses = []
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 30))
+    pl.Trainer(accelerator="cpu", devices=1, max_steps=30, gradient_clip_val=1.0,
+               plugins=[plugin], logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=str(tmp_path / tag), callbacks=callbacks).fit(module, loader(2000))
+    return module.losses, [p.detach().clone() for p in module.parameters()], plugin.scaler.get_scale()
+
+
+def test_lightning_16_mixed_overflow_steps_reach_the_agent_and_training_is_unchanged(tmp_path):
+    """Lightning's scaler skips overflow steps inside ``scaler.step``; routed through the guard,
+    each is measured, reported as an overflow skip and counted, and the run is bit for bit the
+    run without torchvitals."""
+    import torch
+
+    import torchvitals
+
+    ref_losses, ref_params, ref_scale = _lightning_fp16([], tmp_path, "bare")
+    seen = []
+
+    class Seen(__import__("lightning.pytorch").pytorch.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(vitals.agent.last_report)
+
+    vitals = torchvitals.LightningCallback(log_dir="", metrics_port=0)
+    losses, params, scale = _lightning_fp16([vitals, Seen()], tmp_path, "watched")
+    assert losses == ref_losses and scale == ref_scale
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    assert [r.step for r in seen] == list(range(1, 31)), "every optimizer step reached the agent"
+    overflowed = [r.step for r in seen if r.overflow]
+    assert overflowed[:3] == [1, 2, 3] and len(overflowed) >= 11, overflowed
+    assert all(r.action == ("skip" if r.overflow else "step") for r in seen)
+    assert [v.pattern for v in vitals.verdicts] == ["fp16_overflow"]
+    # The loss Lightning's hook hands over is the scaled one; the report holds the real loss.
+    for report, loss in zip(seen, losses):
+        assert report.loss == pytest.approx(loss, rel=1e-3)
+    for report, after in zip(seen, seen[1:]):     # each overflow halved the scale, nothing else
+        assert after.loss_scale == report.loss_scale / (2 if report.overflow else 1)

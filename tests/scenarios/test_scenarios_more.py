@@ -235,6 +235,54 @@ def test_fp16_scaler_overflow_skips_and_halves(init_scale):
     assert history == [("fp16_overflow", None, 3)]
 
 
+def _scaler_loop(watched: bool):
+    """nanoGPT's fp16 loop: scale, backward, unscale, clip, ``scaler.step``, ``scaler.update``;
+    with torchvitals or without (the reference). Returns (scales, params, reports, history)."""
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 30)
+    agent = torchvitals.watch(model, opt) if watched else None
+    x, y = regression(512)
+    scales, reports = [], []
+    for i in range(0, 512, 32):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x[i:i + 32]), y[i:i + 32])
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scales.append(scaler.get_scale())
+        if agent is not None:
+            agent.record_loss(loss)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        if agent is not None and agent.last_report is not None and agent.last_report not in reports:
+            reports.append(agent.last_report)
+    history = fired(agent) if agent is not None else []
+    if agent is not None:
+        agent.close()
+    return scales, [p.detach().clone() for p in model.parameters()], reports, history
+
+
+def test_a_loop_stepping_through_its_own_scaler_shows_every_overflow_and_trains_as_without():
+    ref_scales, ref_params, _, _ = _scaler_loop(False)
+    scales, params, reports, history = _scaler_loop(True)
+    # Not a bit of the training changes: the same scales, backed off at the same steps, and
+    # the same weights as the loop without torchvitals.
+    assert scales == ref_scales
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    # Every scaler.step reached the agent, overflow steps too (2^30 needs 11 halvings).
+    assert [r.step for r in reports] == list(range(1, 17))
+    overflowed = [r.step for r in reports if r.overflow]
+    assert overflowed[:11] == list(range(1, 12)), overflowed
+    assert all(r.action == "skip" for r in reports if r.overflow)
+    assert all(r.action == "step" for r in reports if not r.overflow)
+    assert [r.loss_scale for r in reports] == scales
+    assert all(math.isfinite(r.loss) for r in reports), "the unscaled fp16 loss, not an Inf"
+    assert history == [("fp16_overflow", None, 3)], "an overflow is not a NaN failure"
+
+
 # ---------------------------------------------------------------- attention saturation
 
 class AttnBlock(nn.Module):

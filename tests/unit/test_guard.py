@@ -225,6 +225,49 @@ def test_a_scaler_the_loop_already_unscaled_is_accepted():
     agent.close()
 
 
+def test_scaler_step_is_routed_for_the_watched_optimizer_only_and_given_back_at_close():
+    scaler_step = torch.amp.GradScaler.step
+    model, other = mlp(0), mlp(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    agent = watch(model, opt)
+    for net, o in ((model, opt), (other, other_opt)):
+        scaler.scale(loss_of(net, 0)).backward()
+        scaler.step(o)
+    scaler.update()
+    assert agent.last_report is not None and agent.last_report.loss_scale == 2.0 ** 10
+    assert agent.step_count == 1, "the other optimizer's step is the scaler's own"
+    assert all(p.grad is not None for p in other.parameters())
+    agent.close()
+    assert torch.amp.GradScaler.step is scaler_step
+    opt.zero_grad()
+    scaler.scale(loss_of(model, 1)).backward()
+    scaler.step(opt)                          # no agent any more: torch's own step
+    assert agent.step_count == 1
+
+
+def test_gradients_measured_before_a_step_the_loop_skipped_are_not_reported_later():
+    """A loop that clips, sees a non-finite norm and skips the step itself (no optimizer.step):
+    the next step reports its own gradients, not the skipped step's Inf."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    agent = watch(model, opt)
+    (loss_of(model, 0) * float("inf")).backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert not torch.isfinite(norm)
+    opt.zero_grad(set_to_none=True)                 # the loop's own skip
+    loss = loss_of(model, 1)
+    loss.backward()
+    true_total = grad_total(model)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    report = agent.last_report
+    assert report.step == 1 and not report.nonfinite_grad and report.action == "step"
+    assert report.grad_norm_total == pytest.approx(true_total, rel=1e-5)
+    agent.close()
+
+
 def test_a_fresh_run_refuses_a_folder_holding_another_run(tmp_path, monkeypatch, caplog):
     ckpt = str(tmp_path / "ckpt")
     model = mlp()
