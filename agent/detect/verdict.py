@@ -64,6 +64,11 @@ PATTERNS: dict[str, str] = {
 }
 """Every pattern the detector can name, with its severity (bounded label set for metrics)."""
 
+PROCESS_PATTERNS = frozenset({STRAGGLER, MEMORY_GROWTH, DATA_STALL})
+"""Warnings about the process, not the model: a slow rank, a leak, a slow loader leave the
+weights as good as they were, so they do not make a step unhealthy for the watchdog (a slow node
+that stays slow would otherwise stop every healthy checkpoint for the rest of the run)."""
+
 
 @dataclass(frozen=True)
 class Verdict:

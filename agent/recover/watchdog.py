@@ -3,8 +3,9 @@
     agent = torchvitals.watch(model, optimizer, scheduler, checkpoint_dir="ckpt")
 
 Every decision here is a function of the reduced report, so every rank takes it in the same
-step. A step is *healthy* when its optimizer step ran, no warning or critical verdict came in
-the ``healthy_window`` steps before it and none is still active; every ``checkpoint_every``
+step. A step is *healthy* when its optimizer step ran, no warning or critical verdict about the
+model (process warnings, such as a straggler, do not count) came in the ``healthy_window`` steps
+before it and none is still active; every ``checkpoint_every``
 steps a healthy step is saved. On a critical verdict every rank restores the last healthy
 checkpoint and multiplies ``lr_scale`` by ``lr_backoff`` (the guarded optimizer applies it at
 each step, over whatever set the LR), and the batches that led there are not trained on again.
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from ...errors import TorchvitalsError
 from ...protocol import ATTEMPT_ENV, CHECKPOINT, LEDGER_FILE, TRAIN
 from ..config import Config
-from ..detect.verdict import CRITICAL, WARNING, Verdict
+from ..detect.verdict import CRITICAL, PROCESS_PATTERNS, WARNING, Verdict
 from ..report import Report, json_safe
 from .async_save import CLOSE_TIMEOUT_S, Outcome, checkpoint_group
 from .batches import SkipAwareBatches
@@ -35,6 +36,10 @@ from .staged import StagedSaves
 from .rng import reseed
 
 log = logging.getLogger(__name__)
+
+
+def _unhealthy(v: Verdict) -> bool:
+    return v.severity in (WARNING, CRITICAL) and v.pattern not in PROCESS_PATTERNS
 
 
 class ResumeRefused(TorchvitalsError, RuntimeError):
@@ -113,16 +118,17 @@ class Watchdog:
         return restored["step"]
 
     def note(self, step: int, verdicts: list[Verdict]) -> None:
-        if any(v.severity in (WARNING, CRITICAL) for v in verdicts):
+        if any(_unhealthy(v) for v in verdicts):
             self.last_bad = step
 
     def healthy(self, step: int, detector: Any) -> bool:
         """No warning or critical verdict in the last ``healthy_window`` steps, and none still
         active: a hot learning rate that keeps holding makes no step healthy. Wiring facts (a
-        block frozen on purpose) do not count: they hold for the whole run."""
+        block frozen on purpose) do not count: they hold for the whole run; nor do the process
+        warnings (straggler, memory growth, data stall): they say nothing of the weights."""
         if step - self.last_bad <= self.config.healthy_window:
             return False
-        return not any(v.severity in (WARNING, CRITICAL) for key, v in detector.active.items()
+        return not any(_unhealthy(v) for key, v in detector.active.items()
                        if key not in detector.pinned)
 
     def maybe_save(self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,

@@ -111,6 +111,16 @@ def test_data_wait_recorded_by_the_caller_is_a_data_stall_too():
     assert [(p, s) for p, s, _ in history] == [("data_stall", 19)]
 
 
+def test_a_data_stall_does_not_stop_healthy_checkpoints(tmp_path):
+    """A slow loader leaves the weights as good as they were: the watchdog keeps saving, so a
+    later failure does not roll back to before the stall began."""
+    reports, history = gpt_run(30, loader_sleep_s=0.06, stall_from=12,
+                               checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5,
+                               healthy_window=2)
+    assert [(p, s) for p, s, _ in history] == [("data_stall", 16)]
+    assert [r.step for r in reports if r.checkpointed] == [5, 10, 15, 20, 25, 30]
+
+
 def test_fast_loader_is_silent():
     reports, history = gpt_run(30)
     assert history == []
