@@ -56,6 +56,9 @@ class Agent(StepPipeline):
                  *, config: Config | None = None, group: dist.ProcessGroup | None = None,
                  registry: Any = None, clock: Callable[[], float] = time.perf_counter):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.scheduler_follows_step = True
+        """Whoever calls ``optimizer.step()`` (a framework, the loop) steps ``scheduler`` right
+        after each one; False for a scheduler stepped per epoch (a restart then takes no step)."""
         self.config = config or Config.from_env()
         self._clock = clock
         distributed = dist.is_available() and dist.is_initialized()

@@ -90,7 +90,8 @@ class StepPipeline:
             self._optimizer_step(report, self.sampled(step + 1), owns_scheduler)
             if self.watchdog is not None:
                 report.checkpointed = self.watchdog.maybe_save(
-                    step, self.model, self.optimizer, self.scheduler, self.detector)
+                    step, self.model, self.optimizer, self.scheduler, self.detector,
+                    scheduler_step_due=not owns_scheduler and self.scheduler_follows_step)
                 if report.checkpointed:
                     self._detector_at[step] = self.detector.snapshot()  # kept: committed + new
                     self._detector_at = {s: d for s, d in self._detector_at.items()

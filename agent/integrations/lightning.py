@@ -53,6 +53,8 @@ class LightningCallback(pl.Callback):
         scheduler = configs[0].scheduler if configs else None
         self.agent = watch(trainer.strategy.model or pl_module, trainer.optimizers[0], scheduler,
                            **self.config)
+        self.agent.scheduler_follows_step = bool(configs) and configs[0].interval == "step" \
+            and configs[0].frequency == 1
         # The training step's output passes through the module's forward; the loss is
         # recorded in on_before_backward instead (once, unnormalised).
         self.agent.loss_book.capture = False

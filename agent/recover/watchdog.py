@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -109,6 +110,14 @@ class Watchdog:
                 f"checkpoint_dir. (resume={mode!r}; torchvitals supervise and torchrun restarts "
                 f"continue it by themselves)")
         restored = self.store.load(model, optimizer, scheduler)
+        if scheduler is not None and restored["extra"].get("scheduler_step_due"):
+            # Saved inside the framework's optimizer.step(), before the framework stepped the
+            # scheduler for that step: take that step now, or the whole rest of the schedule
+            # would run one step behind. (An in-process rollback restores the same state and
+            # the framework's own scheduler.step() follows at once.)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*lr_scheduler.step\\(\\)")
+                scheduler.step()
         self.data.resume_at = restored["extra"].get("position", 0)
         self.data.restore_rank_state(restored["rank_state"])
         self.last_healthy = restored["step"]
@@ -132,12 +141,17 @@ class Watchdog:
                        if key not in detector.pinned)
 
     def maybe_save(self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-                   detector: Any) -> bool:
-        """Save a healthy checkpoint if one is due; collective when it is (identical on all ranks)."""
+                   detector: Any, scheduler_step_due: bool = False) -> bool:
+        """Save a healthy checkpoint if one is due; collective when it is (identical on all ranks).
+
+        ``scheduler_step_due``: the caller (a framework) steps the scheduler for this step after
+        the save; a restart from it then takes that step (see ``resume``).
+        """
         if step % self.config.checkpoint_every or not self.healthy(step, detector):
             return False
         extra = {"position": self.data.position, "lr_scale": self.lr_scale,
-                 "verdicts": [v.to_dict() for v in detector.history[-100:]]}
+                 "verdicts": [v.to_dict() for v in detector.history[-100:]],
+                 "scheduler_step_due": bool(scheduler_step_due and scheduler is not None)}
         if self.staged is not None and self.staged.fits(model, optimizer):
             self.on_phase(CHECKPOINT)       # the stall is short, unless the last write lags
             try:

@@ -177,3 +177,38 @@ def test_lightning_16_mixed_overflow_steps_reach_the_agent_and_training_is_uncha
         assert report.loss == pytest.approx(loss, rel=1e-3)
     for report, after in zip(seen, seen[1:]):     # each overflow halved the scale, nothing else
         assert after.loss_scale == report.loss_scale / (2 if report.overflow else 1)
+
+
+def test_a_restart_under_lightning_continues_the_schedule_where_it_stopped(tmp_path):
+    """The checkpoint is taken inside Lightning's optimizer.step(), before Lightning steps the
+    scheduler for that step; a restart from it must run the rest of the schedule at the same
+    learning rates as the run that never stopped, not one step behind."""
+    import lightning.pytorch as pl
+
+    import torchvitals
+    from lightning_ddp import GPTModule, loader
+    from real_steps import record_real_steps
+
+    def fit(steps: int, callbacks: list) -> list[float]:
+        real: list[dict] = []
+
+        class Record(pl.Callback):
+            def on_fit_start(self, trainer, pl_module):
+                record_real_steps(trainer.optimizers[0], real)
+
+        pl.seed_everything(0)
+        pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False,
+                   enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, default_root_dir=str(tmp_path),
+                   callbacks=[*callbacks, Record()]).fit(GPTModule(total_steps=30), loader(2000))
+        return [r["lr"] for r in real]
+
+    whole = fit(30, [])
+    ckpt = dict(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=10, healthy_window=0,
+                log_dir="", metrics_port=0)
+    first = fit(20, [torchvitals.LightningCallback(**ckpt)])
+    assert first == whole[:20]
+    resumed = torchvitals.LightningCallback(resume="auto", **ckpt)
+    second = fit(10, [resumed])
+    assert resumed.last_report.step == 30
+    assert second == pytest.approx(whole[20:], rel=1e-12)
