@@ -168,41 +168,51 @@ def _host_float(lr: Any) -> float:
 # ---------------------------------------------------------------- gradient clipping
 
 _capturers: list[tuple[Callable[[], None], set[int]]] = []
-_original_clip: Callable[..., Any] | None = None
+_original_scale: Callable[..., Any] | None = None
 
 
 def intercept_clipping(capture: Callable[[], None], params: list[torch.Tensor]) -> Callable[[], None]:
-    """Call ``capture`` before every ``torch.nn.utils.clip_grad_norm_`` of some of ``params``
-    until the returned function is called, so the agent measures the gradients before a framework's (or the
-    loop's) clipping scales them. Frameworks call it through the module attribute (Lightning's
-    precision plugins, accelerate, nanoGPT), so replacing the attribute reaches them; a name
-    imported before ``watch`` is not reached, and ``ClipWatch`` flags what that hides."""
-    global _original_clip
-    if _original_clip is None:
-        _original_clip = torch.nn.utils.clip_grad_norm_
+    """Call ``capture`` before gradient clipping scales some of ``params``, until the returned
+    function is called, so the agent measures the gradients before a framework's (or the
+    loop's) clipping changes them.
 
-        def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+    ``torch.nn.utils.clip_grad_norm_`` computes the total norm, then calls
+    ``torch.nn.utils.clip_grad._clip_grads_with_norm_`` through its module's globals to scale
+    the gradients: replacing that global reaches every caller of ``clip_grad_norm_``, however
+    it was imported (Lightning's precision plugins, accelerate, nanoGPT, a name imported before
+    ``watch``). torchtitan-style code that calls ``torch.nn.utils.clip_grads_with_norm_``
+    itself is reached through that attribute. Clipping by any other means is not seen, and
+    ``ClipWatch`` flags what that hides.
+    """
+    global _original_scale
+    from torch.nn.utils import clip_grad
+    if _original_scale is None:
+        _original_scale = clip_grad._clip_grads_with_norm_
+
+        def _clip_grads_with_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
             # A generator can be read once: read it here and hand the list on.
             parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
             clipped = {id(p) for p in parameters}
             for fn, mine in list(_capturers):
                 if clipped & mine:
                     fn()
-            return _original_clip(parameters, *args, **kwargs)
+            return _original_scale(parameters, *args, **kwargs)
 
-        clip_grad_norm_.__doc__ = _original_clip.__doc__
-        clip_grad_norm_.__wrapped__ = _original_clip  # type: ignore[attr-defined]
-        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+        _clip_grads_with_norm_.__doc__ = _original_scale.__doc__
+        _clip_grads_with_norm_.__wrapped__ = _original_scale  # type: ignore[attr-defined]
+        clip_grad._clip_grads_with_norm_ = _clip_grads_with_norm_
+        torch.nn.utils.clip_grads_with_norm_ = _clip_grads_with_norm_
     entry = (capture, {id(p) for p in params})
     _capturers.append(entry)
 
     def release() -> None:
-        global _original_clip
+        global _original_scale
         if entry in _capturers:
             _capturers.remove(entry)
-        if not _capturers and _original_clip is not None:
-            torch.nn.utils.clip_grad_norm_ = _original_clip
-            _original_clip = None
+        if not _capturers and _original_scale is not None:
+            clip_grad._clip_grads_with_norm_ = _original_scale
+            torch.nn.utils.clip_grads_with_norm_ = _original_scale
+            _original_scale = None
 
     return release
 
@@ -225,8 +235,8 @@ class ClipWatch:
             self._log.warning(
                 "torchvitals: the total gradient norm has been %.6g for %d steps: the gradients "
                 "look clipped before torchvitals measured them, so the reported norms are the "
-                "clipped ones. Call torch.nn.utils.clip_grad_norm_ through the module attribute "
-                "(not a name imported before watch()), or let torchvitals clip: "
+                "clipped ones. Clip with torch.nn.utils.clip_grad_norm_ (or clip_grads_with_norm_), "
+                "which torchvitals measures before, or let torchvitals clip: "
                 "watch(..., clip_grad_norm=%.6g)", total, self.steps, total)
 
 

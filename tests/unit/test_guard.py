@@ -194,8 +194,40 @@ def test_clipping_in_the_loop_is_measured_before_it_clips():
     agent.close()
 
 
+def test_clipping_through_a_name_imported_before_watch_is_measured_before_it_clips():
+    from torch.nn.utils import clip_grad_norm_ as bound_early         # not the attribute
+    from torch.nn.utils.clip_grad import clip_grad_norm_ as bound_deep
+    model, ref = mlp(), mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    agent = watch(model, opt)
+    for s, clip in enumerate((bound_early, bound_deep, torch.nn.utils.clip_grads_with_norm_)):
+        loss = loss_of(model, s)
+        loss.backward()
+        ref.load_state_dict(model.state_dict())
+        ref.zero_grad()
+        loss_of(ref, s).backward()
+        pre_clip = grad_total(ref)
+        if clip is torch.nn.utils.clip_grads_with_norm_:          # torchtitan's two-step clip
+            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            clip(model.parameters(), 1e-3, norm)
+        else:
+            clip(model.parameters(), 1e-3)
+        assert grad_total(model) == pytest.approx(1e-3, rel=1e-3)
+        report = agent.step(loss)
+        assert report.grad_norm_total == pytest.approx(pre_clip, rel=1e-5), clip
+        opt.zero_grad(set_to_none=True)
+    agent.close()
+
+
+def own_clip(params, max_norm: float) -> None:
+    """A loop's hand-written clipping: nothing torchvitals can intercept."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    for g in grads:
+        g.mul_(min(1.0, max_norm / (float(total) + 1e-6)))
+
+
 def test_clipping_the_agent_cannot_see_is_flagged(caplog):
-    from torch.nn.utils.clip_grad import clip_grad_norm_ as bound_early   # not the attribute
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     agent = watch(model, opt)
@@ -203,7 +235,7 @@ def test_clipping_the_agent_cannot_see_is_flagged(caplog):
         for s in range(6):
             loss = loss_of(model, s)
             loss.backward()
-            bound_early(model.parameters(), 0.01)
+            own_clip(list(model.parameters()), 0.01)
             agent.step(loss)
             opt.zero_grad(set_to_none=True)
     assert "look clipped before torchvitals measured them" in caplog.text
