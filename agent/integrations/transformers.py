@@ -57,6 +57,16 @@ class TransformersCallback(TrainerCallback):
         if self.agent is not None and self._step_end is not None:
             self.agent.record_data_wait(time.perf_counter() - self._step_end)
 
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
+                          **kwargs: Any) -> None:
+        # accelerate's fp16 path takes a step with no real optimizer step for an overflow skip,
+        # and the Trainer then leaves its scheduler alone. After a rollback the restored
+        # scheduler needs the step the Trainer gives it on every other path.
+        report = self.agent.last_report if self.agent is not None else None
+        if report is not None and report.action == "rollback" and \
+                getattr(optimizer, "_is_overflow", False):
+            optimizer._is_overflow = False
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._step_end = time.perf_counter()
 

@@ -45,3 +45,47 @@ def test_hf_trainer_fp16_steps_through_the_agent_and_keeps_its_schedule(device, 
     assert losses == pytest.approx(bare_losses, rel=1e-3)
     assert hf.last_report.loss_scale == watched.accelerator.scaler.get_scale()
     assert not [v for v in hf.verdicts if v.severity == "critical"], [str(v) for v in hf.verdicts]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_trainer_fp16_rollback_restores_the_schedule_with_the_model(device, tmp_path):
+    """A NaN loss at step 25 rolls back to the step-20 checkpoint; accelerate reports that step
+    as skipped, and the Trainer must still step the restored scheduler, as it does in fp32."""
+    import sys
+    from pathlib import Path
+
+    from transformers import Trainer, TrainerCallback
+
+    import torchvitals
+    from hf_trainer import Arithmetic, arguments, tiny_gpt2
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hf_job import CLIP, Record
+
+    epochs: list[int] = []
+
+    class Epochs(TrainerCallback):
+        def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
+            epochs.append(lr_scheduler.last_epoch)
+
+    vitals = torchvitals.TransformersCallback(checkpoint_dir=str(tmp_path / "ckpt"),
+                                              checkpoint_every=10, healthy_window=3, log_dir="",
+                                              metrics_port=0,
+                                              # the first steps' overflows must not keep the
+                                              # step-20 checkpoint from being healthy
+                                              detect={"overflow_skips": 1000})
+    model = tiny_gpt2()
+    record = Record(vitals, model, rank=1, fault_step=25)      # rank 1: the rank that faults
+    trainer = Trainer(model=model, args=arguments(str(tmp_path / "hf"), 40, max_grad_norm=CLIP,
+                                                  logging_steps=1000, use_cpu=False, fp16=True),
+                      train_dataset=Arithmetic(2000), callbacks=[vitals, record, Epochs()])
+    trainer.train()
+    reports = record.reports
+    rollbacks = [i for i, r in enumerate(reports) if r["action"] == "rollback"]
+    assert len(rollbacks) == 1 and reports[rollbacks[0]]["rollback"]["to_step"] == 20
+    saved = next(i for i, r in enumerate(reports) if r["step"] == 20 and r["action"] == "step")
+    assert epochs[rollbacks[0]] == epochs[saved], "the scheduler is back where step 20 left it"
+    assert len(record.real) == sum(r["action"] == "step" for r in reports)
+    after = [r for r in reports[rollbacks[0] + 1:] if r["action"] == "step"]
+    assert after and all(real["lr"] == pytest.approx(r["lr"][0]) for real, r in
+                         zip(record.real[-len(after):], after))
