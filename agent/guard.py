@@ -91,13 +91,15 @@ class StepGuard:
             self._marks = self._mark()
         return loss
 
-    def real_step(self, lr_scale: float) -> None:
+    def real_step(self, lr_scale: float, through_attribute: bool = False) -> None:
         """Step the wrapped optimizer once with each group's ``lr`` multiplied by ``lr_scale``.
 
-        The step goes through the optimizer's current ``step``: a wrapper a framework installs
-        for the duration of its step (accelerate marks that the optimizer really stepped, and
-        steps its scheduler only then) sees it, and a wrapper around the guard lands back in
-        ``guarded_step``, which takes the real step.
+        ``through_attribute``: call the optimizer's current ``step``, as ``GradScaler.step``
+        does (the step came from a scaler): a wrapper a framework installs for the length of its
+        step sees it (accelerate marks that the optimizer really stepped, and steps its
+        scheduler only then); a wrapper around the guard lands back in ``guarded_step``, which
+        takes the real step. Otherwise the caller's ``optimizer.step()`` already went through
+        any such wrapper, and the original step is called.
         """
         groups = self.optimizer.param_groups
         intended = [g["lr"] for g in groups]
@@ -107,7 +109,10 @@ class StepGuard:
                     g["lr"] = lr * lr_scale
             self._inside = True
             self.optimizer._opt_called = True    # what torch's LR schedulers check for
-            self.optimizer.step()
+            if through_attribute:
+                self.optimizer.step()
+            else:
+                self._original()
         finally:
             self._inside = False
             for g, lr in zip(groups, intended):

@@ -217,7 +217,7 @@ class StepPipeline:
         measure = measure and self._update is not None
         if measure:
             self._update.before_step()
-        self._guard.real_step(self.lr_scale)
+        self._guard.real_step(self.lr_scale, through_attribute=self._loop_scaler is not None)
         if owns_scheduler and self.scheduler is not None:
             self.scheduler.step()
         if measure:

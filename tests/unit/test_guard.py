@@ -300,6 +300,33 @@ def test_gradients_measured_before_a_step_the_loop_skipped_are_not_reported_late
     agent.close()
 
 
+def test_a_wrapper_around_the_guarded_step_runs_once_per_step_and_sees_a_scaler_step():
+    """A wrapper installed on ``optimizer.step`` after watch (a profiler's, or accelerate's
+    "it really stepped" marker) runs once per step, whether the loop calls ``optimizer.step()``
+    or its GradScaler's ``step``."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    agent = watch(model, opt)
+    calls = []
+    guarded = opt.step
+
+    def wrapper(*args, **kwargs):
+        calls.append(agent.step_count)
+        return guarded(*args, **kwargs)
+
+    opt.step = wrapper
+    loss_of(model, 0).backward()
+    opt.step()
+    assert calls == [0] and agent.step_count == 1
+    opt.zero_grad()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler.scale(loss_of(model, 1)).backward()
+    scaler.step(opt)                  # the scaler calls the optimizer's current step once
+    scaler.update()
+    assert calls == [0, 1] and agent.step_count == 2
+    agent.close()
+
+
 def test_a_fresh_run_refuses_a_folder_holding_another_run(tmp_path, monkeypatch, caplog):
     ckpt = str(tmp_path / "ckpt")
     model = mlp()
