@@ -212,3 +212,36 @@ def test_a_restart_under_lightning_continues_the_schedule_where_it_stopped(tmp_p
     second = fit(10, [resumed])
     assert resumed.last_report.step == 30
     assert second == pytest.approx(whole[20:], rel=1e-12)
+
+
+def test_a_restart_under_the_hf_trainer_continues_the_schedule_where_it_stopped(tmp_path):
+    """As for Lightning: the same command run again after 20 steps (the Trainer's own step count
+    starts over, torchvitals' model step does not) steps at the uninterrupted run's rates."""
+    from transformers import Trainer, TrainerCallback
+
+    import torchvitals
+    from hf_trainer import Arithmetic, arguments, tiny_gpt2
+    from real_steps import record_real_steps
+
+    def fit(stop_after: int, callbacks: list) -> list[float]:
+        real: list[dict] = []
+
+        class Record(TrainerCallback):
+            def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+                record_real_steps(getattr(optimizer, "optimizer", optimizer), real)
+
+            def on_step_end(self, args, state, control, **kwargs):
+                control.should_training_stop = state.global_step >= stop_after
+
+        Trainer(model=tiny_gpt2(0), args=arguments(str(tmp_path / "hf"), 30, logging_steps=1000),
+                train_dataset=Arithmetic(4000), callbacks=[*callbacks, Record()]).train()
+        return [r["lr"] for r in real]
+
+    whole = fit(30, [])
+    ckpt = dict(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=10, healthy_window=0,
+                log_dir="", metrics_port=0)
+    assert fit(20, [torchvitals.TransformersCallback(**ckpt)]) == whole[:20]
+    resumed = torchvitals.TransformersCallback(resume="auto", **ckpt)
+    second = fit(10, [resumed])
+    assert resumed.last_report.step == 30
+    assert second == pytest.approx(whole[20:], rel=1e-12)
