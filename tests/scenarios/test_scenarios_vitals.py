@@ -117,7 +117,8 @@ def test_a_data_stall_does_not_stop_healthy_checkpoints(tmp_path):
     reports, history = gpt_run(30, loader_sleep_s=0.06, stall_from=12,
                                checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5,
                                healthy_window=2)
-    assert [(p, s) for p, s, _ in history] == [("data_stall", 16)]
+    # The stall is seen (its exact step is test_sleeping_loader_is_a_data_stall's business).
+    assert [p for p, _, _ in history] == ["data_stall"]
     assert [r.step for r in reports if r.checkpointed] == [5, 10, 15, 20, 25, 30]
 
 
