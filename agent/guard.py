@@ -22,11 +22,14 @@ Three more things happen here because only the step knows them:
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 
 from ..errors import TorchvitalsError
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class DoubleStepError(TorchvitalsError, RuntimeError):
@@ -83,13 +86,18 @@ class StepGuard:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.checked(self._run, loss)
+        return loss
+
+    def checked(self, run: Callable[[T], R], arg: T) -> R:
+        """``run(arg)`` as one step on new gradients: raises ``DoubleStepError`` when no
+        backward pass ran since the last step (whichever door the step came through)."""
         self._check_new_gradients()
         try:
-            self._run(loss)
+            return run(arg)
         finally:
-            # Marked after the pipeline: unscaling and clipping change the gradients in place.
+            # Marked after the step: unscaling and clipping change the gradients in place.
             self._marks = self._mark()
-        return loss
 
     def real_step(self, lr_scale: float, through_attribute: bool = False) -> None:
         """Step the wrapped optimizer once with each group's ``lr`` multiplied by ``lr_scale``.

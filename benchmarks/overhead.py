@@ -26,8 +26,13 @@ rotated each round, so drift and position effects hit all variants alike. A roun
 variant is the mean of its steps; under DDP, the slower rank's. Keep ``--steps`` a multiple of
 the agent's sample_every (10) so every round holds the same number of sampled steps. Reported:
 the median round time, the ratio to bare (median over rounds of round time / bare's round time
-in the same round) and the min-max of those per-round ratios. A measurement tool: it never
-judges the numbers.
+in the same round) and the min-max of those per-round ratios. Below it, for each agent variant,
+the agent's own host time per step (``agent.stage_times``), median µs per stage (measure,
+reduce, detect, decide/act without the optimizer's own step, publish) and per step kind
+(unsampled, sampled, checkpoint), next to the bare step's time: a change of 1% is visible
+there when whole-step ratios (±5% per round here) cannot show it; on CUDA a column counts the
+host syncs per step (torch's sync debug mode, after the timed rounds). A measurement tool: it
+never judges the numbers.
 
 The watchdog variants save every 50 steps: time them with ``--steps 50`` (one save per round),
 e.g. ``python benchmarks/overhead.py --modes single --variants default,watchdog,watchsync
@@ -66,6 +71,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from variants import VARIANTS, DESCRIPTIONS, build, wandb_missing  # noqa: E402
 from tinygpt import random_batches  # noqa: E402  (variants put examples/ on the path)
+from torchvitals.agent.step import StageTimes  # noqa: E402
 
 MODEL = dict(vocab=256, d_model=256, n_layers=6, n_heads=4, seq_len=128)
 SMALL = dict(vocab=64, d_model=32, n_layers=2, n_heads=4, seq_len=16)
@@ -86,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma list of {', '.join(VARIANTS)}; bare is always added")
     p.add_argument("--small", action="store_true", help="a tiny model (smoke tests)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    p.add_argument("--sync-steps", type=int, default=10,
+                   help="steps per variant counted for host syncs on CUDA (default 10)")
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     names = [v for v in args.variants.split(",") if v]
@@ -132,6 +140,9 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
         for _ in range(args.warmup):
             for v in names:
                 run_steps(v, 1)
+        for run in runs.values():
+            if hasattr(run, "agent"):
+                run.agent.stage_times = StageTimes()
         times: dict[str, list[float]] = {v: [] for v in names}
         for r in range(args.rounds):
             for v in names[r % len(names):] + names[:r % len(names)]:
@@ -143,6 +154,9 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
                 if ddp:
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 times[v].append(elapsed.item() / args.steps)
+        stages = {v: stage_summary(r.agent.stage_times) for v, r in runs.items()
+                  if hasattr(r, "agent")}
+        syncs = count_syncs(runs, run_steps, args.sync_steps) if torch.cuda.is_available() else {}
     finally:
         for run in runs.values():
             run.close()
@@ -153,7 +167,60 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
             shutil.rmtree(shared, ignore_errors=True)
     saves = {v: {"stalls": r.stalls, "restore_s": r.restore_s} for v, r in runs.items()
              if hasattr(r, "stalls")}
-    return {"times": times, "skipped": skipped, "saves": saves}
+    return {"times": times, "skipped": skipped, "saves": saves, "stages": stages, "syncs": syncs}
+
+
+def stage_summary(stage_times: Any) -> dict[str, dict[str, float]]:
+    """kind -> stage -> median µs of the agent's own host time (and ``steps``: how many)."""
+    out = {}
+    for kind, stages in stage_times.samples.items():
+        row = {stage: 1e6 * statistics.median(values) for stage, values in stages.items() if values}
+        row["total"] = sum(row.values())
+        row["steps"] = len(next(iter(stages.values())))
+        out[kind] = row
+    return out
+
+
+def count_syncs(runs: dict[str, Any], run_steps: Any, steps: int) -> dict[str, float]:
+    """Host syncs per step of each variant on CUDA (torch's sync debug mode warns at each),
+    counted after the timed rounds, over ``steps`` steps (a multiple of 10: sampled included)."""
+    import warnings
+    out = {}
+    for v in runs:
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run_steps(v, steps)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        out[v] = sum("synchroniz" in str(w.message) for w in seen) / steps
+    return out
+
+
+def print_stages(mode: str, summary: dict[str, dict[str, Any]], stages: dict[str, Any],
+                 syncs: dict[str, float]) -> None:
+    """The agent's own host time per stage and step kind, in µs, beside the bare step's."""
+    if not stages:
+        return
+    bare_us = 1e3 * summary["bare"]["step_ms"]
+    print(f"\n{mode}: the agent's own host time per step, median µs by stage (bare step "
+          f"{bare_us:.0f} µs; act excludes the optimizer's own step)")
+    cols = ("measure", "reduce", "detect", "act", "publish", "total")
+    print(f"{'variant':<9} {'kind':<11} {'steps':>5} " + " ".join(f"{c:>8}" for c in cols)
+          + f" {'% bare':>7}" + (f" {'syncs':>6}" if syncs else ""))
+    for v, kinds in stages.items():
+        for kind in ("unsampled", "sampled", "checkpoint"):
+            row = kinds.get(kind)
+            if row is None:
+                continue
+            print(f"{v:<9} {kind:<11} {row['steps']:>5} "
+                  + " ".join(f"{row.get(c, float('nan')):>8.0f}" for c in cols)
+                  + f" {100 * row['total'] / bare_us:>6.2f}%"
+                  + (f" {syncs.get(v, float('nan')):>6.1f}" if syncs else ""))
+    if syncs:
+        print(f"(syncs: host syncs per whole step on CUDA, bare {syncs.get('bare', 0):.1f})")
 
 
 def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
@@ -288,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         summary = summarize(result["times"])
         print_table(mode, summary, result["skipped"])
         print_saves(mode, summary, result.get("saves", {}))
+        print_stages(mode, summary, result.get("stages", {}), result.get("syncs", {}))
         print(f"({mode}: {threads} torch thread(s) per process, {load['wall_s']:.0f} s; other "
               f"processes used {load['other_cores']:.2f} of {os.cpu_count()} cores on average, "
               f"hypervisor steal {load['steal_cores']:.2f})", flush=True)
@@ -295,7 +363,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"warning: the machine was not quiet during {mode}; these ratios measure "
                   "contention as much as overhead", flush=True)
         report["modes"][mode] = {"threads": threads, "load": load, "variants": summary,
-                                 "skipped": result["skipped"], "saves": result.get("saves", {})}
+                                 "skipped": result["skipped"], "saves": result.get("saves", {}),
+                                 "stages": result.get("stages", {}),
+                                 "syncs": result.get("syncs", {})}
     report["wall_s"] = time.perf_counter() - began
     print(f"\ntotal wall time {report['wall_s']:.0f} s")
     if args.json:

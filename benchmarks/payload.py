@@ -21,6 +21,7 @@ never judges the numbers.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import time
@@ -28,13 +29,21 @@ import time
 import torch
 
 from torchvitals.agent.detect.detector import Detector
+from torchvitals.agent.detect.observed import Observed
 from torchvitals.agent.detect.rules import median
 from torchvitals.agent.detect.straggler import RankTiming
 from torchvitals.agent.detect.thresholds import Thresholds
-from torchvitals.agent.measure.loss import LossBook
-from torchvitals.agent.measure.reduce import Packer, Reducer, unpack
+from torchvitals.agent.measure.datawait import DataWait
+from torchvitals.agent.measure.reduce import Packer, Reducer
+from torchvitals.agent.report import Report
+from torchvitals.agent.signals.activations import Activations, ActivationSlots
+from torchvitals.agent.signals.base import StepContext
+from torchvitals.agent.signals.datawait import DataWaitSignal
+from torchvitals.agent.signals.loss import Loss
+from torchvitals.agent.signals.timing import Timing
 
 F64 = torch.float64
+CPU = torch.device("cpu")
 NAMES = ["tok_emb", "pos_emb"] + [f"blocks.{i}" for i in range(6)] + ["head", "other"]
 KINDS = ["embedding", "embedding"] + ["layer"] * 6 + ["head", "other"]
 
@@ -45,7 +54,9 @@ class Step:
     def __init__(self, world: int, onehot: bool, rank: int = 1):
         self.world, self.rank, self.onehot = world, rank, onehot
         self.detector = Detector(NAMES, KINDS)
-        self.timing = RankTiming(Thresholds(), rank, world)
+        self.timing = Timing(RankTiming(Thresholds(), rank, world))
+        self.signals = [Loss(), DataWaitSignal(DataWait()), self.timing]
+        self.activations = Activations(None, None, NAMES)   # unpacks only: no hooks here
         self.reducer = Reducer(None, 1)
         self.rng = random.Random(0)
         self.runs: dict[int, int] = {}
@@ -55,38 +66,45 @@ class Step:
 
     def __call__(self, step: int) -> None:
         seconds, compute = 0.24 + 0.01 * self.rng.random(), 0.08 + 0.01 * self.rng.random()
-        packer = Packer(torch.device("cpu"))
-        packer.add_host_sum("checkpoint", [0.0, 0.0])
+        ctx = StepContext(step=step, sampled=step % 10 == 0, step_seconds=seconds,
+                          compute_seconds=compute,
+                          loss=torch.tensor(2.0 + 0.01 * self.rng.random(), dtype=F64),
+                          scale=None, device=CPU, world_size=self.world, rank=self.rank)
+        packer = Packer(CPU)
+        packer.add_host_sum([0.0, 0.0])                       # the checkpoint flags
+        hot = None
         if self.onehot:
-            packer.add_host_sum("rank_step_seconds", self._hot(seconds))
-            packer.add_host_sum("rank_compute_seconds", self._hot(compute))
-        packer.add_host_sum("rank_seconds", [seconds, compute])
-        packer.add_host_sum("straggler", self.timing.flags())
-        packer.add_sum("grad_sq", self.grad_sq)
-        LossBook.pack(packer, torch.tensor(2.0 + 0.01 * self.rng.random(), dtype=F64),
-                      torch.device("cpu"))
-        packer.add_host_sum("data_wait", [0.0, seconds])      # the vitals' two floats
-        if step % 10 == 0:
+            packer.add_host_sum(self._hot(seconds))
+            hot = packer.add_host_sum(self._hot(compute))
+        handles = [signal.pack(ctx, packer) for signal in self.signals]
+        grads = packer.add_sum(self.grad_sq)
+        acts = None
+        if ctx.sampled:
             counts, sums, maxes = self.act
-            packer.add_host_sum("act_count", counts.tolist())
-            packer.add_sum("act_sums", sums)
-            packer.add_max("act_max", maxes)
-            packer.add_host_sum("attn_count", [0.0] * len(NAMES))    # no attention modules
-            packer.add_max("attn_neg_entropy", torch.zeros(len(NAMES), dtype=F64))
-            packer.add_max("attn_logit", torch.zeros(len(NAMES), dtype=F64))
-        layout, host = self.reducer.reduce(packer)
-        if step % 10:
-            self.sum_floats = layout.sum_len      # an unsampled step's payload
+            acts = ActivationSlots(packer.add_host_sum(counts.tolist()), packer.add_sum(sums),
+                                   packer.add_max(maxes),
+                                   packer.add_host_sum([0.0] * len(NAMES)),   # no attention
+                                   packer.add_max(torch.zeros(len(NAMES), dtype=F64)),
+                                   packer.add_max(torch.zeros(len(NAMES), dtype=F64)))
+        reduced = self.reducer.reduce(packer)
+        if not ctx.sampled:
+            self.sum_floats = reduced.sum_len      # an unsampled step's payload
         # Every rank adds its own time: the SUM of a real world, here a world of equal ranks.
-        start, _ = layout.sections["rank_seconds"]
-        host[start], host[start + 1] = seconds * self.world, compute * self.world
-        report = unpack(layout, host, step=step, names=NAMES, world_size=self.world,
-                        rank=self.rank, pending=None)
-        self.timing.observe(compute, report.mean_compute_seconds * self.world)
-        extra = {"straggler": layout.get(host, "straggler")}
-        if self.onehot:
-            self._old_straggler(layout.get(host, "rank_compute_seconds"))
-        self.detector.observe(report, extra)
+        start = handles[-1].seconds.start
+        reduced.host[start], reduced.host[start + 1] = seconds * self.world, compute * self.world
+        report = Report(step=step, loss=math.nan, grad_norm={}, grad_norm_total=0.0,
+                        world_size=self.world, rank=self.rank)
+        seen = Observed()
+        for signal, handle in zip(self.signals, handles):
+            signal.unpack(ctx, handle, reduced, report, seen)
+        grad_sq = reduced[grads]
+        report.grad_norm = {n: math.sqrt(v) for n, v in zip(NAMES, grad_sq)}
+        report.grad_norm_total = math.sqrt(sum(grad_sq))
+        if acts is not None:
+            self.activations.unpack(ctx, acts, reduced, report, seen)
+        if hot is not None:
+            self._old_straggler(reduced[hot])
+        self.detector.observe(report, seen)
 
     def _hot(self, value: float) -> list[float]:
         slots = [value] * self.world      # every rank's slot filled, as after the reduction

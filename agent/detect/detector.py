@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
 from ..report import Report
+from .observed import Observed
 from .rules import make_rules
 from .rules_vitals import make_vital_rules
 from .straggler import Straggler
@@ -42,16 +43,17 @@ class Detector:
         self.history: list[Verdict] = []
         self._validation: list[tuple[int, float]] = []
 
-    def observe(self, report: Report, extra: Mapping[str, Any] | None = None) -> list[Verdict]:
+    def observe(self, report: Report, seen: Observed | None = None) -> list[Verdict]:
         """Judge one report; return the verdicts new at this step (and every critical one).
 
         Args:
             report: the reduced, rank-identical step report.
-            extra: further rank-identical signals (scaler, attention, compute times).
+            seen: the step's other rank-identical inputs (straggler flags); the validation
+                losses queued by ``observe_validation`` are added to it.
         """
-        extra = dict(extra or {})
+        seen = seen if seen is not None else Observed()
         if self._validation:
-            extra["validation"] = self._validation
+            seen.validation = seen.validation + self._validation
             self._validation = []
         emitted: list[Verdict] = []
         if self._static:
@@ -62,7 +64,7 @@ class Detector:
                 self.pinned.add(_key(v))
             self._static = []
         for rule in self.rules:
-            found = rule.observe(report, extra)
+            found = rule.observe(report, seen)
             if found is None:          # the rule had nothing to judge this step
                 continue
             keys = {_key(v) for v in found}

@@ -1,6 +1,7 @@
 """The failure fingerprints, one small rule each (what each looks like: docs/patterns.md).
 
-A rule sees each report (and the rank-identical extras) and returns the verdicts that hold now,
+A rule sees each report (and ``Observed``, the rank-identical inputs that are not report
+fields) and returns the verdicts that hold now,
 or None when it had nothing to judge (an unsampled step for a sampled signal), so the detector
 keeps its active verdicts. Rules hold only plain Python numbers.
 """
@@ -10,10 +11,11 @@ from __future__ import annotations
 import abc
 import math
 from collections import deque
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
 from ..measure.blocks import LAYER, OTHER
 from ..report import Report
+from .observed import Observed
 from .thresholds import Thresholds
 from .verdict import (ACTIVATION_EXPLOSION, ATTENTION_SATURATION, CRITICAL, DEAD_LAYER, DEAD_PIPELINE,
                       DEAD_RELU, FP16_OVERFLOW, GENERALIZATION_GAP, GRAD_EXPLOSION, HOT_LR,
@@ -41,19 +43,19 @@ class Rule(abc.ABC):
     patterns: tuple[str, ...] = ()
 
     @abc.abstractmethod
-    def observe(self, report: Report, extra: Mapping[str, Any]) -> list[Verdict] | None:
+    def observe(self, report: Report, seen: Observed) -> list[Verdict] | None:
         """The verdicts that hold at this report, or None when there was nothing to judge."""
 
 
 class NonFinite(Rule):
     patterns = (NONFINITE_LOSS, NONFINITE_GRAD)
 
-    def observe(self, report, extra):
+    def observe(self, report, seen):
         found = []
         if report.nonfinite_loss:
             found.append(Verdict(NONFINITE_LOSS, CRITICAL, report.step, None,
                                  {"loss": report.loss}))
-        if report.nonfinite_grad and not extra.get("scaler", {}).get("overflow"):
+        if report.nonfinite_grad and not report.overflow:
             bad = [b for b, v in report.grad_norm.items() if not math.isfinite(v)]
             found.append(Verdict(NONFINITE_GRAD, CRITICAL, report.step, bad[0] if bad else None,
                                  {"blocks": bad, "grad_norm_total": report.grad_norm_total}))
@@ -71,7 +73,7 @@ class LossSpike(Rule):
         self.above: deque[bool] = deque(maxlen=3)
         self.early: float | None = None
 
-    def observe(self, report, extra):
+    def observe(self, report, seen):
         loss = report.loss
         if not math.isfinite(loss):
             return []
@@ -125,7 +127,7 @@ class BlockNorms(Rule):
         finite = {b: r for b, r in self.ratios.items() if math.isfinite(r)}
         return max(finite, key=finite.get) if finite else None
 
-    def observe(self, report, extra):
+    def observe(self, report, seen):
         total = report.grad_norm_total
         if not math.isfinite(total) or report.action == "skip" and total == 0:
             return []
@@ -178,7 +180,7 @@ class UpdateRatios(Rule):
         self.history = {b: deque(maxlen=t.window) for b in names}
         self.dead_run = {b: 0 for b in names}
 
-    def observe(self, report, extra):
+    def observe(self, report, seen):
         ratios = report.update_ratio
         if not ratios:
             return None
@@ -217,7 +219,7 @@ class Vanishing(Rule):
         self.first, self.last = (layers[0], layers[-1]) if len(layers) >= 2 else (None, None)
         self.run = 0
 
-    def observe(self, report, extra):
+    def observe(self, report, seen):
         if self.first is None or report.nonfinite:
             return []
         first, last = report.grad_norm[self.first], report.grad_norm[self.last]
@@ -241,7 +243,7 @@ class Activations(Rule):
         self.first: dict[str, float] = {}
         self.high_run: dict[str, int] = {}
 
-    def observe(self, report, extra):
+    def observe(self, report, seen):
         acts = report.activations
         if not acts:
             return None
@@ -274,7 +276,7 @@ class AttentionSaturation(Rule):
     def __init__(self, t: Thresholds):
         self.t = t
 
-    def observe(self, report, extra):
+    def observe(self, report, seen):
         seen = {b: a for b, a in report.activations.items() if "attention_entropy" in a}
         if not seen:
             return None
@@ -301,7 +303,7 @@ class DeadPipeline(Rule):
         self.norms: list[float] = []
         self.live = True
 
-    def observe(self, report, extra):
+    def observe(self, report, seen):
         if not self.live:
             return []
         self.losses.append(report.loss)
@@ -331,12 +333,11 @@ class Fp16Overflow(Rule):
         self.overflows: deque[int] = deque()
         self.scales: deque[float] = deque(maxlen=8)
 
-    def observe(self, report, extra):
-        info = extra.get("scaler")
-        if info is None:
+    def observe(self, report, seen):
+        if report.loss_scale is None:       # the step went through no GradScaler
             return None
-        self.scales.append(info["scale"])
-        if info["overflow"]:
+        self.scales.append(report.loss_scale)
+        if report.overflow:
             self.overflows.append(report.step)
         while self.overflows and self.overflows[0] <= report.step - self.t.window:
             self.overflows.popleft()
@@ -358,10 +359,10 @@ class GeneralizationGap(Rule):
         self.train_ema: float | None = None
         self.points: list[tuple[int, float, float]] = []
 
-    def observe(self, report, extra):
+    def observe(self, report, seen):
         if math.isfinite(report.loss):
             self.train_ema = report.loss if self.train_ema is None else 0.9 * self.train_ema + 0.1 * report.loss
-        new = extra.get("validation")
+        new = seen.validation
         if not new:
             return None
         for step, loss in new:

@@ -24,7 +24,7 @@ class MemoryGrowth(Rule):
         self.t = t
         self.series: dict[str, deque[tuple[int, float]]] = {}
 
-    def observe(self, report: Report, extra):
+    def observe(self, report: Report, seen):
         if not report.memory:
             return None
         found = []
@@ -60,7 +60,7 @@ class DataStall(Rule):
         self.t = t
         self.run = 0
 
-    def observe(self, report: Report, extra):
+    def observe(self, report: Report, seen):
         if report.step <= self.t.warmup_steps:
             return []
         stalled = (report.data_wait_ratio >= self.t.data_stall_ratio
@@ -83,7 +83,7 @@ class ReplicaDivergence(Rule):
         self.t = t
         self.run = 0
 
-    def observe(self, report: Report, extra):
+    def observe(self, report: Report, seen):
         if not report.replicas_checked:
             return None
         self.run = self.run + 1 if report.replica_mismatch else 0

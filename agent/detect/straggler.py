@@ -95,8 +95,8 @@ class Straggler(Rule):
     def __init__(self, t: Thresholds):
         self.t = t
 
-    def observe(self, report, extra):
-        flags = extra.get("straggler")
+    def observe(self, report, seen):
+        flags = seen.straggler_flags
         if not flags:
             return []
         count, ranks = slow_ranks(flags)

@@ -14,7 +14,6 @@ loss is NaN, which no rule takes for a non-finite loss.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -68,24 +67,6 @@ class LossBook:
         if means:
             return _combine(means, mean=True)
         return closure_loss if isinstance(closure_loss, (torch.Tensor, float, int)) else None
-
-    @staticmethod
-    def pack(packer: Any, loss: torch.Tensor | float | None, device: torch.device) -> None:
-        """Put this rank's loss into the SUM vector: value, non-finite flag, whether known."""
-        if isinstance(loss, torch.Tensor):
-            value = local(loss.detach()).reshape(()).to(F64).to(device)
-            packer.add_sum("loss", value)
-            packer.add_sum("loss_nonfinite", (~torch.isfinite(value)).to(F64))
-            packer.add_host_sum("loss_known", [1.0])
-            packer.add_local("local_loss", value)
-            return
-        known = loss is not None
-        value = float(loss) if known else 0.0
-        packer.add_host_sum("loss", [value])
-        packer.add_host_sum("loss_nonfinite", [0.0 if math.isfinite(value) else 1.0])
-        packer.add_host_sum("loss_known", [1.0 if known else 0.0])
-        packer.add_local("local_loss", torch.full((1,), value if known else math.nan, dtype=F64,
-                                                  device=device))
 
 
 def _combine(values: list[torch.Tensor | float], mean: bool) -> torch.Tensor | float:

@@ -1,5 +1,6 @@
 """Pack a step's statistics into one SUM vector (and, on sampled steps, one MAX vector), reduce
-them across ranks, bring the result to the host in one copy, and unpack it into the Report.
+them across ranks, and bring the result to the host in one copy; each signal reads its slots
+back (``agent/signals/``).
 
 At most two collectives per step whatever the model size: the SUM part always, the MAX part only
 when there is something to take the maximum of (activation abs_max, on sampled steps). Every rank
@@ -9,7 +10,6 @@ decides the layout from the same deterministic schedule, so the collectives alwa
 from __future__ import annotations
 
 import atexit
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,86 +17,104 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .activations import summarize
-from ..report import Report
-
 F64 = torch.float64
 
 
+@dataclass(eq=False)
+class Slot:
+    """A handle to one packed quantity: where it lands in the reduced host vector.
+
+    ``Packer.add_*`` returns it; its position is fixed when the packer builds the vectors, and
+    ``Reduced[slot]`` reads it back. Handles instead of names: a signal keeps the slots it
+    packed, so nothing is addressed by a string on either side of the reduction.
+    """
+
+    length: int
+    start: int = -1
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.length
+
+
 @dataclass
-class Layout:
-    """Where each quantity sits in the reduced host vector."""
+class Reduced:
+    """The step's reduced values on the host, in one list (the one device-to-host copy)."""
 
-    sections: dict[str, tuple[int, int]]
+    host: list[float]
     sum_len: int
+    """Floats in the SUM vector (host values first, then device values)."""
     max_len: int
+    """Floats in the MAX vector (0 on steps without one)."""
 
-    def get(self, host: list[float], name: str) -> list[float]:
-        start, stop = self.sections[name]
-        return host[start:stop]
+    def __getitem__(self, slot: Slot) -> list[float]:
+        return self.host[slot.start:slot.stop]
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.sections
+    def scalar(self, slot: Slot) -> float:
+        return self.host[slot.start]
 
 
 class Packer:
-    """Collects named device tensors (1-D, float64) and host floats into the packed vectors."""
+    """Collects device tensors (1-D, float64) and host floats into the packed vectors; each
+    ``add_*`` returns the ``Slot`` its values are read back from."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._sum: list[tuple[str, torch.Tensor]] = []
-        self._max: list[tuple[str, torch.Tensor]] = []
-        self._local: list[tuple[str, torch.Tensor]] = []
-        self._host: list[tuple[str, list[float]]] = []
+        self._sum: list[tuple[Slot, torch.Tensor]] = []
+        self._max: list[tuple[Slot, torch.Tensor]] = []
+        self._local: list[tuple[Slot, torch.Tensor]] = []
+        self._host: list[tuple[Slot, list[float]]] = []
 
-    def add_sum(self, name: str, t: torch.Tensor) -> None:
-        self._sum.append((name, t.reshape(-1).to(F64)))
+    def add_sum(self, t: torch.Tensor) -> Slot:
+        """Device values summed over the ranks."""
+        return self._add(self._sum, t.reshape(-1).to(F64))
 
-    def add_host_sum(self, name: str, values: list[float]) -> None:
+    def add_host_sum(self, values: list[float]) -> Slot:
         """Host values that every rank needs (step times, counts): copied without a sync."""
-        self._host.append((name, [float(v) for v in values]))
+        return self._add(self._host, [float(v) for v in values])
 
-    def add_max(self, name: str, t: torch.Tensor) -> None:
-        self._max.append((name, t.reshape(-1).to(F64)))
+    def add_max(self, t: torch.Tensor) -> Slot:
+        """Device values whose maximum over the ranks is wanted (sampled steps)."""
+        return self._add(self._max, t.reshape(-1).to(F64))
 
-    def add_local(self, name: str, t: torch.Tensor) -> None:
+    def add_local(self, t: torch.Tensor) -> Slot:
         """Device values wanted on the host as they are on this rank (not reduced)."""
-        self._local.append((name, t.reshape(-1).to(F64)))
+        return self._add(self._local, t.reshape(-1).to(F64))
 
-    def build(self) -> tuple[Layout, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        sections, parts, pos = {}, [], 0
+    @staticmethod
+    def _add(into: list[tuple[Slot, Any]], values: Any) -> Slot:
+        slot = Slot(len(values) if isinstance(values, list) else values.numel())
+        into.append((slot, values))
+        return slot
+
+    def build(self) -> tuple[int, int, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Place every slot; return ``(sum_len, max_len, sum, max or None, local)``."""
+        parts, pos = [], 0
         host_values = [v for _, values in self._host for v in values]
         if host_values:
             host = torch.tensor(host_values, dtype=F64)
             if self.device.type != "cpu":
                 # Pinned + non_blocking: a pageable host-to-device copy would wait for the stream.
                 host = host.pin_memory().to(self.device, non_blocking=True)
-        offset = 0
-        for name, values in self._host:
-            parts.append(host[offset:offset + len(values)])
-            offset += len(values)
-            sections[name] = (pos, pos + len(values))
-            pos += len(values)
-        for name, t in self._sum:
+            parts.append(host)
+        for slot, _ in self._host:
+            slot.start, pos = pos, pos + slot.length
+        for slot, t in self._sum:
             parts.append(t)
-            sections[name] = (pos, pos + t.numel())
-            pos += t.numel()
+            slot.start, pos = pos, pos + slot.length
         sum_len = pos
         sum_vec = torch.cat(parts) if parts else torch.zeros(0, dtype=F64, device=self.device)
         max_vec = None
         if self._max:
             max_vec = torch.cat([t for _, t in self._max])
-            for name, t in self._max:
-                sections[name] = (pos, pos + t.numel())
-                pos += t.numel()
+            for slot, _ in self._max:
+                slot.start, pos = pos, pos + slot.length
         max_len = pos - sum_len
-        local_parts = []
-        for name, t in self._local:
-            local_parts.append(t)
-            sections[name] = (pos, pos + t.numel())
-            pos += t.numel()
-        local_vec = torch.cat(local_parts) if local_parts else torch.zeros(0, dtype=F64, device=self.device)
-        return Layout(sections, sum_len, max_len), sum_vec, max_vec, local_vec
+        for slot, _ in self._local:
+            slot.start, pos = pos, pos + slot.length
+        local_vec = (torch.cat([t for _, t in self._local]) if self._local
+                     else torch.zeros(0, dtype=F64, device=self.device))
+        return sum_len, max_len, sum_vec, max_vec, local_vec
 
 
 # A collective launched during backward (DDP's bucket all-reduce) captures the autograd engine's
@@ -133,63 +151,22 @@ class Reducer:
         if backend is not None:
             drain_collectives_at_exit()
 
-    def reduce(self, packer: Packer) -> tuple[Layout, list[float]]:
-        layout, sum_vec, max_vec, local_vec = packer.build()
+    def reduce(self, packer: Packer) -> Reduced:
+        """Run the step's collectives over ``packer``'s vectors; one copy to the host."""
+        sum_len, max_len, sum_vec, max_vec, local_vec = packer.build()
         if self.world_size == 1:
             parts = [sum_vec] + ([max_vec] if max_vec is not None else []) + [local_vec]
-            return layout, torch.cat(parts).tolist()
+            return Reduced(torch.cat(parts).tolist(), sum_len, max_len)
         if self._host_collectives and sum_vec.device.type != "cpu":
             parts = [sum_vec] + ([max_vec] if max_vec is not None else []) + [local_vec]
             flat = torch.cat(parts).cpu()
-            sum_vec = flat[:layout.sum_len].clone()
-            max_vec = flat[layout.sum_len:layout.sum_len + layout.max_len].clone() if max_vec is not None else None
-            local_vec = flat[layout.sum_len + layout.max_len:]
+            sum_vec = flat[:sum_len].clone()
+            max_vec = flat[sum_len:sum_len + max_len].clone() if max_vec is not None else None
+            local_vec = flat[sum_len + max_len:]
         dist.all_reduce(sum_vec, op=dist.ReduceOp.SUM, group=self.group)
         self.collectives += 1
         if max_vec is not None:
             dist.all_reduce(max_vec, op=dist.ReduceOp.MAX, group=self.group)
             self.collectives += 1
         parts = [sum_vec] + ([max_vec] if max_vec is not None else []) + [local_vec]
-        return layout, torch.cat(parts).tolist()
-
-
-def unpack(layout: Layout, host: list[float], *, step: int, names: list[str], world_size: int,
-           rank: int, pending: tuple[Any, Any, list[bool], int] | None) -> Report:
-    """The step's Report from the reduced host vector (identical on every rank but local_*)."""
-    grad_sq = layout.get(host, "grad_sq")
-    loss_sum = layout.get(host, "loss")[0]
-    known = layout.get(host, "loss_known")[0]     # ranks that knew their loss this step
-    nonfinite_loss = layout.get(host, "loss_nonfinite")[0] > 0 or not math.isfinite(loss_sum)
-    total = math.sqrt(sum(grad_sq))
-    nonfinite_grad = not math.isfinite(total)
-    report = Report(
-        step=step, loss=loss_sum / known if known else math.nan,
-        grad_norm={n: math.sqrt(v) for n, v in zip(names, grad_sq)},
-        grad_norm_total=total, nonfinite=nonfinite_loss or nonfinite_grad,
-        nonfinite_loss=nonfinite_loss, nonfinite_grad=nonfinite_grad,
-        world_size=world_size, rank=rank,
-        mean_step_seconds=layout.get(host, "rank_seconds")[0] / world_size,
-        mean_compute_seconds=layout.get(host, "rank_seconds")[1] / world_size,
-        local_loss=layout.get(host, "local_loss")[0])
-    if pending is not None:
-        d_sq, w_sq, chosen = layout.get(host, "update_dsq"), layout.get(host, "update_wsq"), pending[2]
-        report.update_ratio = {n: _ratio(d, w) for n, d, w, c in zip(names, d_sq, w_sq, chosen) if c}
-        report.update_ratio_step = pending[3]
-    if "act_sums" in layout:
-        counts, sums, maxes = (layout.get(host, "act_count"), layout.get(host, "act_sums"),
-                               layout.get(host, "act_max"))
-        report.activations = {n: summarize(counts[b], sums[5 * b:5 * b + 5], maxes[b])
-                              for b, n in enumerate(names) if counts[b] > 0}
-        attn, neg_entropy, logit = (layout.get(host, "attn_count"),
-                                    layout.get(host, "attn_neg_entropy"), layout.get(host, "attn_logit"))
-        for b, n in enumerate(names):
-            if attn[b] > 0 and n in report.activations:
-                report.activations[n]["attention_entropy"] = -neg_entropy[b]
-                report.activations[n]["attention_logit_max"] = logit[b] if logit[b] > -math.inf else math.nan
-    return report
-
-
-def _ratio(d_sq: float, w_sq: float) -> float:
-    if w_sq == 0:
-        return 0.0 if d_sq == 0 else math.inf
-    return math.sqrt(d_sq) / math.sqrt(w_sq)
+        return Reduced(torch.cat(parts).tolist(), sum_len, max_len)

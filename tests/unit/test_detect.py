@@ -7,6 +7,7 @@ import pytest
 
 from torchvitals.agent.measure.blocks import EMBEDDING, HEAD, LAYER, OTHER
 from torchvitals.agent.detect import PATTERNS, Detector, Thresholds
+from torchvitals.agent.detect.observed import Observed
 from torchvitals.agent.detect.straggler import RankTiming, slow_ranks
 from torchvitals.agent.report import Report
 
@@ -118,14 +119,14 @@ def test_hot_lr_and_dead_layer_from_update_ratios():
     assert len([v for v in fired if v.pattern == "dead_layer"]) == 1, "a warning is emitted once while active"
 
 
-def straggler_extras(times: list[float], steps: int) -> dict[int, dict]:
+def straggler_extras(times: list[float], steps: int) -> dict[int, Observed]:
     """What the reduction hands the detector at each step when every rank's compute time is
     ``times[rank]``: each rank judges itself and the SUM of their flags rides the next step."""
     t = Thresholds()
     ranks = [RankTiming(t, r, len(times)) for r in range(len(times))]
     extras = {}
     for s in range(1, steps + 1):
-        extras[s] = {"straggler": [sum(v) for v in zip(*(r.flags() for r in ranks))]}
+        extras[s] = Observed(straggler_flags=[sum(v) for v in zip(*(r.flags() for r in ranks))])
         for r, own in zip(ranks, times):
             r.observe(own, sum(times))
     return extras

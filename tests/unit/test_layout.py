@@ -84,11 +84,70 @@ def test_no_stage_imports_a_later_one():
                     wrong.append((module, target))
                 continue
             if mine is None and module.startswith("torchvitals.agent.") and module not in (
-                    "torchvitals.agent.agent", "torchvitals.agent.pipeline"):
+                    "torchvitals.agent.agent", "torchvitals.agent.step") and \
+                    not module.startswith("torchvitals.agent.signals."):
                 wrong.append((module, target))         # config/report are below every stage
             elif mine is not None and theirs > mine:
                 wrong.append((module, target))
     assert not wrong, wrong
+
+
+STEP_STAGES = {"pack": "measure", "reduce": "reduce", "unpack": "reduce", "observe": "detect",
+               "real_step": "act", "rollback": "act", "maybe_save": "act", "publish": "publish"}
+"""The calls that make up one step, by the stage they belong to."""
+
+
+def test_the_step_stages_are_called_from_one_place():
+    """One step reads top to bottom in ``Steps.run``: every stage of the step (a signal's pack
+    and unpack, the reduction, the detector, the real optimizer step, the watchdog's save and
+    rollback, the sinks) is called from ``agent/step.py`` and nowhere else in the agent."""
+    calls: dict[str, set[str]] = {}
+    receivers = {"signal", "reducer", "detector", "guard", "watchdog", "outputs"}
+    for name, path in MODULES.items():
+        if not name.startswith("torchvitals.agent.") or ".tools." in name:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in STEP_STAGES):
+                continue
+            owner = node.func.value
+            owner = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if owner in receivers:
+                calls.setdefault(f"{owner}.{node.func.attr}", set()).add(name)
+    assert {"signal.pack", "signal.unpack", "reducer.reduce", "detector.observe",
+            "guard.real_step", "watchdog.rollback", "watchdog.maybe_save",
+            "outputs.publish"} <= set(calls), calls
+    elsewhere = {call: sorted(m - {"torchvitals.agent.step"}) for call, m in calls.items()
+                 if m - {"torchvitals.agent.step"}}
+    assert not elsewhere, elsewhere
+    source = (ROOT / "agent" / "step.py").read_text()
+    run = source[source.index("    def run(self, inp: StepInput)"):]
+    run = run[:run.index("\n    def ", 10)]
+    order = [run.index(f"# {stage}") for stage in ("measure", "reduce", "detect", "decide and act",
+                                                   "publish")]
+    assert order == sorted(order), "Steps.run reads measure, reduce, detect, decide/act, publish"
+
+
+def test_every_signal_names_real_rules_and_metrics():
+    """A signal's declared rules and metric families exist: the slice's map stays true."""
+    import importlib
+    import inspect
+    from torchvitals.agent.detect import rules, rules_vitals, straggler
+    from torchvitals.agent.detect.verdict import COLLECTOR_DIRECTIVE
+    from torchvitals.agent.outputs import metrics
+    from torchvitals.agent.signals.base import Signal
+    rule_names = {n for mod in (rules, rules_vitals, straggler) for n, _ in
+                  inspect.getmembers(mod, inspect.isclass)} | {COLLECTOR_DIRECTIVE}
+    metric_source = inspect.getsource(metrics)
+    found = []
+    for path in sorted((ROOT / "agent" / "signals").glob("*.py")):
+        module = importlib.import_module(f"torchvitals.agent.signals.{path.stem}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Signal) and cls is not Signal and cls.__module__ == module.__name__:
+                found.append(cls)
+                assert set(cls.rules) <= rule_names, (cls, set(cls.rules) - rule_names)
+                assert all(f'"{m}"' in metric_source for m in cls.metrics), cls
+    assert len(found) == 11, [c.__name__ for c in found]
 
 
 def test_no_import_cycle_anywhere():

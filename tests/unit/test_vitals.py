@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from torchvitals.agent.detect.observed import Observed
 from torchvitals.agent.detect.rules_vitals import DataStall, MemoryGrowth, ReplicaDivergence
 from torchvitals.agent.detect.straggler import straggler_cause
 from torchvitals.agent.detect.thresholds import Thresholds
@@ -149,41 +150,41 @@ def test_memory_growth_needs_a_steady_rise_past_warmup():
     rule = MemoryGrowth(t)
     fired = []
     for i, step in enumerate(range(10, 120, 10)):
-        found = rule.observe(report(step, memory={"resident_bytes": 1000 * mib + 10 * mib * i}), {})
+        found = rule.observe(report(step, memory={"resident_bytes": 1000 * mib + 10 * mib * i}), Observed())
         fired += [(v.step, v.evidence["memory"]) for v in found]
     # Step 10 is warm-up; 20..100 are the 9 samples of 8 rises of 10 MiB: 80 >= 64 MiB.
     assert fired[0] == (100, "resident_bytes")
-    assert rule.observe(report(121), {}) is None          # unsampled: nothing to judge
+    assert rule.observe(report(121), Observed()) is None          # unsampled: nothing to judge
     dip = MemoryGrowth(t)
     values = [1000, 1010, 1020, 1030, 1029] + [1040 + 10 * k for k in range(8)]
     found = [v for i, x in enumerate(values)
-             for v in dip.observe(report(20 + 10 * i, memory={"resident_bytes": x * mib}), {})]
+             for v in dip.observe(report(20 + 10 * i, memory={"resident_bytes": x * mib}), Observed())]
     assert [v.step for v in found] == [20 + 10 * 12]       # 8 rises after the dip, not before
     small = MemoryGrowth(t)
     assert not [v for i in range(12)
-                for v in small.observe(report(20 + 10 * i, memory={"resident_bytes": 1e9 + i * 1e6}), {})]
+                for v in small.observe(report(20 + 10 * i, memory={"resident_bytes": 1e9 + i * 1e6}), Observed())]
 
 
 def test_data_stall_wants_the_share_and_the_seconds_for_several_steps():
     rule = DataStall(Thresholds())
-    steps = [rule.observe(report(s, data_wait_ratio=0.8, data_wait_mean_seconds=0.05), {})
+    steps = [rule.observe(report(s, data_wait_ratio=0.8, data_wait_mean_seconds=0.05), Observed())
              for s in range(11, 16)]
     assert [bool(f) for f in steps] == [False] * 4 + [True]
     assert steps[-1][0].evidence["data_wait_ratio"] == 0.8
     tiny = DataStall(Thresholds())
-    assert not any(tiny.observe(report(s, data_wait_ratio=0.9, data_wait_mean_seconds=0.001), {})
+    assert not any(tiny.observe(report(s, data_wait_ratio=0.9, data_wait_mean_seconds=0.001), Observed())
                    for s in range(11, 30))
     early = DataStall(Thresholds())
-    assert not any(early.observe(report(s, data_wait_ratio=0.9, data_wait_mean_seconds=1.0), {})
+    assert not any(early.observe(report(s, data_wait_ratio=0.9, data_wait_mean_seconds=1.0), Observed())
                    for s in range(1, 11))
 
 
 def test_replica_divergence_is_critical_and_names_blocks_and_ranks():
     rule = ReplicaDivergence(Thresholds())
-    assert rule.observe(report(3), {}) is None
-    assert rule.observe(report(5, replicas_checked=True), {}) == []
+    assert rule.observe(report(3), Observed()) is None
+    assert rule.observe(report(5, replicas_checked=True), Observed()) == []
     (v,) = rule.observe(report(10, replicas_checked=True,
-                               replica_mismatch={"blocks.1": [2], "head": [2, 3]}), {})
+                               replica_mismatch={"blocks.1": [2], "head": [2, 3]}), Observed())
     assert (v.pattern, v.severity, v.block) == ("replica_divergence", "critical", "blocks.1")
     assert v.evidence["ranks"] == [2, 3] and v.evidence["blocks"]["head"] == [2, 3]
 

@@ -1,0 +1,58 @@
+"""The loss: each rank's value of the step, its non-finite flag, and whether it was known.
+
+Packed without a host sync: a tensor loss rides the SUM vector on its device, a float the host
+part. The report's loss is the mean over the ranks that knew theirs (NaN when none did: the
+step measured gradients only, which no rule takes for a non-finite loss).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from ..detect.observed import Observed
+from ..measure.reduce import Packer, Reduced, Slot
+from ..measure.stats import local
+from ..report import Report
+from .base import Signal, StepContext
+
+F64 = torch.float64
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSlots:
+    value: Slot
+    nonfinite: Slot
+    known: Slot
+    local: Slot
+
+
+class Loss(Signal):
+    rules = ("NonFinite", "LossSpike", "DeadPipeline", "GeneralizationGap")
+    metrics = ("torchvitals_loss", "torchvitals_local_loss", "torchvitals_nonfinite_steps_total")
+
+    def pack(self, ctx: StepContext, packer: Packer) -> LossSlots:
+        loss = ctx.loss
+        if isinstance(loss, torch.Tensor):
+            value = local(loss.detach()).reshape(()).to(F64).to(ctx.device)
+            return LossSlots(packer.add_sum(value), packer.add_sum((~torch.isfinite(value)).to(F64)),
+                             packer.add_host_sum([1.0]), packer.add_local(value))
+        known = loss is not None
+        number = float(loss) if known else 0.0
+        return LossSlots(
+            packer.add_host_sum([number]),
+            packer.add_host_sum([0.0 if math.isfinite(number) else 1.0]),
+            packer.add_host_sum([1.0 if known else 0.0]),
+            packer.add_local(torch.full((1,), number if known else math.nan, dtype=F64,
+                                        device=ctx.device)))
+
+    def unpack(self, ctx: StepContext, handle: LossSlots, reduced: Reduced, report: Report,
+               seen: Observed) -> None:
+        total = reduced.scalar(handle.value)
+        known = reduced.scalar(handle.known)     # ranks that knew their loss this step
+        report.loss = total / known if known else math.nan
+        report.nonfinite_loss = reduced.scalar(handle.nonfinite) > 0 or not math.isfinite(total)
+        report.local_loss = reduced.scalar(handle.local)

@@ -1,0 +1,44 @@
+"""Step and compute times: the ranks' means, and stragglers named without a world-sized payload.
+
+Two host floats a step (this rank's step and compute time) give every rank the means; each rank
+judges itself against the others' mean and its flag rides the next step's SUM
+(``detect/straggler.py`` explains the encoding). O(1) in the world size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..detect.observed import Observed
+from ..detect.straggler import RankTiming
+from ..measure.reduce import Packer, Reduced, Slot
+from ..report import Report
+from .base import Signal, StepContext
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingSlots:
+    seconds: Slot
+    flags: Slot
+
+
+class Timing(Signal):
+    """Must come after the data-wait signal: a straggler's flag carries its own data wait."""
+
+    rules = ("Straggler",)
+    metrics = ("torchvitals_step_duration_seconds", "torchvitals_compute_duration_seconds")
+
+    def __init__(self, timing: RankTiming) -> None:
+        self.timing = timing
+
+    def pack(self, ctx: StepContext, packer: Packer) -> TimingSlots:
+        return TimingSlots(packer.add_host_sum([ctx.step_seconds, ctx.compute_seconds]),
+                           packer.add_host_sum(self.timing.flags()))
+
+    def unpack(self, ctx: StepContext, handle: TimingSlots, reduced: Reduced, report: Report,
+               seen: Observed) -> None:
+        step_sum, compute_sum = reduced[handle.seconds]
+        report.mean_step_seconds = step_sum / ctx.world_size
+        report.mean_compute_seconds = compute_sum / ctx.world_size
+        seen.straggler_flags = reduced[handle.flags]
+        self.timing.observe(ctx.compute_seconds, compute_sum, report.local_data_wait_seconds)

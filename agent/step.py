@@ -1,0 +1,323 @@
+"""One training step, top to bottom: measure, reduce, detect, decide, act, publish.
+
+    report = agent.step(loss)      # a hand-written loop
+    optimizer.step()               # a framework, a nanoGPT-style script (the guard)
+    scaler.step(optimizer)         # a GradScaler's step (routed by the agent's patch)
+
+Each of those builds one ``StepInput`` and calls ``Steps.run``. Every rank runs the same code
+on the same reduced numbers, so every rank takes the same action without another message: a
+rank that saw NaN alone still makes every rank skip or roll back, and nobody waits in a
+collective for a peer that went another way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections import deque
+from typing import Any, Callable, NoReturn
+
+import torch
+
+from ..protocol import ABORTED, CODES
+from .detect.observed import Observed
+from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
+from .measure import scaler as amp
+from .measure.reduce import Packer
+from .measure.stats import local
+from .recover.watchdog import TrainingAborted
+from .report import Report
+from .signals.base import StepContext
+
+log = logging.getLogger(__name__)
+
+STEP, SKIP, ROLLBACK, ABORT = "step", "skip", "rollback", "abort"
+STAGES = ("measure", "reduce", "detect", "act", "publish")
+"""The stages ``StageTimes`` reports; ``act`` includes deciding, not the optimizer's own step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInput:
+    """What the caller of one step knows: built by ``agent.step``, the guarded
+    ``optimizer.step()`` and the GradScaler route alike."""
+
+    loss: torch.Tensor | float | None = None
+    """The loss given to ``agent.step`` (wins over every other source)."""
+    closure_loss: Any = None
+    """What the optimizer's closure returned."""
+    samples: int | None = None
+    tokens: int | None = None
+    scaler: Any = None
+    """The GradScaler the step goes through, or None."""
+    update_scaler: bool = False
+    """The agent calls ``scaler.update()`` (``agent.step(scaler=)``); else the caller does."""
+    owns_scheduler: bool = False
+    """The agent steps the scheduler after the real step (``agent.step``); else whoever called
+    ``optimizer.step()`` steps it."""
+    through_attribute: bool = False
+    """The real step goes through the optimizer's current ``step`` attribute (a scaler's step:
+    a framework's wrapper around it must see it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What every rank does with the step."""
+
+    action: str
+    """STEP, SKIP or ROLLBACK (an abort raises instead)."""
+    reason: str = ""
+    """The critical patterns behind a rollback."""
+
+
+def decide(report: Report, *, watchdog: bool, skip_nonfinite: bool) -> Decision:
+    """The step's action from its reduced report (identical on every rank).
+
+    A critical verdict rolls back when there is a watchdog; a non-finite loss or gradient skips
+    (always for a scaler's overflow, else when ``skip_nonfinite``); anything else steps.
+    """
+    critical = sorted({v.pattern for v in report.verdicts if v.severity == CRITICAL})
+    if critical and watchdog:
+        return Decision(ROLLBACK, ", ".join(critical))
+    if report.nonfinite and (skip_nonfinite or report.overflow):
+        return Decision(SKIP)
+    return Decision(STEP)
+
+
+class StageTimes:
+    """The agent's own host seconds per stage and per step kind (unsampled, sampled,
+    checkpoint), for ``benchmarks/overhead.py``; off unless set on ``agent.stage_times``."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, dict[str, list[float]]] = {}
+
+    def record(self, kind: str, seconds: dict[str, float]) -> None:
+        stages = self.samples.setdefault(kind, {s: [] for s in STAGES})
+        for stage, value in seconds.items():
+            stages[stage].append(value)
+
+
+class _Laps:
+    """Seconds between marks, minus the time spent in the optimizer's own step."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock, self.last, self.seconds = clock, clock(), {}
+        self.excluded = 0.0
+
+    def lap(self, stage: str) -> None:
+        now = self.clock()
+        self.seconds[stage] = now - self.last - self.excluded
+        self.last, self.excluded = now, 0.0
+
+
+class Steps:
+    """Runs each step with the agent's collaborators; holds the step count and what one step
+    leaves for the next.
+
+    Args:
+        agent: the Agent whose named collaborators the step uses (built once in ``agent.py``).
+    """
+
+    def __init__(self, agent: Any) -> None:
+        self.a = agent
+        self.step_count = 0
+        self.ticks = 0
+        """Steps run (rolled-back ones too): the loop guard's and the heartbeat's clock."""
+        self.aborted: TrainingAborted | None = None
+        self.last_end = agent.clock()
+        self.forward_end = -math.inf
+        self.losses: deque[tuple[int, float]] = deque(maxlen=100_000)  # for diagnose(): bounded
+        self.detector_at: dict[int, Any] = {}   # step -> detector, per rollback target
+        self.scheduler_follows_step = True
+        """Whoever calls ``optimizer.step()`` (a framework, the loop) steps the scheduler right
+        after each one; False for a scheduler stepped per epoch (a restart then takes no step)."""
+        self.stage_times: StageTimes | None = None
+
+    def sampled(self, step: int) -> bool:
+        """Whether ``step`` records activations (and carries the preceding update's ratio)."""
+        return step == 1 or step % self.a.config.sample_every == 0
+
+    def on_forward(self, module: Any, inputs: Any, output: Any) -> None:
+        """Forward hook: the end of this rank's last forward pass (its compute time)."""
+        self.forward_end = self.a.clock()
+
+    def arm(self) -> None:
+        if self.a.activations is not None:
+            self.a.activations.arm()
+
+    def run(self, inp: StepInput) -> Report:
+        """The whole step; the Report is identical on every rank but its ``local_*`` fields."""
+        a = self.a
+        if self.aborted is not None:
+            raise self.aborted      # a loop that swallowed the abort must not train on
+        laps = _Laps(a.clock) if self.stage_times is not None else None
+        step = self.step_count + 1
+
+        # measure: every signal packs this rank's values into the step's one packed vector
+        scaler = inp.scaler if amp.enabled(inp.scaler) else None
+        ctx = self._context(step, inp, scaler)
+        packer = Packer(a.device)
+        handles = [signal.pack(ctx, packer) for signal in a.signals]
+        if laps:
+            laps.lap("measure")
+
+        # reduce: one SUM (+ one MAX on sampled steps), one copy to the host, read back
+        reduced = a.reducer.reduce(packer)
+        report = Report(step=step, loss=math.nan, grad_norm={}, grad_norm_total=0.0,
+                        world_size=a.world_size, rank=a.rank, step_seconds=ctx.step_seconds,
+                        samples=inp.samples, tokens=inp.tokens,
+                        compute_seconds=ctx.compute_seconds)
+        seen = Observed()
+        for signal, handle in zip(a.signals, handles):
+            signal.unpack(ctx, handle, reduced, report, seen)
+        report.nonfinite = report.nonfinite_loss or report.nonfinite_grad
+        report.lr = a.guard.effective_lr(self.lr_scale)
+        if laps:
+            laps.lap("reduce")
+
+        # detect: the rules over the report, and a collector's order
+        report.verdicts = a.detector.observe(report, seen)
+        self._directive(report, CODES.get(seen.directive) if a.config.collector_url else None)
+        self.losses.append((step, report.loss))
+        self.ticks += 1
+        if a.watchdog is not None:
+            a.watchdog.note(step, report.verdicts)
+        if laps:
+            laps.lap("detect")
+
+        # decide and act: the same action on every rank
+        decision = decide(report, watchdog=a.watchdog is not None,
+                          skip_nonfinite=a.config.skip_nonfinite)
+        if decision.action == ROLLBACK:
+            self._rollback(report, decision.reason)
+        elif decision.action == SKIP:
+            report.action = SKIP
+        else:
+            self._optimizer_step(report, inp, laps)
+            self._save(report, inp)
+        if scaler is not None:
+            amp.finish(scaler, a.optimizer, overflow=report.action != STEP,
+                       update=inp.update_scaler)
+        self.step_count = report.rollback["to_step"] if report.rollback else step
+        if self.sampled(self.step_count + 1):
+            self.arm()
+        if laps:
+            laps.lap("act")
+
+        # publish: /metrics (read at scrape time), the event log, the live view, the heartbeat
+        self._publish(report)
+        if a.heartbeat is not None:
+            a.heartbeat.beat(self.ticks)
+        self.last_end = a.clock()
+        if laps:
+            laps.lap("publish")
+            kind = ("checkpoint" if report.checkpointed else
+                    "sampled" if ctx.sampled or self.sampled(step + 1) else "unsampled")
+            self.stage_times.record(kind, laps.seconds)
+        return report
+
+    @property
+    def lr_scale(self) -> float:
+        return self.a.watchdog.lr_scale if self.a.watchdog is not None else 1.0
+
+    def _context(self, step: int, inp: StepInput, scaler: Any) -> StepContext:
+        a = self.a
+        step_seconds = a.clock() - self.last_end
+        compute = (self.forward_end - self.last_end if self.forward_end > self.last_end
+                   else step_seconds)
+        # Unscaled before any signal measures: the norms are the real ones.
+        scale = amp.unscale(scaler, a.optimizer) if scaler is not None else None
+        return StepContext(step=step, sampled=self.sampled(step), step_seconds=step_seconds,
+                           compute_seconds=compute,
+                           loss=a.loss_book.take(inp.loss, inp.closure_loss), scale=scale,
+                           device=a.device, world_size=a.world_size, rank=a.rank)
+
+    def _optimizer_step(self, report: Report, inp: StepInput, laps: _Laps | None) -> None:
+        """The real optimizer step (LR backed off), and the scheduler's when the agent owns it."""
+        a = self.a
+        clip = a.config.clip_grad_norm
+        if clip is not None and report.grad_norm_total > clip:
+            report.clip_coef = clip / (report.grad_norm_total + 1e-6)
+            grads = [local(p.grad) for p in a.params if p.grad is not None]
+            if grads:
+                torch._foreach_mul_(grads, report.clip_coef)
+        update = a.update if a.update is not None and self.sampled(report.step + 1) else None
+        if update is not None:
+            update.before_step()
+        start = a.clock() if laps else 0.0
+        a.guard.real_step(self.lr_scale, through_attribute=inp.through_attribute)
+        if inp.owns_scheduler and a.scheduler is not None:
+            a.scheduler.step()
+        if laps:
+            laps.excluded += a.clock() - start
+        if update is not None:
+            update.after_step(report.step, a.device)
+
+    def _save(self, report: Report, inp: StepInput) -> None:
+        """A healthy checkpoint when one is due (collective: identical on every rank)."""
+        a = self.a
+        if a.watchdog is None:
+            return
+        report.checkpointed = a.watchdog.maybe_save(
+            report.step, a.model, a.optimizer, a.scheduler, a.detector,
+            scheduler_step_due=not inp.owns_scheduler and self.scheduler_follows_step)
+        if report.checkpointed:
+            self.detector_at[report.step] = a.detector.snapshot()   # kept: committed + new
+            self.detector_at = {s: d for s, d in self.detector_at.items()
+                                if s in (report.step, a.watchdog.last_healthy)}
+
+    def _rollback(self, report: Report, reason: str) -> None:
+        """Every rank, same step: back to the last healthy checkpoint, or skip without one."""
+        a = self.a
+        try:
+            rolled = a.watchdog.rollback(report.step, self.ticks, reason, a.model, a.optimizer,
+                                         a.scheduler)
+        except TrainingAborted as aborted:
+            self._abort(report, aborted, Verdict(ROLLBACK_LOOP, CRITICAL, report.step, None, {
+                "reason": reason, "max_rollbacks": a.config.max_rollbacks,
+                "rollback_window": a.config.rollback_window,
+                "exit_code": a.config.abort_exit_code}))
+        if rolled is None:
+            report.action = SKIP
+            return
+        report.action, report.rollback = ROLLBACK, rolled
+        if a.update is not None:
+            a.update.forget()
+        if rolled["to_step"] in self.detector_at:
+            a.detector.restore(self.detector_at[rolled["to_step"]])
+
+    def _directive(self, report: Report, action: str | None) -> None:
+        """Every rank, same step: a collector's directive becomes a critical verdict, or an abort."""
+        a = self.a
+        if action is None:
+            return
+        taken = a.poller.take() if a.poller is not None else None
+        if taken is not None:
+            log.warning("torchvitals: collector directive %s (%s) at step %d", taken["id"], action,
+                        report.step)
+        verdict = Verdict(COLLECTOR_DIRECTIVE, CRITICAL, report.step, None, {"action": action})
+        if action == "abort":
+            if a.rank == 0:
+                log.error("torchvitals: ABORTING at step %d: the collector ordered it (%s). "
+                          "Exit code %d.", report.step, a.config.collector_url,
+                          a.config.abort_exit_code)
+            self._abort(report, TrainingAborted(a.config.abort_exit_code), verdict)
+        report.verdicts.append(verdict)
+        a.detector.history.append(verdict)
+
+    def _abort(self, report: Report, aborted: TrainingAborted, verdict: Verdict) -> NoReturn:
+        """Publish the abort, tell the supervisor it is on purpose (torchrun turns every worker
+        failure into exit status 1, so the exit code alone cannot say it), and raise."""
+        self.aborted = aborted
+        report.verdicts.append(verdict)
+        self.a.detector.history.append(verdict)
+        report.action = ABORT
+        self._publish(report)
+        if self.a.heartbeat is not None:
+            self.a.heartbeat.beat(self.ticks, phase=ABORTED)
+        raise aborted
+
+    def _publish(self, report: Report) -> None:
+        watchdog = self.a.watchdog
+        self.a.outputs.publish(report, self.a.detector,
+                               watchdog.metrics() if watchdog is not None else None)
