@@ -1,0 +1,87 @@
+"""watch() and close() in one process: a failed watch() leaves nothing behind, and any number
+of cycles (a sweep, ``Trainer.train()`` called twice) starts clean each time."""
+
+import socket
+
+import psutil
+import pytest
+import torch
+from torch.amp.grad_scaler import GradScaler
+from torch.nn.utils import clip_grad
+
+import torchvitals
+from tinygpt import TinyGPT, random_batches
+from torchvitals.agent.recover.watchdog import ResumeRefused
+from torchvitals.agent.tools.demo.launch import free_ports
+from tvsupport import TINY
+
+ORIGINAL = (GradScaler.step, clip_grad._clip_grads_with_norm_, torch.nn.utils.clip_grads_with_norm_)
+BATCHES = list(random_batches(8, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
+
+
+def build():
+    torch.manual_seed(0)
+    model = TinyGPT(**TINY)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def train(model, opt, agent, steps):
+    for x, y in BATCHES[:steps]:
+        loss = model.loss(x, y)
+        loss.backward()
+        agent.step(loss)
+        opt.zero_grad(set_to_none=True)
+
+
+def untouched(model, opt):
+    """Nothing of torchvitals is left on the objects and the process."""
+    return ("step" not in vars(opt) and not opt._optimizer_step_pre_hooks
+            and not model._forward_hooks
+            and (GradScaler.step, clip_grad._clip_grads_with_norm_,
+                 torch.nn.utils.clip_grads_with_norm_) == ORIGINAL)
+
+
+def bindable(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+    return True
+
+
+def test_a_failed_watch_releases_the_port_the_log_the_hooks_and_the_patches(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    model, opt = build()
+    with torchvitals.watch(model, opt, checkpoint_dir=ckpt, checkpoint_every=2,
+                           healthy_window=0) as agent:
+        train(model, opt, agent, 4)
+    assert untouched(model, opt)
+
+    port = free_ports(1)
+    model, opt = build()
+    with pytest.raises(ResumeRefused):
+        torchvitals.watch(model, opt, checkpoint_dir=ckpt, resume="never", metrics_port=port,
+                          log_dir=str(tmp_path / "runs"), run_name="refused")
+    assert untouched(model, opt)
+    assert bindable(port), "the /metrics port of the failed watch() is still bound"
+    log = str(tmp_path / "runs" / "refused" / "events.jsonl")
+    assert not [f for f in psutil.Process().open_files() if f.path == log], "event log left open"
+
+    # Nothing half-built stands in the way of the next try.
+    with torchvitals.watch(model, opt, checkpoint_dir=ckpt, resume="auto", metrics_port=port,
+                           log_dir=str(tmp_path / "runs"), run_name="resumed") as agent:
+        assert agent.resumed_from == 4 and agent.metrics_url is not None
+        train(model, opt, agent, 2)
+        assert agent.step_count == 6
+    assert untouched(model, opt)
+
+
+def test_six_watch_close_cycles_with_checkpoints_resume_each_time(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    model, opt = build()
+    for cycle in range(6):
+        agent = torchvitals.watch(model, opt, checkpoint_dir=ckpt, checkpoint_every=2,
+                                  healthy_window=0, resume="auto")
+        assert agent.step_count == 2 * cycle
+        train(model, opt, agent, 2)
+        agent.close()
+        assert untouched(model, opt), f"cycle {cycle} left something behind"
