@@ -13,9 +13,9 @@ from __future__ import annotations
 import errno
 import threading
 from typing import Iterator
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -26,6 +26,7 @@ from ..measure.host import process_vitals
 from ..report import Report
 from .metrics import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, MetricSpec,  # noqa: F401
                       _Snapshot)
+from .server import TLS, MetricsServer, RenderCache
 
 
 class MetricsPortError(TorchvitalsError, OSError):
@@ -46,6 +47,8 @@ class Exporter:
             process do not clash). Pass ``prometheus_client.REGISTRY`` to serve your own metrics
             and the process_* ones on the same endpoint.
         port_setting: the Config field that sets the base port, for the error message.
+        tls: serve HTTPS (and, with a client CA, check client certificates).
+        max_connections, idle_timeout_s: the server's bounds (see ``outputs/server.py``).
 
     Raises:
         MetricsPortError: the port is taken or the host cannot be bound.
@@ -53,7 +56,8 @@ class Exporter:
 
     def __init__(self, block_names: list[str], *, rank: int, local_rank: int, world_size: int,
                  port: int, host: str = "127.0.0.1", registry: CollectorRegistry | None = None,
-                 port_setting: str = "metrics_port") -> None:
+                 port_setting: str = "metrics_port", tls: TLS | None = None,
+                 max_connections: int = 32, idle_timeout_s: float = 10.0) -> None:
         self.block_names = list(block_names)
         self.rank, self.host, self.port = rank, host, port
         self.registry = CollectorRegistry() if registry is None else registry
@@ -67,14 +71,18 @@ class Exporter:
         self._active: dict[str, int] = {}
         self._recovery: dict[str, float] | None = None
         self._replica_checks = 0
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: MetricsServer | None = None
+        self.scheme = "https" if tls is not None else "http"
         self._collector = _ReportMetrics(self)
         self.registry.register(self._collector)
+        self.cache = RenderCache(self._render, lambda: self._steps)
+        """The rendered exposition (a scrape reads it; it is rendered once per step at most)."""
         if port == 0:
             return
         try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+            self._server = MetricsServer(self.cache, host, port, tls=tls,
+                                         max_connections=max_connections,
+                                         idle_timeout_s=idle_timeout_s)
         except OSError as exc:
             self.registry.unregister(self._collector)
             taken = (" Another process (another job on this host?) holds the port."
@@ -93,7 +101,7 @@ class Exporter:
         if self._server is None:
             return None
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{self.scheme}://{host}:{self.port}/metrics"
 
     def update(self, report: Report, active: dict[str, int] | None = None,
                recovery: dict[str, float] | None = None) -> None:
@@ -129,6 +137,11 @@ class Exporter:
                 self._active = active
             self._recovery = recovery
 
+    def _render(self, accept: str) -> tuple[bytes, str]:
+        """The registry's exposition text in the format ``accept`` asks for (scrape thread)."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
     def _snapshot(self) -> _Snapshot:
         host = process_vitals()      # on the scrape thread, outside the lock: training never waits
         with self._lock:
@@ -141,9 +154,7 @@ class Exporter:
         """Stop serving and unregister the collector; safe to call twice."""
         server, self._server = self._server, None
         if server is not None:
-            server.shutdown()
-            server.server_close()
-            self._thread.join(timeout=5.0)
+            server.close()
         if self._collector is not None:
             self.registry.unregister(self._collector)
             self._collector = None

@@ -298,7 +298,7 @@ def test_port_zero_serves_nothing_but_collects():
 
 
 def serving_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if "serve_forever" in t.name and t.is_alive()}
+    return {t for t in threading.enumerate() if t.name.startswith("torchvitals-metrics") and t.is_alive()}
 
 
 def test_close_is_idempotent_and_frees_the_port(served):
@@ -379,11 +379,14 @@ def test_vitals_are_served_per_rank(served):
     assert 0 < value(got, "torchvitals_host_memory_available_bytes", **r) <= \
         psutil.virtual_memory().total
     assert value(got, "torchvitals_accelerator_memory_fragmentation_bytes", **r) == 1e9
-    # A worker starting shows at the next scrape, without a step in between.
+    # A worker starting shows at the next scrape once the cached text is older than the
+    # render interval (a scrape loop reads the cache), without a step in between.
     import subprocess
     import sys
+    import time
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
+        time.sleep(ex.cache.min_interval_s)
         assert value(scrape(ex.url), "torchvitals_dataloader_workers", **r) == \
             len(psutil.Process().children())
         assert value(scrape(ex.url), "torchvitals_dataloader_workers", **r) >= 1
