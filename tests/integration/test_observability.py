@@ -218,7 +218,8 @@ def directives(state_dir: Path) -> list[dict]:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         db.row_factory = sqlite3.Row
-        return [dict(row) for row in db.execute("SELECT * FROM directives")]
+        return [{**dict(row), "labels": json.loads(row["labels"])}
+                for row in db.execute("SELECT * FROM directives")]
     finally:
         db.close()
 
