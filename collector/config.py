@@ -49,8 +49,8 @@ class CollectorConfig:
     free one."""
 
     state_dir: str = "torchvitals_collector"
-    """Folder of the directive store (``directives.json``); a collector restarted on the same
-    folder still knows every directive it issued or saw acknowledged."""
+    """Folder of the directive store (``directives.sqlite3``); a collector restarted on the same
+    folder still knows every directive it issued or saw acknowledged (until pruned)."""
 
     webhook_token_file: str | None = None
     """File holding the Bearer token Alertmanager sends (``http_config.authorization``);
