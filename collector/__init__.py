@@ -5,8 +5,9 @@
 ``webhook`` parses and validates the payload, ``directives`` keeps the directives it yields
 (idempotent, on disk, bounded, bound to the run they are for), ``auth`` says which token may do
 what (Alertmanager's posts alerts, a job's serves its own directives), ``server`` serves them
-over HTTP, ``metrics`` counts what happened, ``config`` its settings. ``supervisor/`` restarts a job that crashes or hangs
-(``torchvitals supervise -- CMD``). Imports no torch: the collector image carries none.
+over HTTP, ``metrics`` counts what happened, ``config`` its settings. ``supervisor/`` restarts
+a job that crashes or hangs (``torchvitals supervise -- CMD``). Imports no torch: the collector
+image carries none.
 """
 
 from .config import CollectorConfig

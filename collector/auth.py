@@ -47,7 +47,9 @@ class Principal:
 
     def describe(self) -> str:
         """Returns: words for a 403 reason ("the webhook token", "the token of job 'a'")."""
-        return "the webhook token" if self.kind == ALERTMANAGER else f"the token of job {self.job!r}"
+        if self.kind == ALERTMANAGER:
+            return "the webhook token"
+        return f"the token of job {self.job!r}"
 
 
 def digest(token: str) -> bytes:
@@ -122,9 +124,11 @@ class Tokens:
         self._file = Path(job_tokens_file) if job_tokens_file else None
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
+        self._error: str | None = None
         self._jobs: dict[bytes, str] = {}
         if job_tokens is not None:
-            self._jobs = self._checked(parse_job_tokens(job_tokens, "TORCHVITALS_COLLECTOR_JOB_TOKENS"))
+            self._jobs = self._checked(parse_job_tokens(job_tokens,
+                                                        "TORCHVITALS_COLLECTOR_JOB_TOKENS"))
         elif self._file is not None:
             self._reload(strict=True)
         if not self._jobs:
@@ -139,29 +143,37 @@ class Tokens:
         return jobs
 
     def _reload(self, strict: bool) -> None:
-        """Re-read the file when its mtime or size changed; a bad edit keeps the old tokens."""
+        """Re-read the file when its mtime or size changed; a bad edit keeps the old tokens
+        (logged once per bad version of the file, not once per request)."""
         assert self._file is not None
         try:
             st = os.stat(self._file)
+        except OSError as exc:
+            stamp, error = None, TokenError(f"{self._file}: cannot read the job tokens: "
+                                            f"{exc.strerror or exc}")
+        else:
             stamp = (st.st_mtime_ns, st.st_size)
             if stamp == self._stamp:
                 return
-            jobs = self._checked(parse_job_tokens(self._file.read_text(encoding="utf-8"),
-                                                  str(self._file)))
-        except OSError as exc:
-            error = TokenError(f"{self._file}: cannot read the job tokens: "
-                               f"{exc.strerror or exc}")
-        except TokenError as exc:
-            error = exc
-        else:
-            self._jobs, self._stamp = jobs, stamp
-            if not strict:
-                log.info("job tokens re-read from %s: %d job(s)", self._file, len(jobs))
-            return
+            try:
+                jobs = self._checked(parse_job_tokens(self._file.read_text(encoding="utf-8"),
+                                                      str(self._file)))
+            except OSError as exc:
+                error = TokenError(f"{self._file}: cannot read the job tokens: "
+                                   f"{exc.strerror or exc}")
+            except TokenError as exc:
+                error = exc
+            else:
+                self._jobs, self._stamp, self._error = jobs, stamp, None
+                if not strict:
+                    log.info("job tokens re-read from %s: %d job(s)", self._file, len(jobs))
+                return
         if strict:
             raise error
-        self._stamp = None
-        log.error("%s; keeping the %d job token(s) read before", error, len(self._jobs))
+        self._stamp = stamp
+        if str(error) != self._error:
+            self._error = str(error)
+            log.error("%s; keeping the %d job token(s) read before", error, len(self._jobs))
 
     def jobs(self) -> int:
         """Returns: the number of jobs holding a token."""

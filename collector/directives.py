@@ -1,6 +1,6 @@
 """The directive store: firing alerts become at most one directive each, kept on disk, bounded.
 
-    python -m pytest tests/integration/test_collector_webhook.py tests/integration/test_collector_bounds.py
+    python -m pytest tests/integration/test_collector_bounds.py
 
 A directive is an order for a job (``rollback`` or ``abort``) issued from one alert. Its id is
 derived from the alert's fingerprint and startsAt, so Alertmanager's repeats and its HA

@@ -70,13 +70,13 @@ def _principal(request: Request, tokens: Tokens) -> Principal:
     return principal
 
 
-def _job_only(principal: Principal, job: str, what: str) -> None:
-    """403 unless ``principal`` is ``job``'s own token."""
+def _job_only(principal: Principal, job: str, verb: str) -> None:
+    """403 unless ``principal`` is ``job``'s own token (``verb``: what it tried, for the reason)."""
     if principal.kind == ALERTMANAGER:
-        raise _Rejected(403, "forbidden", f"the webhook token may post alerts only; {what} "
-                        "needs the job's own token")
+        raise _Rejected(403, "forbidden", f"the webhook token may post alerts only: to {verb} "
+                        "of a job, use that job's own token")
     if principal.job != job:
-        raise _Rejected(403, "forbidden", f"{principal.describe()} cannot {what} of job "
+        raise _Rejected(403, "forbidden", f"{principal.describe()} cannot {verb} of job "
                         f"{job[:64]!r}: a job's token serves that job only")
 
 
@@ -172,7 +172,7 @@ def create_app(config: CollectorConfig, store: DirectiveStore,
         try:
             principal = _principal(request, tokens)
             if principal.kind == ALERTMANAGER:
-                _job_only(principal, "", "acknowledge a directive")
+                _job_only(principal, "", "acknowledge the directives")
             known = await run_in_threadpool(store.get, request.path_params["id"])
             if known is None:
                 raise _Rejected(404, "not_found", "no such directive")

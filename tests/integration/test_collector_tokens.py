@@ -82,8 +82,12 @@ def test_the_tokens_file_holds_digests_and_is_reread_when_it_changes(tmp_path, c
         path.write_text(json.dumps({"train-a": digest, "train-b": "token-of-b-456"}))
         assert request(server, "GET", "/directives?job=train-b", headers=b)[0] == 200
         path.write_text("{broken")           # a bad edit keeps the tokens read before
+        for _ in range(3):
+            assert request(server, "GET", "/directives?job=train-b", headers=b)[0] == 200
+        assert caplog.text.count("keeping the 2 job token(s)") == 1, "logged once, not per poll"
+        path.unlink()
         assert request(server, "GET", "/directives?job=train-b", headers=b)[0] == 200
-        assert "keeping the 2 job token(s)" in caplog.text
+        assert caplog.text.count("keeping the 2 job token(s)") == 2
         assert "token-of" not in caplog.text and digest[7:] not in caplog.text
     finally:
         server.stop()
