@@ -27,6 +27,7 @@ import logging
 import sqlite3
 import threading
 import time
+from typing import Callable
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -209,11 +210,13 @@ class CollectorServer:
     Args:
         config: the configuration (``port=0`` picks a free port; see ``port`` once started).
         registry: passed to ``CollectorMetrics`` (default: a fresh registry).
+        clock: the store's clock, Unix seconds (tests pass a fake one to pass time).
     """
 
-    def __init__(self, config: CollectorConfig, registry=None) -> None:
+    def __init__(self, config: CollectorConfig, registry=None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.config = config
-        self.store = DirectiveStore(config.state_dir, limits=store_limits(config))
+        self.store = DirectiveStore(config.state_dir, clock=clock, limits=store_limits(config))
         self.metrics = CollectorMetrics(self.store, registry)
         app = create_app(config, self.store, self.metrics)
         self._server = uvicorn.Server(uvicorn.Config(

@@ -132,15 +132,27 @@ def test_post_time_stays_flat_as_the_state_grows(tmp_path):
     assert large / small < 3.0, (small, large)
 
 
+class FakeClock:
+    """The store's clock, moved by the test: time passes without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_acknowledged_directives_are_pruned_after_retention_or_resolution(tmp_path):
-    with running(tmp_path / "state", retention_seconds=0.5) as server:
+    clock = FakeClock()
+    with running(tmp_path / "state", clock, retention_seconds=600) as server:
         [first] = request(server, "POST", "/alerts", notification(ROLLBACK))[1]["issued"]
         assert request(server, "POST", f"/directives/{first}/ack", headers=job_auth())[0] == 200
+        clock.now += 599
         # Within retention a repeat of the still-firing alert orders nothing.
         assert request(server, "POST", "/alerts", notification(ROLLBACK))[1]["outcomes"] == {
             "duplicate": 1}
         assert health(server)["acknowledged"] == 1
-        time.sleep(0.7)
+        clock.now += 2
         request(server, "POST", "/alerts", notification(alert(severity="info")))  # any write
         assert health(server) == {"pending": 0, "acknowledged": 0}
         assert request(server, "POST", f"/directives/{first}/ack",
@@ -155,16 +167,19 @@ def test_acknowledged_directives_are_pruned_after_retention_or_resolution(tmp_pa
 
 
 def test_a_pending_directive_expires_and_its_repeat_orders_nothing(tmp_path):
-    with running(tmp_path / "state", directive_ttl_seconds=0.5) as server:
+    clock = FakeClock()
+    with running(tmp_path / "state", clock, directive_ttl_seconds=60) as server:
         [d] = request(server, "POST", "/alerts", notification(ROLLBACK))[1]["issued"]
+        clock.now += 59
         assert poll(server, run="run-1") == [d]
-        time.sleep(0.7)
+        clock.now += 2
         assert poll(server, run="run-1") == []
         assert health(server) == {"pending": 0, "acknowledged": 0}
         assert gauge(server, "expired") == 1
         assert request(server, "POST", "/alerts", notification(ROLLBACK))[1]["outcomes"] == {
             "duplicate": 1}
         assert poll(server, run="run-1") == []
+        assert gauge(server, "expired") == 1
 
 
 def test_a_new_run_of_the_same_job_name_does_not_inherit_an_old_order(tmp_path):

@@ -46,11 +46,11 @@ ROLLBACK = alert(job="train-a", torchvitals_action="rollback")
 
 
 @contextmanager
-def running(state_dir, **settings):
+def running(state_dir, clock=time.time, **settings):
     server = CollectorServer(CollectorConfig(**{
         "port": 0, "state_dir": str(state_dir), "webhook_token": TOKEN,
         "job_tokens": json.dumps(JOB_TOKENS), "max_body_bytes": 64 * 1024,
-        "access_log": False, **settings})).start()
+        "access_log": False, **settings}), clock=clock).start()
     try:
         yield server
     finally:
