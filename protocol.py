@@ -66,6 +66,10 @@ ACTION_LABEL = "torchvitals_action"
 JOB_LABEL = "job"
 """The alert label naming the job an order is for (the agent's ``collector_job``)."""
 
+RUN_PARAM = "run"
+"""The query parameter of a poll naming the polling run: a directive is delivered only to the
+run of its job it was issued for, never to a later run reusing the job name."""
+
 # ---------------------------------------------------------------- heartbeat files
 
 TRAIN, CHECKPOINT, ABORTED = "train", "checkpoint", "aborted"

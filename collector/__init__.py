@@ -3,17 +3,21 @@
     torchvitals-collector --help
 
 ``webhook`` parses and validates the payload, ``directives`` keeps the directives it yields
-(idempotent, on disk), ``server`` serves them over HTTP, ``metrics`` counts what happened,
-``config`` its settings. ``supervisor/`` restarts a job that crashes or hangs
-(``torchvitals supervise -- CMD``). Imports no torch: the collector image carries none.
+(idempotent, on disk, bounded, bound to the run they are for), ``auth`` says which token may do
+what (Alertmanager's posts alerts, a job's serves its own directives), ``server`` serves them
+over HTTP, ``metrics`` counts what happened, ``config`` its settings. ``supervisor/`` restarts
+a job that crashes or hangs (``torchvitals supervise -- CMD``). Imports no torch: the collector
+image carries none.
 """
 
 from .config import CollectorConfig
-from .directives import Directive, DirectiveStore
+from .auth import Principal, Tokens
+from .directives import Directive, DirectiveStore, StoreFull, StoreLimits
 from .server import CollectorServer, create_app, serve
 from .supervisor import Supervisor, SupervisorConfig, supervise
 from .webhook import Notification, PayloadError, parse_notification
 
 __all__ = ["CollectorConfig", "CollectorServer", "Directive", "DirectiveStore", "Notification",
-           "PayloadError", "Supervisor", "SupervisorConfig", "create_app", "parse_notification",
-           "serve", "supervise"]
+           "PayloadError", "Principal", "StoreFull", "StoreLimits", "Supervisor",
+           "SupervisorConfig", "Tokens", "create_app", "parse_notification", "serve",
+           "supervise"]

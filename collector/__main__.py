@@ -5,7 +5,8 @@
 
 Every flag is also read from ``TORCHVITALS_COLLECTOR_<FLAG>`` (``TORCHVITALS_WEBHOOK_TOKEN_FILE``
 for the token file); precedence: flag > environment > default.
-The webhook token comes from ``--webhook-token-file`` or ``TORCHVITALS_WEBHOOK_TOKEN``.
+Alertmanager's token comes from ``--webhook-token-file`` or ``TORCHVITALS_WEBHOOK_TOKEN``; the
+jobs' own tokens from ``--job-tokens-file`` or ``TORCHVITALS_COLLECTOR_JOB_TOKENS``.
 """
 
 from __future__ import annotations

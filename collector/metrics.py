@@ -20,7 +20,11 @@ PREFIX = "torchvitals_collector_"
 
 REJECT_REASONS = ("unauthorized", "body_too_large", "invalid_json", "unsupported_version",
                   "missing_field", "invalid_field")
-"""Every ``reason`` label of the rejection counter (bounded: each is a fixed code)."""
+"""The ``reason`` labels of the rejection counter exposed at 0 from the start."""
+
+LIMIT_REASONS = ("forbidden", "label_too_large", "too_many_jobs", "too_many_directives")
+"""Further ``reason`` labels, exposed from their first occurrence (the set stays bounded: each
+is a fixed code): a token used beyond its power, and the state's bounds."""
 
 
 class _DirectiveGauges:
@@ -32,11 +36,15 @@ class _DirectiveGauges:
     def collect(self) -> Iterator[Metric]:
         # One family with a state label: a gauge named like a counter's base name
         # (directives_acknowledged) would be a second TYPE line for the same family.
-        g = GaugeMetricFamily(f"{PREFIX}directives", "Directives in the store, pending or "
-                              "acknowledged (kept across restarts).", labels=["state"])
-        for state, n in self._store.counts().items():
-            g.add_metric([state], n)
+        stats = self._store.stats()
+        g = GaugeMetricFamily(f"{PREFIX}directives", "Directives in the store, pending, "
+                              "acknowledged or expired (kept across restarts until pruned).",
+                              labels=["state"])
+        for state in ("pending", "acknowledged", "expired"):
+            g.add_metric([state], stats[state])
         yield g
+        yield GaugeMetricFamily(f"{PREFIX}jobs", "Jobs the store holds directives or a run "
+                                "for (bounded by max_jobs).", value=stats["jobs"])
 
 
 class CollectorMetrics:

@@ -2,15 +2,19 @@
 
     torchvitals-collector            # or: python -m torchvitals.collector --help
 
-Endpoints (every one but /healthz and /metrics needs ``Authorization: Bearer <token>``):
+Endpoints (every one but /healthz and /metrics needs ``Authorization: Bearer <token>``; which
+token may do what is ``auth.py``'s: a token known to nobody is 401, a known one used beyond its
+power 403, each with ``{"error": reason, "message": ...}``):
 
-- ``POST /alerts``: an Alertmanager webhook (v4). 401 without the token, 413 when the declared
-  or streamed body exceeds ``max_body_bytes`` (refused before it is read), 400 with
-  ``{"error": reason, "message": ...}`` when it is not a valid notification, else 200 with the
-  count of alerts per outcome and the ids of the directives it issued.
-- ``GET /directives?job=J``: ``{"job": J, "directives": [...]}``, J's pending directives.
-- ``POST /directives/<id>/ack``: acknowledge once; again returns 200 with ``"acknowledged":
-  false``; 404 for an unknown id.
+- ``POST /alerts`` (the webhook token only): an Alertmanager webhook (v4). 413 when the
+  declared or streamed body exceeds ``max_body_bytes`` (refused before it is read), 400 when it
+  is not a valid notification or a label is too large, 507 when it orders a job or a directive
+  beyond the store's limits (nothing stored changes), else 200 with the count of alerts per
+  outcome and the ids of the directives it issued.
+- ``GET /directives?job=J[&run=R]`` (J's token only): ``{"job": J, "directives": [...]}``, the
+  pending directives of J's run R (see ``directives.py`` for how a directive binds to a run).
+- ``POST /directives/<id>/ack`` (the token of the directive's job only): acknowledge once;
+  again returns 200 with ``"acknowledged": false``; 404 for an unknown id.
 - ``GET /healthz``, ``GET /metrics``.
 
 Starlette on uvicorn (h11): a maintained ASGI stack of two light packages, where the
@@ -19,10 +23,11 @@ standard library's ``http.server`` is documented as not meant for production.
 
 from __future__ import annotations
 
-import hmac
 import logging
+import sqlite3
 import threading
 import time
+from typing import Callable
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,10 +37,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..protocol import RUN_PARAM
+from .auth import ALERTMANAGER, Principal, Tokens
 from .config import CollectorConfig
-from .directives import DirectiveStore
+from .directives import DirectiveStore, StoreFull, StoreLimits
 from .metrics import CollectorMetrics
-from .webhook import PayloadError, parse_notification
+from .webhook import LabelLimits, PayloadError, parse_notification
 
 log = logging.getLogger("torchvitals.collector")
 
@@ -46,10 +53,39 @@ class _Rejected(Exception):
         self.status, self.reason, self.message = status, reason, message
 
 
-def _authorized(request: Request, token: bytes) -> bool:
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    # Constant time over the bytes, so the response time says nothing about a prefix.
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token)
+MAX_RUN_BYTES = 256
+"""Longest run identity a poll may name (a job id, a UUID: far shorter)."""
+
+
+def _error(exc: _Rejected) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=exc.status,
+                        headers=headers)
+
+
+def _principal(request: Request, tokens: Tokens) -> Principal:
+    """Who the request's token speaks for; 401 when nobody."""
+    principal = tokens.identify(request.headers.get("authorization"))
+    if principal is None:
+        raise _Rejected(401, "unauthorized", "missing or wrong bearer token")
+    return principal
+
+
+def _job_only(principal: Principal, job: str, verb: str) -> None:
+    """403 unless ``principal`` is ``job``'s own token (``verb``: what it tried, for the reason)."""
+    if principal.kind == ALERTMANAGER:
+        raise _Rejected(403, "forbidden", f"the webhook token may post alerts only: to {verb} "
+                        "of a job, use that job's own token")
+    if principal.job != job:
+        raise _Rejected(403, "forbidden", f"{principal.describe()} cannot {verb} of job "
+                        f"{job[:64]!r}: a job's token serves that job only")
+
+
+def store_limits(config: CollectorConfig) -> StoreLimits:
+    """Args: config: the collector's configuration. Returns: the store's bounds from it."""
+    return StoreLimits(max_jobs=config.max_jobs,
+                       max_directives_per_job=config.max_directives_per_job,
+                       ttl_s=config.directive_ttl_seconds, retention_s=config.retention_seconds)
 
 
 async def _read_capped(request: Request, cap: int) -> bytes:
@@ -74,37 +110,40 @@ def create_app(config: CollectorConfig, store: DirectiveStore,
     """Build the ASGI application.
 
     Args:
-        config: the collector's configuration (the token is read from it once, here).
+        config: the collector's configuration (the tokens are read from it once, here; the
+            job tokens file again whenever it changes).
         store: the directive store.
         metrics: the counters to update.
 
     Returns:
         The Starlette application.
-    """
-    token = config.token().encode()
 
-    def denied(request: Request) -> JSONResponse | None:
-        if _authorized(request, token):
-            return None
-        return JSONResponse({"error": "unauthorized", "message": "missing or wrong bearer token"},
-                            status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    Raises:
+        TokenError: a token cannot be read, or a job's token is the webhook token.
+    """
+    tokens = Tokens(config.token(), config.job_tokens, config.job_tokens_file)
+    labels = LabelLimits(max_label_bytes=config.max_label_bytes, max_labels=config.max_labels)
 
     async def alerts(request: Request) -> Response:
         try:
-            if denied(request) is not None:
-                raise _Rejected(401, "unauthorized", "missing or wrong bearer token")
+            principal = _principal(request, tokens)
+            if principal.kind != ALERTMANAGER:
+                raise _Rejected(403, "forbidden", f"{principal.describe()} may read and "
+                                "acknowledge its own directives only; alerts need the webhook "
+                                "token")
             body = await _read_capped(request, config.max_body_bytes)
             try:
-                notification = parse_notification(body)
+                notification = parse_notification(body, labels)
             except PayloadError as exc:
                 raise _Rejected(400, exc.reason, exc.message) from None
+            try:
+                outcomes, issued = await run_in_threadpool(store.submit, notification)
+            except StoreFull as exc:
+                raise _Rejected(507, exc.reason, exc.message) from None
         except _Rejected as exc:
             metrics.webhooks_rejected.labels(exc.reason).inc()
             log.warning("webhook rejected (%d %s): %s", exc.status, exc.reason, exc.message)
-            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-            return JSONResponse({"error": exc.reason, "message": exc.message},
-                                status_code=exc.status, headers=headers)
-        outcomes, issued = await run_in_threadpool(store.submit, notification)
+            return _error(exc)
         metrics.webhooks_accepted.inc()
         for outcome, n in outcomes.items():
             metrics.alerts.labels(outcome).inc(n)
@@ -115,21 +154,35 @@ def create_app(config: CollectorConfig, store: DirectiveStore,
         return JSONResponse({"outcomes": dict(outcomes), "issued": [d.id for d in issued]})
 
     async def directives(request: Request) -> Response:
-        if (refusal := denied(request)) is not None:
-            return refusal
-        job = request.query_params.get("job")
-        if not job:
-            return JSONResponse({"error": "missing_field", "message": "query parameter 'job' "
-                                 "is required"}, status_code=400)
-        return JSONResponse({"job": job, "directives": [d.to_json() for d in store.pending(job)]})
+        try:
+            principal = _principal(request, tokens)
+            job = request.query_params.get("job")
+            if not job:
+                raise _Rejected(400, "missing_field", "query parameter 'job' is required")
+            _job_only(principal, job, "read the directives")
+            run = request.query_params.get(RUN_PARAM) or None
+            if run is not None and len(run.encode()) > MAX_RUN_BYTES:
+                raise _Rejected(400, "invalid_field", f"query parameter {RUN_PARAM!r} is over "
+                                f"{MAX_RUN_BYTES} bytes")
+        except _Rejected as exc:
+            return _error(exc)
+        found = await run_in_threadpool(store.pending, job, run)
+        return JSONResponse({"job": job, "directives": [d.to_json() for d in found]})
 
     async def acknowledge(request: Request) -> Response:
-        if (refusal := denied(request)) is not None:
-            return refusal
-        found = await run_in_threadpool(store.acknowledge, request.path_params["id"])
-        if found is None:
-            return JSONResponse({"error": "not_found", "message": "no such directive"},
-                                status_code=404)
+        try:
+            principal = _principal(request, tokens)
+            if principal.kind == ALERTMANAGER:
+                _job_only(principal, "", "acknowledge the directives")
+            known = await run_in_threadpool(store.get, request.path_params["id"])
+            if known is None:
+                raise _Rejected(404, "not_found", "no such directive")
+            _job_only(principal, known.job, "acknowledge the directives")
+        except _Rejected as exc:
+            return _error(exc)
+        found = await run_in_threadpool(store.acknowledge, known.id)
+        if found is None:       # pruned between the two calls
+            return _error(_Rejected(404, "not_found", "no such directive"))
         directive, now = found
         if now:
             metrics.directives_acknowledged.labels(directive.action).inc()
@@ -157,11 +210,13 @@ class CollectorServer:
     Args:
         config: the configuration (``port=0`` picks a free port; see ``port`` once started).
         registry: passed to ``CollectorMetrics`` (default: a fresh registry).
+        clock: the store's clock, Unix seconds (tests pass a fake one to pass time).
     """
 
-    def __init__(self, config: CollectorConfig, registry=None) -> None:
+    def __init__(self, config: CollectorConfig, registry=None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.config = config
-        self.store = DirectiveStore(config.state_dir)
+        self.store = DirectiveStore(config.state_dir, clock=clock, limits=store_limits(config))
         self.metrics = CollectorMetrics(self.store, registry)
         app = create_app(config, self.store, self.metrics)
         self._server = uvicorn.Server(uvicorn.Config(
@@ -202,6 +257,7 @@ class CollectorServer:
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self.store.close()
 
 
 def serve(config: CollectorConfig) -> int:
@@ -216,9 +272,9 @@ def serve(config: CollectorConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         server = CollectorServer(config)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, sqlite3.Error) as exc:
         log.error("cannot start: %s", exc)
         return 2
-    log.info("directives in %s: %s", config.state_dir, server.store.counts())
+    log.info("directives in %s: %s", config.state_dir, server.store.stats())
     server.run()
     return 0

@@ -8,6 +8,10 @@ https://prometheus.io/docs/alerting/latest/configuration/#webhook_config.
 
 A firing alert orders something of a job through two labels: ``torchvitals_action`` (one of
 ``ACTIONS``) and ``job``. Any other alert is recorded by the store but never acted on.
+
+Labels are bounded (``LabelLimits``): a name or value past ``max_label_bytes`` or an alert with
+more than ``max_labels`` labels rejects the notification (reason ``label_too_large``, the
+message naming the alert and the label), so nothing unbounded reaches the store.
 """
 
 from __future__ import annotations
@@ -32,6 +36,16 @@ class PayloadError(TorchvitalsError, ValueError):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+@dataclass(frozen=True)
+class LabelLimits:
+    """Bounds on one alert's labels (``CollectorConfig`` sets them)."""
+
+    max_label_bytes: int = 1024
+    """Largest label name or value, in UTF-8 bytes (the fingerprint too)."""
+    max_labels: int = 64
+    """Most labels one alert may carry."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,15 @@ def _status(value: str, where: str) -> str:
     return value
 
 
-def _alert(obj: Any, index: int) -> Alert:
+def _bounded(text: str, what: str, limits: LabelLimits) -> None:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_label_bytes:
+        raise PayloadError("label_too_large",
+                           f"{what} is {size} bytes, over the limit of {limits.max_label_bytes} "
+                           "(max_label_bytes)")
+
+
+def _alert(obj: Any, index: int, limits: LabelLimits) -> Alert:
     where = f"alerts[{index}]"
     if not isinstance(obj, dict):
         raise PayloadError("invalid_field", f"{where} must be an object")
@@ -97,9 +119,17 @@ def _alert(obj: Any, index: int) -> Alert:
     labels = _require(obj, "labels", dict, where)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise PayloadError("invalid_field", f"{where}: labels must map strings to strings")
+    if len(labels) > limits.max_labels:
+        raise PayloadError("label_too_large",
+                           f"{where}: {len(labels)} labels, over the limit of "
+                           f"{limits.max_labels} (max_labels)")
+    for name, value in labels.items():
+        _bounded(name, f"{where}: a label name ({name[:40]!r}...)", limits)
+        _bounded(value, f"{where}: label {name!r}", limits)
     fingerprint = _require(obj, "fingerprint", str, where)
     if not fingerprint:
         raise PayloadError("invalid_field", f"{where}: fingerprint must not be empty")
+    _bounded(fingerprint, f"{where}: fingerprint", limits)
     starts_at = _require(obj, "startsAt", str, where)
     try:
         # Alertmanager writes nanoseconds; Python 3.11 reads them (truncated to microseconds).
@@ -111,18 +141,20 @@ def _alert(obj: Any, index: int) -> Alert:
                  starts_at=starts_at)
 
 
-def parse_notification(body: bytes) -> Notification:
+def parse_notification(body: bytes, limits: LabelLimits = LabelLimits()) -> Notification:
     """Parse and validate one webhook body.
 
     Args:
         body: the raw request body.
+        limits: the bounds on each alert's labels.
 
     Returns:
         The notification.
 
     Raises:
         PayloadError: with ``reason`` one of ``invalid_json``, ``unsupported_version``,
-            ``missing_field``, ``invalid_field``, and a message naming the offending field.
+            ``missing_field``, ``invalid_field``, ``label_too_large``, and a message naming
+            the offending field.
     """
     try:
         obj = json.loads(body)
@@ -140,7 +172,7 @@ def parse_notification(body: bytes) -> Notification:
     alerts = _require(obj, "alerts", list, "payload")
     return Notification(group_key=group_key, status=status,
                         receiver=receiver if isinstance(receiver, str) else "",
-                        alerts=tuple(_alert(a, i) for i, a in enumerate(alerts)))
+                        alerts=tuple(_alert(a, i, limits) for i, a in enumerate(alerts)))
 
 
 def order_of(alert: Alert) -> Order | None:

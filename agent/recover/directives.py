@@ -1,11 +1,15 @@
 """Directives from the collector, polled off the training thread by global rank 0.
 
     watch(..., collector_url="http://127.0.0.1:9500", collector_job="train-a")
-    # token: TORCHVITALS_WEBHOOK_TOKEN, or a file named by TORCHVITALS_WEBHOOK_TOKEN_FILE (a
-    # mounted secret); never a setting, so it never lands in a log
+    # token: the job's own token (the collector's job tokens hold it), in
+    # TORCHVITALS_WEBHOOK_TOKEN or a file named by TORCHVITALS_WEBHOOK_TOKEN_FILE (a mounted
+    # secret); never a setting, so it never lands in a log
 
-A daemon thread asks ``GET /directives?job=...`` every ``collector_poll_seconds``; a collector
-that is down is logged once per outage and counted, never a training failure. The oldest pending
+A daemon thread asks ``GET /directives?job=...&run=...`` every ``collector_poll_seconds``; the
+run identity (``run_identity()``) lets the collector deliver a directive only to the run it was
+issued for, never to a later run that reuses the job name. A collector that is down, or that
+refuses the token, is logged once per outage (with its reason) and counted, never a training
+failure. The oldest pending
 directive rides the next step's reduction as a code that only rank 0 contributes, so every rank
 acts on it in the same step; rank 0 then acknowledges it, again off the training thread.
 """
@@ -14,15 +18,45 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+import uuid
+from typing import Any, Mapping
 
-from ...protocol import ACTIONS, token_from_env
+from ...protocol import ACTIONS, RUN_PARAM, token_from_env
 
 log = logging.getLogger(__name__)
+
+RUN_ID_ENVS = ("TORCHVITALS_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+"""Variables naming the run, first set wins: ours, torchrun's rendezvous id, Slurm's job id."""
+
+_PROCESS_RUN = uuid.uuid4().hex
+"""The run identity of this process when no variable names one."""
+
+
+def run_identity(environ: Mapping[str, str] | None = None) -> str:
+    """The identity of this run, as the collector binds directives to it.
+
+    The one place that decides it (a job identity shared with other parts may replace it).
+
+    Args:
+        environ: the environment to read (default ``os.environ``).
+
+    Returns:
+        The first of ``RUN_ID_ENVS`` that is set (torchrun's ``none`` of a static rendezvous
+        names nothing), else an id made once per process: then a restarted process is a new
+        run and receives none of its predecessor's directives.
+    """
+    environ = os.environ if environ is None else environ
+    for name in RUN_ID_ENVS:
+        value = environ.get(name, "").strip()
+        if value and value.lower() != "none":
+            return value
+    return _PROCESS_RUN
+
 
 class DirectivePoller:
     """Rank 0's link to the collector: the pending directive, acknowledgements, failure count.
@@ -31,12 +65,15 @@ class DirectivePoller:
         url: the collector's base URL.
         job: the job name directives are addressed to.
         poll_seconds: seconds between polls.
-        token: bearer token (default: ``token_from_env()``).
+        token: the job's bearer token (default: ``token_from_env()``).
+        run: this run's identity (default: ``run_identity()``).
     """
 
-    def __init__(self, url: str, job: str, poll_seconds: float, token: str | None = None):
+    def __init__(self, url: str, job: str, poll_seconds: float, token: str | None = None,
+                 run: str | None = None):
         self.url, self.job, self.poll_seconds = url.rstrip("/"), job, poll_seconds
         self._token = token if token is not None else token_from_env()
+        self.run = run if run is not None else run_identity()
         self._lock = threading.Lock()
         self._pending: dict[str, Any] | None = None
         self._taken: set[str] = set()
@@ -66,7 +103,8 @@ class DirectivePoller:
     def _run(self) -> None:
         while not self._stop.wait(self.poll_seconds):
             try:
-                body = self._request("GET", f"/directives?job={urllib.parse.quote(self.job)}")
+                query = urllib.parse.urlencode({"job": self.job, RUN_PARAM: self.run})
+                body = self._request("GET", f"/directives?{query}")
             except (OSError, ValueError) as exc:
                 self._failed("poll", exc)
                 continue
@@ -80,7 +118,7 @@ class DirectivePoller:
     def _ack(self, directive_id: str) -> None:
         for _ in range(5):
             try:
-                self._request("POST", f"/directives/{directive_id}/ack")
+                self._request("POST", f"/directives/{urllib.parse.quote(directive_id)}/ack")
                 return
             except (OSError, ValueError) as exc:
                 self._failed("acknowledge", exc)
@@ -97,7 +135,7 @@ class DirectivePoller:
         self.failures += 1
         if not self._down:
             self._down = True
-            reason = f"HTTP {exc.code}" if isinstance(exc, urllib.error.HTTPError) else str(exc)
+            reason = _http_reason(exc) if isinstance(exc, urllib.error.HTTPError) else str(exc)
             log.warning("torchvitals: cannot %s directives at %s (%s); training goes on, "
                         "retrying every %.1fs", what, self.url, reason, self.poll_seconds)
 
@@ -105,3 +143,12 @@ class DirectivePoller:
         if self._down:
             self._down = False
             log.warning("torchvitals: the collector at %s answers again", self.url)
+
+
+def _http_reason(exc: urllib.error.HTTPError) -> str:
+    """``HTTP 403: <the collector's message>`` (it names the job, never the token)."""
+    try:
+        message = json.loads(exc.read().decode() or "{}").get("message", "")
+    except (OSError, ValueError, AttributeError):
+        message = ""
+    return f"HTTP {exc.code}: {message}" if message else f"HTTP {exc.code}"

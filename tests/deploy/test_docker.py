@@ -294,3 +294,38 @@ def test_the_collector_requirements_are_the_package_dependencies_without_torch()
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert out.stdout.split("\n")[:-1] == [d for d in deps if not d.startswith("torch")]
     assert any(d.startswith("torch") for d in deps) and "starlette" in out.stdout
+
+
+def test_the_trainer_holds_its_own_token_and_the_collector_accepts_it_for_its_job_only(
+        compose, tmp_path):
+    services = compose["services"]
+    token, collector, trainer = (services[n] for n in ("token", "torchvitals-collector",
+                                                       "trainer"))
+    job = trainer["environment"]["TORCHVITALS_COLLECTOR_JOB"]
+    assert token["environment"]["TORCHVITALS_COLLECTOR_JOB"] == job
+    # The trainer never mounts the volume of Alertmanager's token (which may post alerts).
+    webhook_file = collector["environment"]["TORCHVITALS_WEBHOOK_TOKEN_FILE"]
+    assert named_volume_of(collector, webhook_file) not in {
+        v.split(":")[0] for v in trainer["volumes"]}
+    # Run the token service's script with its volumes as folders here, twice (a restart).
+    script = token["entrypoint"][2]
+    for volume in token["volumes"]:
+        name, target = volume.split(":")[:2]
+        (tmp_path / name).mkdir(exist_ok=True)
+        script = script.replace(f'"{target}/', f'"{tmp_path / name}/').replace(
+            f'f"{target}/', f'f"{tmp_path / name}/')
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", script], check=True, timeout=60,
+                       env={**os.environ, **token["environment"]})
+
+    def here(service, path):
+        return tmp_path / named_volume_of(service, path) / PurePosixPath(path).name
+    from torchvitals.collector.auth import Tokens
+    webhook = here(collector, webhook_file).read_text().strip()
+    tokens = Tokens(webhook, job_tokens_file=str(here(
+        collector, collector["environment"]["TORCHVITALS_COLLECTOR_JOB_TOKENS_FILE"])))
+    mine = here(trainer, trainer["environment"]["TORCHVITALS_WEBHOOK_TOKEN_FILE"]).read_text()
+    principal = tokens.identify(f"Bearer {mine.strip()}")
+    assert (principal.kind, principal.job) == ("job", job)
+    assert tokens.identify(f"Bearer {webhook}").kind == "alertmanager"
+    assert mine.strip() != webhook

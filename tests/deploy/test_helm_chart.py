@@ -9,6 +9,8 @@ dashboards must equal the canonical files in grafana/.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import importlib.util
 import re
 import shutil
@@ -195,8 +197,11 @@ def test_an_existing_secret_is_referenced_and_none_is_created(chart):
     job = one(docs, "PyTorchJob")["spec"]["pytorchReplicaSpecs"]
     assert set(job) == {"Master"}
     trainer = container_env(job["Master"]["template"]["spec"]["containers"][0])
+    # The job's own token, never Alertmanager's (which may post alerts only).
     assert trainer["TORCHVITALS_WEBHOOK_TOKEN"] == {
-        "secretKeyRef": {"name": "torchvitals-webhook", "key": "bearer"}}
+        "secretKeyRef": {"name": "torchvitals-job-tokens", "key": "job-tv-torchvitals-example"}}
+    jobs_volume = next(v for v in pod["volumes"] if v["name"] == "job-tokens")
+    assert jobs_volume["secret"]["secretName"] == "torchvitals-job-tokens"
     claim = next(v for v in pod["volumes"] if v["name"] == "state")
     assert claim["persistentVolumeClaim"]["claimName"] == "torchvitals-state"
     assert by_kind(docs, "PersistentVolumeClaim") == []   # both claims exist already
@@ -369,3 +374,38 @@ def test_the_chart_routes_to_the_collector_as_the_canonical_alertmanager_config_
     amc = one(docs, "AlertmanagerConfig")["spec"]["route"]
     assert (amc["groupBy"], amc["groupWait"], amc["groupInterval"], amc["repeatInterval"]) == \
         (route["group_by"], route["group_wait"], route["group_interval"], route["repeat_interval"])
+
+
+def test_each_job_gets_its_own_token_and_the_collector_only_their_digests(chart):
+    webhook = "w3bh00k-" + "x" * 20
+    docs = render(chart, {"webhookToken": {"value": webhook}, "exampleJob": {"enabled": True},
+                          "jobTokens": {"jobs": ["train-b"]}})
+    data = {k: base64.b64decode(v).decode() for k, v in one(docs, "Secret")["data"].items()}
+    assert set(data) == {"token", "job-tokens.json", "job-tv-torchvitals-example",
+                         "job-train-b"}
+    digests = json.loads(data["job-tokens.json"])
+    for job in ("tv-torchvitals-example", "train-b"):
+        token = data[f"job-{job}"]
+        assert re.fullmatch(r"[A-Za-z0-9]{48}", token) and token != webhook
+        assert digests[job] == "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    env = container_env(pod["containers"][0])
+    assert env["TORCHVITALS_COLLECTOR_JOB_TOKENS_FILE"] == "/etc/torchvitals/jobs/job-tokens.json"
+    jobs_volume = next(v for v in pod["volumes"] if v["name"] == "job-tokens")
+    assert jobs_volume["secret"]["items"] == [{"key": "job-tokens.json",
+                                               "path": "job-tokens.json"}]
+    master = one(docs, "PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Master"]
+    trainer = container_env(master["template"]["spec"]["containers"][0])
+    assert trainer["TORCHVITALS_WEBHOOK_TOKEN"] == {"secretKeyRef": {
+        "name": "tv-torchvitals-webhook-token", "key": "job-tv-torchvitals-example"}}
+    assert {"TORCHVITALS_COLLECTOR_MAX_JOBS", "TORCHVITALS_COLLECTOR_DIRECTIVE_TTL_SECONDS",
+            "TORCHVITALS_COLLECTOR_RETENTION_SECONDS",
+            "TORCHVITALS_COLLECTOR_MAX_LABEL_BYTES"} <= set(env)
+
+
+def test_job_tokens_get_their_own_secret_beside_an_existing_webhook_secret(chart):
+    docs = render(chart, {"webhookToken": {"existingSecret": "am-token"},
+                          "exampleJob": {"enabled": True}})
+    [secret] = by_kind(docs, "Secret")
+    assert secret["metadata"]["name"] == "tv-torchvitals-job-tokens"
+    assert set(secret["data"]) == {"job-tokens.json", "job-tv-torchvitals-example"}

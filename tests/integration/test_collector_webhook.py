@@ -18,7 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from torchvitals.collector import CollectorConfig, CollectorServer
 
 TOKEN = "s3cret-token"
+"""Alertmanager's (the webhook token): it posts alerts."""
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+JOB_TOKENS = {"train-a": "job-a-token-0123", "train-b": "job-b-token-4567"}
+"""Each job's own token: it reads and acknowledges that job's directives."""
+
+
+def job_auth(job="train-a"):
+    return {"Authorization": f"Bearer {JOB_TOKENS[job]}"}
 
 
 def alert(status="firing", fingerprint="fp1", starts_at="2026-11-29T10:00:00.123456789Z",
@@ -39,10 +46,11 @@ ROLLBACK = alert(job="train-a", torchvitals_action="rollback")
 
 
 @contextmanager
-def running(state_dir):
-    server = CollectorServer(CollectorConfig(port=0, state_dir=str(state_dir),
-                                             webhook_token=TOKEN, max_body_bytes=64 * 1024,
-                                             access_log=False)).start()
+def running(state_dir, clock=time.time, **settings):
+    server = CollectorServer(CollectorConfig(**{
+        "port": 0, "state_dir": str(state_dir), "webhook_token": TOKEN,
+        "job_tokens": json.dumps(JOB_TOKENS), "max_body_bytes": 64 * 1024,
+        "access_log": False, **settings}), clock=clock).start()
     try:
         yield server
     finally:
@@ -71,7 +79,7 @@ def request(server, method, path, body=None, headers=AUTH):
 
 
 def pending(server, job="train-a"):
-    status, body = request(server, "GET", f"/directives?job={job}")
+    status, body = request(server, "GET", f"/directives?job={job}", headers=job_auth(job))
     assert status == 200
     return body["directives"]
 
@@ -179,14 +187,17 @@ def test_alert_without_an_action_is_recorded_not_acted_on(collector):
 
 def test_ack_works_once(collector):
     [directive_id] = request(collector, "POST", "/alerts", notification(ROLLBACK))[1]["issued"]
-    status, body = request(collector, "POST", f"/directives/{directive_id}/ack")
+    status, body = request(collector, "POST", f"/directives/{directive_id}/ack",
+                           headers=job_auth())
     assert status == 200 and body["acknowledged"] is True
     assert body["directive"]["acknowledged_at"] is not None
-    status, again = request(collector, "POST", f"/directives/{directive_id}/ack")
+    status, again = request(collector, "POST", f"/directives/{directive_id}/ack",
+                            headers=job_auth())
     assert status == 200 and again["acknowledged"] is False
     assert again["directive"]["acknowledged_at"] == body["directive"]["acknowledged_at"]
     assert pending(collector) == []
-    assert request(collector, "POST", "/directives/0123456789abcdef/ack")[0] == 404
+    assert request(collector, "POST", "/directives/0123456789abcdef/ack",
+                   headers=job_auth())[0] == 404
     assert request(collector, "POST", f"/directives/{directive_id}/ack", headers={})[0] == 401
     m = metrics(collector)
     assert m[("torchvitals_collector_directives_acknowledged_total",
@@ -198,13 +209,14 @@ def test_restart_on_the_same_state_dir_keeps_issued_and_acknowledged(tmp_path):
     with running(tmp_path / "state") as server:
         [acked] = request(server, "POST", "/alerts", notification(ROLLBACK))[1]["issued"]
         [kept] = request(server, "POST", "/alerts", notification(abort))[1]["issued"]
-        assert request(server, "POST", f"/directives/{acked}/ack")[0] == 200
+        assert request(server, "POST", f"/directives/{acked}/ack", headers=job_auth())[0] == 200
     with running(tmp_path / "state") as server:
         assert [d["id"] for d in pending(server)] == [kept]
         # Alertmanager repeats a still-firing alert: neither directive is issued again.
         outcomes = request(server, "POST", "/alerts", notification(ROLLBACK, abort))[1]
         assert outcomes == {"outcomes": {"duplicate": 2}, "issued": []}
-        assert request(server, "POST", f"/directives/{acked}/ack")[1]["acknowledged"] is False
+        assert request(server, "POST", f"/directives/{acked}/ack",
+                       headers=job_auth())[1]["acknowledged"] is False
         assert request(server, "GET", "/healthz", headers={})[1] == {
             "status": "ok", "directives": {"pending": 1, "acknowledged": 1}}
         m = metrics(server)

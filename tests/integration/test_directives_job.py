@@ -13,12 +13,20 @@ from torchvitals.collector import CollectorConfig, CollectorServer
 from tvsupport import run_world
 
 TOKEN = "job-token-123"
+"""The job's own token (its ranks hold it); Alertmanager posts with ``WEBHOOK_TOKEN``."""
+WEBHOOK_TOKEN = "alertmanager-token-456"
 
 
-def post(url: str, path: str, body: dict | None = None, method: str = "POST") -> dict:
+def collector_config(state_dir) -> CollectorConfig:
+    return CollectorConfig(port=0, state_dir=str(state_dir), webhook_token=WEBHOOK_TOKEN,
+                           job_tokens=json.dumps({"train-a": TOKEN}), access_log=False)
+
+
+def post(url: str, path: str, body: dict | None = None, method: str = "POST",
+         token: str = TOKEN) -> dict:
     req = urllib.request.Request(url + path, method=method,
                                  data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {TOKEN}",
+                                 headers={"Authorization": f"Bearer {token}",
                                           "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as resp:
         return json.loads(resp.read().decode())
@@ -36,8 +44,7 @@ def rollback_alert() -> dict:
 
 def test_rollback_directive_rolls_both_ranks_back_in_the_same_step(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN", TOKEN)       # the ranks inherit it
-    server = CollectorServer(CollectorConfig(port=0, state_dir=str(tmp_path / "state"),
-                                             webhook_token=TOKEN, access_log=False)).start()
+    server = CollectorServer(collector_config(tmp_path / "state")).start()
     url = f"http://127.0.0.1:{server.port}"
     marker = tmp_path / "at-step-25"
     posted: list[float] = []
@@ -47,7 +54,7 @@ def test_rollback_directive_rolls_both_ranks_back_in_the_same_step(tmp_path, mon
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         posted.append(time.time())
-        post(url, "/alerts", rollback_alert())
+        post(url, "/alerts", rollback_alert(), token=WEBHOOK_TOKEN)
     poster = threading.Thread(target=post_when_ready, daemon=True)
     poster.start()
     try:
@@ -97,11 +104,10 @@ def test_the_job_reads_its_token_from_a_mounted_secret_file(tmp_path, monkeypatc
     (tmp_path / "token").write_text(TOKEN + "\n")          # as a Kubernetes secret mounts it
     monkeypatch.delenv("TORCHVITALS_WEBHOOK_TOKEN", raising=False)
     monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN_FILE", str(tmp_path / "token"))
-    server = CollectorServer(CollectorConfig(port=0, state_dir=str(tmp_path / "state"),
-                                             webhook_token=TOKEN, access_log=False)).start()
+    server = CollectorServer(collector_config(tmp_path / "state")).start()
     url = f"http://127.0.0.1:{server.port}"
     try:
-        post(url, "/alerts", rollback_alert())
+        post(url, "/alerts", rollback_alert(), token=WEBHOOK_TOKEN)
         model = TinyGPT(**TINY)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         agent = torchvitals.watch(model, opt, collector_url=url, collector_job="train-a",

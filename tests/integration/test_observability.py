@@ -17,6 +17,7 @@ import math
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -210,8 +211,17 @@ def launch(tmp: Path, name: str, base_port: int, *extra: str, env: dict) -> subp
 
 
 def directives(state_dir: Path) -> list[dict]:
-    path = state_dir / "directives.json"
-    return json.loads(path.read_text())["directives"] if path.exists() else []
+    """Every directive in the collector's store, read beside it (read-only)."""
+    path = state_dir / "directives.sqlite3"
+    if not path.exists():
+        return []
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        db.row_factory = sqlite3.Row
+        return [{**dict(row), "labels": json.loads(row["labels"])}
+                for row in db.execute("SELECT * FROM directives")]
+    finally:
+        db.close()
 
 
 def firing(prom: Prometheus, alertname: str, job: str) -> bool:
@@ -226,8 +236,11 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
     token = "stack-token-" + os.urandom(8).hex()
     (tmp / "token").write_text(token + "\n")
+    # Each job its own token: the webhook token is Alertmanager's only.
+    job_tokens = {name: f"{name}-token-" + os.urandom(8).hex() for name in ("vitals", "bare")}
     collector = CollectorServer(CollectorConfig(port=0, state_dir=str(tmp / "collector"),
                                                 webhook_token_file=str(tmp / "token"),
+                                                job_tokens=json.dumps(job_tokens),
                                                 access_log=False)).start()
     # The canonical routing with this test's collector, token file and short timers.
     am_config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
@@ -249,12 +262,13 @@ def stack(tmp_path_factory):
             "bare": [f"127.0.0.1:{bare_port}", f"127.0.0.1:{bare_port + 1}"]},
             [RULES], alertmanager=am.url)
         servers.append(prom)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHVITALS_WEBHOOK_TOKEN": token,
-               "TORCHVITALS_LOG_DIR": ""}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHVITALS_LOG_DIR": ""}
         started = time.time()
-        jobs.append(launch(tmp, "vitals", vitals_port, "--ckpt", str(tmp / "ckpt"), env=env))
+        jobs.append(launch(tmp, "vitals", vitals_port, "--ckpt", str(tmp / "ckpt"),
+                           env={**env, "TORCHVITALS_WEBHOOK_TOKEN": job_tokens["vitals"]}))
         jobs.append(launch(tmp, "bare", bare_port, "--collector-url",
-                           f"http://127.0.0.1:{collector.port}", env=env))
+                           f"http://127.0.0.1:{collector.port}",
+                           env={**env, "TORCHVITALS_WEBHOOK_TOKEN": job_tokens["bare"]}))
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             if any(j.poll() is not None for j in jobs):

@@ -51,3 +51,38 @@ def test_malformed_flag_exits_2():
     with pytest.raises(SystemExit) as exc:
         CollectorConfig.from_args(["--port", "70000"], environ={})
     assert exc.value.code == 2
+
+
+def test_bounds_are_settings_from_flags_and_the_environment():
+    env = {"TORCHVITALS_COLLECTOR_MAX_JOBS": "50",
+           "TORCHVITALS_COLLECTOR_DIRECTIVE_TTL_SECONDS": "120",
+           "TORCHVITALS_COLLECTOR_RETENTION_SECONDS": "600"}
+    config = CollectorConfig.from_args(["--max-label-bytes", "256", "--directive-ttl-seconds",
+                                        "30", "--max-directives-per-job", "7"], environ=env)
+    assert (config.max_jobs, config.max_label_bytes, config.max_directives_per_job,
+            config.directive_ttl_seconds, config.retention_seconds) == (50, 256, 7, 30.0, 600.0)
+    defaults = CollectorConfig()
+    assert (defaults.max_jobs, defaults.max_labels, defaults.directive_ttl_seconds) == (
+        1000, 64, 3600.0)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"max_jobs": 0}, "max_jobs"), ({"max_label_bytes": 0}, "max_label_bytes"),
+    ({"max_labels": -1}, "max_labels"), ({"max_directives_per_job": 0}, "max_directives"),
+    ({"directive_ttl_seconds": 0}, "directive_ttl_seconds"),
+    ({"retention_seconds": float("inf")}, "retention_seconds"),
+    ({"job_tokens": "{}", "job_tokens_file": "/x"}, "not both")])
+def test_invalid_bounds_are_refused_naming_the_field(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        CollectorConfig(**kwargs)
+
+
+def test_job_tokens_come_from_the_environment_or_a_file_never_a_flag(tmp_path):
+    config = CollectorConfig.from_env({"TORCHVITALS_COLLECTOR_JOB_TOKENS": '{"a": "tok-a"}'})
+    assert config.job_tokens == '{"a": "tok-a"}' and "tok-a" not in repr(config)
+    # No flag takes the tokens themselves (argparse reads "--job-tokens" as the file's flag).
+    assert CollectorConfig.from_args(["--job-tokens", "x.json"], environ={}).job_tokens is None
+    path = tmp_path / "tokens.json"
+    config = CollectorConfig.from_args(["--job-tokens-file", str(path)],
+                                       environ={"TORCHVITALS_COLLECTOR_JOB_TOKENS": "{}"})
+    assert (config.job_tokens_file, config.job_tokens) == (str(path), None)

@@ -69,3 +69,42 @@ app.kubernetes.io/component: collector
 {{- define "torchvitals.exampleJob.name" -}}
 {{- printf "%s-example" (include "torchvitals.fullname" .) | trunc 50 | trimSuffix "-" -}}
 {{- end -}}
+
+{{- /* The Secret of the job tokens: the given one; else the chart's token Secret; else, when the
+webhook token's Secret is not the chart's, one of the chart's own. */}}
+{{- define "torchvitals.jobTokenSecret" -}}
+{{- if .Values.jobTokens.existingSecret -}}
+{{- .Values.jobTokens.existingSecret -}}
+{{- else if .Values.webhookToken.existingSecret -}}
+{{- printf "%s-job-tokens" (include "torchvitals.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- include "torchvitals.tokenSecret" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The Secret key of a job's own token (the argument: the job's name). */}}
+{{- define "torchvitals.jobTokenKey" -}}
+{{- printf "job-%s" . -}}
+{{- end -}}
+
+{{- /* The `data:` entries of the job tokens the chart makes: one `job-<name>` per job (kept on
+upgrades, as the webhook token is) and `job-tokens.json`, the collector's job -> sha256 digest,
+so the collector's copy holds nothing a job could use. */}}
+{{- define "torchvitals.jobTokenData" -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "torchvitals.jobTokenSecret" .) -}}
+{{- $jobs := .Values.jobTokens.jobs -}}
+{{- if .Values.exampleJob.enabled -}}
+{{- $jobs = append $jobs (include "torchvitals.exampleJob.name" .) -}}
+{{- end -}}
+{{- $digests := dict -}}
+{{- range $job := $jobs | uniq }}
+{{- $key := include "torchvitals.jobTokenKey" $job }}
+{{- $token := randAlphaNum 48 }}
+{{- if and $existing $existing.data (hasKey $existing.data $key) }}
+{{- $token = index $existing.data $key | b64dec }}
+{{- end }}
+{{- $_ := set $digests $job (printf "sha256:%s" (sha256sum $token)) }}
+{{ $key }}: {{ $token | b64enc | quote }}
+{{- end }}
+job-tokens.json: {{ $digests | toJson | b64enc | quote }}
+{{- end -}}
