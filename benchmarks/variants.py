@@ -196,6 +196,43 @@ class Wandb(Bare):
             teardown()  # stop the background service so it cannot disturb later measurements
 
 
+ABUSE = """
+import socket, sys, time, urllib.request
+port = int(sys.argv[1])
+url = f"http://127.0.0.1:{port}/metrics"
+idle = []
+for _ in range(200):
+    try:
+        idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+    except OSError:
+        pass
+while True:
+    try:
+        urllib.request.urlopen(url, timeout=5).read()
+    except OSError:
+        time.sleep(0.01)
+"""
+
+
+class Abused(Agent):
+    """``export`` whose /metrics is abused by another process for the whole run: 200 idle
+    connections and a scrape loop as fast as it goes. The load runs while every variant is timed
+    (its CPU hits them alike, interleaved); only this variant's exporter serves it, so the ratio
+    to ``export`` is what the abuse costs the training process itself."""
+
+    def __init__(self, model_kwargs: dict[str, int], ddp: bool, tmp: str, rank: int):
+        from torchvitals.agent.tools.demo.launch import free_ports
+        base = free_ports(2)
+        super().__init__(model_kwargs, ddp, metrics_port=base, log_dir=os.path.join(tmp, "abused"))
+        import subprocess
+        self.load = subprocess.Popen([sys.executable, "-c", ABUSE, str(base + rank)])
+
+    def close(self) -> None:
+        self.load.kill()
+        self.load.wait(10)
+        super().close()
+
+
 def wandb_missing() -> str | None:
     """Why the wandb variant cannot run here, or None when it can."""
     try:
@@ -205,12 +242,14 @@ def wandb_missing() -> str | None:
     return None
 
 
-VARIANTS = ("bare", "default", "guarded", "export", "every", "watchdog", "watchsync", "naive", "wandb")
+VARIANTS = ("bare", "default", "guarded", "export", "abused", "every", "watchdog", "watchsync",
+            "naive", "wandb")
 DESCRIPTIONS = {
     "bare": "no monitoring",
     "default": "torchvitals, sample_every=10, exporter and event log off",
     "guarded": "default, the loop calling optimizer.step() (guarded) and record_loss",
     "export": "default + Prometheus exporter + event log",
+    "abused": "export, /metrics under 200 idle connections and a tight scrape loop",
     "every": "torchvitals, every signal every step (sample_every=1)",
     "watchdog": "default + watchdog, checkpoint_every=50, staged + background write",
     "watchsync": "default + watchdog, checkpoint_every=50, synchronous save",
@@ -231,6 +270,8 @@ def build(name: str, model_kwargs: dict[str, int], *, ddp: bool, rank: int, tmp:
         return Guarded(model_kwargs, ddp, metrics_port=0, log_dir="")
     if name == "export":
         return Agent(model_kwargs, ddp, metrics_port=port, log_dir=os.path.join(tmp, "runs"))
+    if name == "abused":
+        return Abused(model_kwargs, ddp, tmp, rank)
     if name == "every":
         return Agent(model_kwargs, ddp, metrics_port=0, log_dir="", sample_every=1)
     if name in ("watchdog", "watchsync"):
