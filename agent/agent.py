@@ -30,7 +30,7 @@ from .detect.detector import Detector
 from .detect.straggler import RankTiming
 from .detect.thresholds import Thresholds
 from .detect.wiring import wiring_verdicts
-from .guard import ClipWatch, StepGuard, intercept_clipping, intercept_scaler_step
+from .guard import ClipWatch, StepGuard
 from .measure.activations import ActivationStats
 from .measure.attention import AttentionStats
 from .measure.blocks import Blocks, discover, unwrap
@@ -41,6 +41,7 @@ from .measure.loss import LossBook
 from .measure.reduce import Reducer
 from .measure.stats import GradStats, UpdateRatio, local
 from .outputs.sinks import Outputs
+from .patches import PatchSet
 from .recover.batches import SkipAwareBatches
 from .recover.directives import DirectivePoller
 from .recover.heartbeat import Heartbeat
@@ -133,13 +134,16 @@ class Agent:
         built.callback(model.register_forward_hook(self.steps.on_forward).remove)
         built.callback(unwrap(model).register_forward_hook(self.loss_book.capture_output,
                                                            with_kwargs=True).remove)
-        self.guard = StepGuard(optimizer, self._guarded_step, self.params)
+        self._patches = PatchSet()          # undone by close(), or when the agent is collected
+        built.callback(self._patches.close)
+        self._patches.close_when_collected(self)
+        self.guard = StepGuard(optimizer, self._guarded_step, self.params, self._patches)
         built.callback(self.guard.close)
         self.signals = self._signals()
         for signal in self.signals:
             built.callback(signal.close)
-        built.callback(intercept_scaler_step(optimizer, self._scaler_step))
-        built.callback(intercept_clipping(self.capture_gradients, self.params))
+        self._patches.route_scaler_step(optimizer, self._scaler_step)
+        self._patches.capture_clipping(self.capture_gradients, self.params)
         if self.steps.sampled(self.steps.step_count + 1):
             self.steps.arm()
 
@@ -203,7 +207,7 @@ class Agent:
         return self._run(StepInput(closure_loss=closure_loss), checked=False)
 
     def _scaler_step(self, scaler: Any) -> None:
-        """``scaler.step(optimizer)`` from the loop or a framework (see guard.intercept_scaler_step):
+        """``scaler.step(optimizer)`` from the loop or a framework (see patches.ScalerStepPatch):
         the caller updates the scaler; the real step goes through the optimizer's attribute."""
         self._run(StepInput(scaler=scaler, through_attribute=True))
 

@@ -17,16 +17,22 @@ Three more things happen here because only the step knows them:
 - a real step that did not come through the guard (a bound ``step`` taken before ``watch``)
   raises ``GuardBypassedError`` from the optimizer's own pre-step hook, before it changes
   anything.
+
+The guard is installed through ``patches.PatchSet.replace_step``, which puts the optimizer's own
+``step`` back at ``close()`` unless someone wrapped the guard since: that wrapper then stays, and
+the closed guard passes its calls straight to the real step. The ``GradScaler.step`` route and
+the clipping capture live in ``patches`` as well.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any, Callable, TypeVar
 
 import torch
 
 from ..errors import TorchvitalsError
+from .compat import mark_optimizer_stepped, tensor_version
+from .patches import PatchSet
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -47,37 +53,33 @@ class StepGuard:
         optimizer: the torch optimizer.
         run: ``run(closure_loss)`` runs the agent's step (it calls ``real_step`` to step).
         watched: the parameters whose gradients tell one backward pass from the next.
+        patches: the agent's patches; the guard installs itself as ``optimizer.step`` there.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, run: Callable[[Any], Any],
-                 watched: list[torch.nn.Parameter]) -> None:
+                 watched: list[torch.nn.Parameter], patches: PatchSet) -> None:
         if isinstance(optimizer, torch.optim.LBFGS):
             raise TorchvitalsError("torchvitals cannot guard LBFGS: it re-evaluates its closure "
                                    "many times per step, and the agent measures one gradient")
         self.optimizer, self._run = optimizer, run
-        self._own_attr = "step" in vars(optimizer)     # e.g. an LR scheduler's wrapper
-        self._original = optimizer.step
         self._inside = False
+        self.closed = False
         self._marks: list[tuple[torch.Tensor, int]] = []
         # A few of the smallest parameters: their gradients are cheap to keep a reference to,
         # and any backward pass that reaches the model replaces or bumps at least one of them.
         self._probes = sorted(watched, key=lambda p: p.numel())[:4]
-
-        def step(opt: torch.optim.Optimizer, closure: Callable[[], Any] | None = None,
-                 **kwargs: Any) -> Any:
-            return self.guarded_step(closure, **kwargs)
-
         # A bound method, like the one it replaces: torch's LR schedulers wrap ``step.__func__``,
         # and skip (and do not warn) when it says it tells them it stepped, which real_step does.
-        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-        optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+        self._patch = patches.replace_step(optimizer, self.guarded_step)
+        self._original = self._patch.wrapped     # e.g. an LR scheduler's wrapper
         self._hook = optimizer.register_step_pre_hook(self._pre_hook)
 
     def guarded_step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """What ``optimizer.step()`` now does: the agent's step (and, inside it, the real one)."""
-        if self._inside:
+        if self._inside or self.closed:
             # real_step called the optimizer's current ``step``, a wrapper someone put around
-            # this one (a framework's "it stepped" marker): this is the real step.
+            # this one (a framework's "it stepped" marker): this is the real step. Closed, a
+            # wrapper that outlived the guard still steps.
             return self._original(closure) if closure is not None else self._original()
         if kwargs:
             raise TorchvitalsError(f"torchvitals' guarded step takes only a closure, got "
@@ -116,7 +118,7 @@ class StepGuard:
                 for g, lr in zip(groups, intended):
                     g["lr"] = lr * lr_scale
             self._inside = True
-            self.optimizer._opt_called = True    # what torch's LR schedulers check for
+            mark_optimizer_stepped(self.optimizer)
             if through_attribute:
                 self.optimizer.step()
             else:
@@ -136,7 +138,7 @@ class StepGuard:
         return [p.grad for p in self._probes]
 
     def _mark(self) -> list[tuple[torch.Tensor, int]]:
-        return [(g, g._version) for g in (p.grad for p in self._probes) if g is not None]
+        return [(g, tensor_version(g)) for g in (p.grad for p in self._probes) if g is not None]
 
     def _check_new_gradients(self) -> None:
         marks = self._mark()
@@ -158,12 +160,11 @@ class StepGuard:
                 "no rank measured or agreed on this step. Call optimizer.step() after watch()")
 
     def close(self) -> None:
-        """Give the optimizer its own ``step`` back."""
+        """Give the optimizer its own ``step`` back (unless a wrapper was put around the guard
+        since: it stays, and reaches the real step); idempotent."""
+        self.closed = True
         self._hook.remove()
-        if self._own_attr:
-            self.optimizer.step = self._original  # type: ignore[method-assign]
-        else:
-            vars(self.optimizer).pop("step", None)
+        self._patch.uninstall()
 
 
 def same_tensors(a: list[Any], b: list[Any]) -> bool:
@@ -179,55 +180,6 @@ def _host_float(lr: Any) -> float:
 
 
 # ---------------------------------------------------------------- gradient clipping
-
-_capturers: list[tuple[Callable[[], None], set[int]]] = []
-_original_scale: Callable[..., Any] | None = None
-
-
-def intercept_clipping(capture: Callable[[], None], params: list[torch.Tensor]) -> Callable[[], None]:
-    """Call ``capture`` before gradient clipping scales some of ``params``, until the returned
-    function is called, so the agent measures the gradients before a framework's (or the
-    loop's) clipping changes them.
-
-    ``torch.nn.utils.clip_grad_norm_`` computes the total norm, then calls
-    ``torch.nn.utils.clip_grad._clip_grads_with_norm_`` through its module's globals to scale
-    the gradients: replacing that global reaches every caller of ``clip_grad_norm_``, however
-    it was imported (Lightning's precision plugins, accelerate, nanoGPT, a name imported before
-    ``watch``). torchtitan-style code that calls ``torch.nn.utils.clip_grads_with_norm_``
-    itself is reached through that attribute. Clipping by any other means is not seen, and
-    ``ClipWatch`` flags what that hides.
-    """
-    global _original_scale
-    from torch.nn.utils import clip_grad
-    if _original_scale is None:
-        _original_scale = clip_grad._clip_grads_with_norm_
-
-        def _clip_grads_with_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-            # A generator can be read once: read it here and hand the list on.
-            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-            clipped = {id(p) for p in parameters}
-            for fn, mine in list(_capturers):
-                if clipped & mine:
-                    fn()
-            return _original_scale(parameters, *args, **kwargs)
-
-        _clip_grads_with_norm_.__doc__ = _original_scale.__doc__
-        _clip_grads_with_norm_.__wrapped__ = _original_scale  # type: ignore[attr-defined]
-        clip_grad._clip_grads_with_norm_ = _clip_grads_with_norm_
-        torch.nn.utils.clip_grads_with_norm_ = _clip_grads_with_norm_
-    entry = (capture, {id(p) for p in params})
-    _capturers.append(entry)
-
-    def release() -> None:
-        global _original_scale
-        if entry in _capturers:
-            _capturers.remove(entry)
-        if not _capturers and _original_scale is not None:
-            clip_grad._clip_grads_with_norm_ = _original_scale
-            torch.nn.utils.clip_grads_with_norm_ = _original_scale
-            _original_scale = None
-
-    return release
 
 
 class ClipWatch:
@@ -251,54 +203,3 @@ class ClipWatch:
                 "clipped ones. Clip with torch.nn.utils.clip_grad_norm_ (or clip_grads_with_norm_), "
                 "which torchvitals measures before, or let torchvitals clip: "
                 "watch(..., clip_grad_norm=%.6g)", total, self.steps, total)
-
-
-# ---------------------------------------------------------------- GradScaler.step
-
-_scaler_routes: dict[int, tuple[torch.optim.Optimizer, Callable[[Any], Any]]] = {}
-_original_scaler_step: Callable[..., Any] | None = None
-
-
-def intercept_scaler_step(optimizer: torch.optim.Optimizer,
-                          route: Callable[[Any], Any]) -> Callable[[], None]:
-    """Send ``GradScaler.step(optimizer)`` to ``route(scaler)`` until the returned function is
-    called.
-
-    ``scaler.step(optimizer)`` skips ``optimizer.step()`` altogether when it finds Inf/NaN
-    gradients, so a loop or framework that steps through a GradScaler (nanoGPT's fp16 path,
-    Lightning's ``16-mixed``, accelerate's fp16) would hide every overflow step from the
-    agent. Routed, every such call runs the agent's step with that scaler: measured at the true
-    scale, agreed on by every rank (an overflow anywhere skips the step everywhere), then
-    stepped or skipped; the caller's ``scaler.update()`` then sees the job-wide verdict. The
-    class attribute is replaced (torch's CPU, CUDA and FSDP scalers inherit it), so a scaler
-    made before or after ``watch`` is reached; other optimizers and disabled scalers keep the
-    scaler's own step.
-    """
-    global _original_scaler_step
-    from torch.amp.grad_scaler import GradScaler
-    if _original_scaler_step is None:
-        _original_scaler_step = GradScaler.step
-
-        def step(scaler: Any, opt: Any, *args: Any, **kwargs: Any) -> Any:
-            entry = _scaler_routes.get(id(opt))
-            if entry is None or entry[0] is not opt or not scaler.is_enabled():
-                return _original_scaler_step(scaler, opt, *args, **kwargs)
-            if "closure" in kwargs or any(a is not None for a in args):
-                raise TorchvitalsError("GradScaler.step(optimizer, closure) is not supported: "
-                                       "torch's GradScaler refuses closures too")
-            return entry[1](scaler)
-
-        step.__doc__ = _original_scaler_step.__doc__
-        step.__wrapped__ = _original_scaler_step  # type: ignore[attr-defined]
-        GradScaler.step = step  # type: ignore[method-assign]
-    _scaler_routes[id(optimizer)] = (optimizer, route)
-
-    def release() -> None:
-        global _original_scaler_step
-        if _scaler_routes.get(id(optimizer), (None,))[0] is optimizer:
-            del _scaler_routes[id(optimizer)]
-        if not _scaler_routes and _original_scaler_step is not None:
-            GradScaler.step = _original_scaler_step  # type: ignore[method-assign]
-            _original_scaler_step = None
-
-    return release

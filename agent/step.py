@@ -21,6 +21,7 @@ from typing import Any, Callable, NoReturn
 import torch
 
 from ..protocol import ABORTED, CODES
+from .compat import foreach_mul_
 from .detect.observed import Observed
 from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
 from .measure import scaler as amp
@@ -240,7 +241,7 @@ class Steps:
             report.clip_coef = clip / (report.grad_norm_total + 1e-6)
             grads = [local(p.grad) for p in a.params if p.grad is not None]
             if grads:
-                torch._foreach_mul_(grads, report.clip_coef)
+                foreach_mul_(grads, report.clip_coef)
         update = a.update if a.update is not None and self.sampled(report.step + 1) else None
         if update is not None:
             update.before_step()

@@ -12,9 +12,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.dropout import _DropoutNd
 
+from ..compat import BatchNorm, DropoutNd
 from .verdict import CRITICAL, DEAD_LAYER, INFO, WARNING, Verdict
 
 
@@ -74,8 +73,8 @@ def _evaluation_findings(model: nn.Module, evaluate: Callable[[nn.Module], Any])
                     b.copy_(s)
         for m, was in modes.items():
             m.training = was
-    dropout = ", ".join(sorted(n for n in in_train if isinstance(watched[n], _DropoutNd)))
-    norms = ", ".join(sorted(n for n in in_train if isinstance(watched[n], _BatchNorm)))
+    dropout = ", ".join(sorted(n for n in in_train if isinstance(watched[n], DropoutNd)))
+    norms = ", ".join(sorted(n for n in in_train if isinstance(watched[n], BatchNorm)))
     candidates = [
         (dropout, Finding("dropout_active_in_eval", dropout, "dropout ran in training mode during "
                           "evaluate(): call model.eval() before evaluating", CRITICAL)),

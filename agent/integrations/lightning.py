@@ -20,6 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from ...errors import TorchvitalsError
+from ..compat import scaler_scale_async
 from ..agent import Agent, watch
 from ..config import Config
 from ..detect.verdict import Verdict
@@ -77,7 +78,7 @@ class LightningCallback(pl.Callback):
             loss = loss.detach() * trainer.accumulate_grad_batches
             scaler = getattr(trainer.precision_plugin, "scaler", None)
             if scaler is not None and scaler.is_enabled():
-                loss = loss / scaler._get_scale_async()     # GradScaler's no-sync accessor
+                loss = loss / scaler_scale_async(scaler)
             self.agent.record_loss(loss)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

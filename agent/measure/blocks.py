@@ -15,9 +15,10 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from ..compat import WRAPPER_PREFIXES, compiled_inner
+
 OTHER = "other"
 LAYER, EMBEDDING, HEAD, NAMED = "layer", "embedding", "head", "named"
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Blocks:
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside DDP / torch.compile wrappers (FSDP2 wraps in place)."""
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        inner = getattr(model, "module", None) or compiled_inner(model)
         if isinstance(inner, nn.Module):
             model = inner
         else:
@@ -194,7 +195,7 @@ def _strip(path: str) -> str:
     changed = True
     while changed:
         changed = False
-        for prefix in _WRAPPER_PREFIXES:
+        for prefix in WRAPPER_PREFIXES:
             if path.startswith(prefix):
                 path, changed = path[len(prefix):], True
     return path

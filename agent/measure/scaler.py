@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..compat import scaler_found_inf, scaler_scale_async, scaler_stage_unscaled
+
 
 def enabled(scaler: Any) -> bool:
     return scaler is not None and scaler.is_enabled()
@@ -21,19 +23,17 @@ def enabled(scaler: Any) -> bool:
 def unscale(scaler: Any, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """Unscale the gradients in place, unless the loop already did (to clip them); return the
     scale used, as a device tensor (no sync)."""
-    from torch.amp.grad_scaler import OptState
-    if scaler._per_optimizer_states[id(optimizer)]["stage"] is not OptState.UNSCALED:
+    if not scaler_stage_unscaled(scaler, optimizer):
         scaler.unscale_(optimizer)
-    # _get_scale_async is GradScaler's own no-sync accessor (get_scale() calls .item()).
-    return scaler._get_scale_async().detach().reshape(())
+    # GradScaler's own no-sync accessor (get_scale() calls .item()).
+    return scaler_scale_async(scaler).detach().reshape(())
 
 
 def finish(scaler: Any, optimizer: torch.optim.Optimizer, overflow: bool, update: bool) -> None:
     """Record the job-wide overflow verdict in this rank's scaler; update its scale unless the
     caller does (``scaler.step`` then ``scaler.update()`` in the loop or the framework)."""
     if overflow:
-        state = scaler._per_optimizer_states[id(optimizer)]
-        for found_inf in state["found_inf_per_device"].values():
+        for found_inf in scaler_found_inf(scaler, optimizer):
             found_inf.fill_(1.0)
     if update:
         scaler.update()

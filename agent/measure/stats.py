@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from ..compat import foreach_mul, foreach_norm, foreach_sub_
 from .blocks import Blocks
 
 F64 = torch.float64
@@ -66,7 +67,7 @@ class _Measured:
         for dev, group in by_device.items():
             # Norm per tensor in float32, then combine in float64: one norm over concatenated
             # tensors loses accuracy, and bf16 norms are off by ~3e-3.
-            norms = torch._foreach_norm(group, 2, dtype=torch.float32)
+            norms = foreach_norm(group, 2, dtype=torch.float32)
             sq = torch.stack(norms).to(F64).square_()
             index, weight = self._index[dev]
             if weight is not None:
@@ -148,7 +149,7 @@ class UpdateRatio:
                 tensors.append(local(p.detach()))
                 positions.append(i)
         # One multi-tensor kernel instead of a clone per parameter; x * 1.0 == x exactly.
-        snapshot = torch._foreach_mul(tensors, 1.0) if tensors else []
+        snapshot = foreach_mul(tensors, 1.0) if tensors else []
         self._snapshot = (snapshot, positions, chosen)
 
     def cancel(self) -> None:
@@ -163,7 +164,7 @@ class UpdateRatio:
         w_sq = self._measured.block_sums(snapshot, positions, device)
         if snapshot:
             current = [local(self._measured.entries[i][0].detach()) for i in positions]
-            torch._foreach_sub_(snapshot, current)
+            foreach_sub_(snapshot, current)
         d_sq = self._measured.block_sums(snapshot, positions, device)
         return d_sq, w_sq, chosen
 

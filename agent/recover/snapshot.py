@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from ..compat import copy_state_dict, create_cpu_state_dict
 from .rng import rng_state, set_rng_state
 
 
@@ -90,11 +90,11 @@ def stage(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
     buffers = None
     if into is not None:
         try:
-            buffers = _copy_state_dict(live, into.tensors, non_blocking=on_device)
+            buffers = copy_state_dict(live, into.tensors, non_blocking=on_device)
         except Exception:  # noqa: BLE001 - CompanionMismatch & co.: the structure changed
             buffers = None          # (a new param group, new optimizer state): allocate anew
     if buffers is None:
-        buffers = _copy_state_dict(live, _create_cpu_state_dict(live, pin_memory=on_device),
+        buffers = copy_state_dict(live, create_cpu_state_dict(live, pin_memory=on_device),
                                    non_blocking=on_device)
     if on_device:
         torch.cuda.synchronize()    # the non_blocking copies must land before anyone reads them
@@ -118,7 +118,7 @@ def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optim
     """
     live = live_tensors(model, optimizer)
     on_device = _any_accelerator(live)
-    restored = _copy_state_dict(snap.tensors, live, non_blocking=on_device)
+    restored = copy_state_dict(snap.tensors, live, non_blocking=on_device)
     if on_device:
         torch.cuda.synchronize()
     set_state_dict(model, optimizer, model_state_dict=restored["model"],

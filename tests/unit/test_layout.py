@@ -271,3 +271,164 @@ def test_every_flag_says_what_it_does_and_its_default(cls, argv):
         assert first_words in text, (f.name, first_words)
         default = "none" if f.default is None else str(f.default)
         assert f"(default: {default};" in text, (f.name, default)
+
+
+# ---------------------------------------------------------------- patches and private names
+
+FOREIGN = ("torch", "accelerate", "transformers", "lightning")
+"""Packages whose attributes only ``agent/patches.py`` (and, for private flags, ``compat``) set."""
+MAY_SET_FOREIGN = {"torchvitals.agent.patches", "torchvitals.agent.compat"}
+"""``patches`` replaces callables (under its lock, undone); ``compat`` writes the private flags
+torch and accelerate read (``optimizer._opt_called``, accelerate's ``_is_overflow``)."""
+
+
+def _foreign_callables() -> set[str]:
+    """The methods of the torch objects the agent is handed: assigning one (``optimizer.step
+    = ...``, ``model.forward = ...``) is a patch, whatever the variable is called."""
+    classes = (torch.optim.Optimizer, torch.amp.GradScaler, torch.optim.lr_scheduler.LRScheduler,
+               torch.nn.Module)
+    return {n for cls in classes for n in dir(cls)
+            if not n.startswith("__") and callable(getattr(cls, n, None))}
+
+
+FOREIGN_CALLABLES = _foreign_callables()
+
+
+def _foreign_names(tree: ast.AST) -> set[str]:
+    """The names a module binds, by import, to a torch (or framework) module or object."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names
+                      if a.name.split(".")[0] in FOREIGN}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module \
+                and node.module.split(".")[0] in FOREIGN:
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _root(node: ast.AST) -> ast.AST:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def foreign_assignments(source: str) -> list[str]:
+    """Each assignment (``=``, ``+=``, ``del``, ``setattr``/``delattr``) in ``source`` to an
+    attribute of a torch/framework name bound by import (``GradScaler.step``,
+    ``clip_grad._clip_grads_with_norm_``, ``torch.nn.utils.x``), to a torch object's method
+    (``optimizer.step``, ``self.model.forward``), or to a private attribute of anything but the
+    module's own ``self``/``cls`` (``opt._opt_called``)."""
+    tree = ast.parse(source)
+    foreign = _foreign_names(tree)
+    targets: list[tuple[ast.AST, str | None, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            found = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            found = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("setattr", "delattr") and len(node.args) >= 2:
+            name = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
+            targets.append((node.args[0], name, node.lineno))
+            continue
+        else:
+            continue
+        for target in found:
+            for t in ast.walk(target):
+                if isinstance(t, ast.Attribute) and isinstance(t.ctx, (ast.Store, ast.Del)):
+                    targets.append((t.value, t.attr, node.lineno))
+    wrong = []
+    for base, name, line in targets:
+        root = _root(base)
+        if (isinstance(root, ast.Name) and root.id in foreign) or (not _is_self(base) and (
+                name is not None and (name in FOREIGN_CALLABLES or name.startswith("_")))):
+            wrong.append(f"{line}: {ast.unparse(base)}.{name or '<name>'}")
+    return wrong
+
+
+@pytest.mark.parametrize("source", [
+    "from torch.amp.grad_scaler import GradScaler\nGradScaler.step = f",
+    "from torch.nn.utils import clip_grad\nclip_grad._clip_grads_with_norm_ = f",
+    "import torch\ntorch.nn.utils.clip_grads_with_norm_ = f",
+    "import torch.nn.utils as u\nsetattr(u, name, f)",
+    "import torch\ndel torch.nn.utils.clip_grads_with_norm_",
+    "optimizer.step = f",
+    "self.optimizer.step = f",
+    "setattr(opt, 'zero_grad', f)",
+    "model.forward = f",
+    "opt._opt_called = True",
+    "fn._wrapped_by_lr_sched = True",
+])
+def test_the_patch_rule_sees_each_way_of_patching(source):
+    assert foreign_assignments(source), source
+
+
+@pytest.mark.parametrize("source", [
+    "m.training = was", "report.lr = [0.1]", "self.step = f", "self._inside = True",
+    "args.job_command = c", "self.agent.loss_book.capture = False",
+])
+def test_the_patch_rule_leaves_plain_state_alone(source):
+    assert not foreign_assignments(source), source
+
+
+def test_only_the_patches_module_assigns_to_torch_attributes():
+    wrong = {module: found for module, path in MODULES.items() if module not in MAY_SET_FOREIGN
+             and (found := foreign_assignments(path.read_text()))}
+    assert not wrong, wrong
+
+
+def _private_names_compat_reads() -> set[str]:
+    tree = ast.parse(MODULES["torchvitals.agent.compat"].read_text())
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+             and n.attr.startswith("_") and not n.attr.startswith("__") and not _is_self(n.value)}
+    names |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+              and isinstance(n.value, str) and n.value.isidentifier()
+              and n.value.startswith("_") and not n.value.startswith("__")}
+    return names
+
+
+def private_reads(source: str, private: set[str]) -> list[str]:
+    """Each read of a private torch/framework name in ``source``: an attribute starting with
+    ``_`` of a name bound to torch by import (``torch._foreach_norm``), an import of one
+    (``from torch.distributed._state_dict_utils import ...``), or one of ``private`` (the names
+    ``compat`` reads on torch objects, e.g. ``_per_optimizer_states``) on anything."""
+    tree = ast.parse(source)
+    foreign = _foreign_names(tree)
+    wrong = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                and not node.attr.startswith("__") and not _is_self(node.value):
+            root = _root(node.value)
+            if node.attr in private or (isinstance(root, ast.Name) and root.id in foreign):
+                wrong.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in private:
+            wrong.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+            names = [a.name for a in node.names]
+            paths = [module + "." + n for n in names] if module else names
+            if any(p.split(".")[0] in FOREIGN and any(part.startswith("_") for part in p.split("."))
+                   for p in paths) and not getattr(node, "level", 0):
+                wrong.append(f"{node.lineno}: import {', '.join(paths)}")
+    return wrong
+
+
+def test_private_torch_names_are_read_only_through_compat():
+    private = _private_names_compat_reads()
+    assert {"_per_optimizer_states", "_get_scale_async", "_opt_called", "_is_overflow",
+            "_clip_grads_with_norm_", "_orig_mod"} <= private, private
+    assert private_reads("import torch\ntorch._foreach_norm(x)", private)
+    assert private_reads("from torch.distributed._state_dict_utils import f", private)
+    assert private_reads("s = scaler._per_optimizer_states", private)
+    assert not private_reads("self._per_optimizer_states = {}\nx = torch.nn.utils", private)
+    wrong = {module: found for module, path in MODULES.items()
+             if module != "torchvitals.agent.compat"
+             and (found := private_reads(path.read_text(), private))}
+    assert not wrong, wrong

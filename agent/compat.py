@@ -1,0 +1,205 @@
+"""Every private torch and accelerate name torchvitals reads or writes, in one place, checked.
+
+    from torchvitals.agent import compat
+    compat.check()          # raises CompatError naming each missing name and the torch version
+
+torchvitals leans on a few names torch and accelerate do not promise to keep: GradScaler's
+per-optimizer state and its no-sync scale accessor, the LR schedulers' "the optimizer stepped"
+markers, the private function ``clip_grad_norm_`` scales gradients through, the state-dict copy
+helpers, the prefixes wrappers put in parameter names. Every other module reaches them through
+this one (``tests/unit/test_layout.py`` holds them to it), so a torch upgrade that renames one
+fails ``check()`` in one unit test, with the name, instead of misbehaving at run time.
+
+At import, a name the code below binds directly (a function, a class) that is missing raises
+``CompatError`` at once; a torch outside the supported series only warns, since the names may
+well still hold. ``check()`` also builds the small objects whose instance attributes are used
+(a GradScaler, an optimizer with a scheduler) and raises on either.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.utils
+import torch.nn.utils.clip_grad
+import torch.optim.lr_scheduler
+from torch.amp import grad_scaler
+from torch.distributed import _state_dict_utils
+from torch.nn.modules import batchnorm, dropout
+
+from ..errors import TorchvitalsError
+
+SUPPORTED_TORCH = "2.13"
+"""The torch release series these names were checked against (``pyproject.toml`` pins it)."""
+
+
+class CompatError(TorchvitalsError, RuntimeError):
+    """A private torch or accelerate name torchvitals relies on is missing or changed."""
+
+
+def _missing(where: str, name: str) -> str:
+    return (f"{where}.{name} (torch {torch.__version__}; torchvitals supports torch "
+            f"{SUPPORTED_TORCH}.x)")
+
+
+def _bind(owner: Any, name: str, where: str) -> Any:
+    if not hasattr(owner, name):
+        raise CompatError(f"torchvitals needs {_missing(where, name)}: it is gone")
+    return getattr(owner, name)
+
+
+def torch_series(version: str = torch.__version__) -> str:
+    """``"2.13"`` of ``"2.13.0+cpu"``."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+if torch_series() != SUPPORTED_TORCH:
+    warnings.warn(f"torchvitals supports torch {SUPPORTED_TORCH}.x, this is torch "
+                  f"{torch.__version__}: run torchvitals.agent.compat.check()", stacklevel=2)
+
+# ---------------------------------------------------------------- bound at import
+
+clip_grad = torch.nn.utils.clip_grad
+"""The module whose global ``clip_grad_norm_`` calls to scale gradients (patched there)."""
+CLIP_SCALE = "_clip_grads_with_norm_"
+"""``clip_grad_norm_`` computes the total norm, then calls this module global to scale."""
+_bind(clip_grad, CLIP_SCALE, "torch.nn.utils.clip_grad")
+_bind(torch.nn.utils, "clip_grads_with_norm_", "torch.nn.utils")
+
+foreach_norm = _bind(torch, "_foreach_norm", "torch")
+foreach_mul = _bind(torch, "_foreach_mul", "torch")
+foreach_mul_ = _bind(torch, "_foreach_mul_", "torch")
+foreach_sub_ = _bind(torch, "_foreach_sub_", "torch")
+"""torch's multi-tensor kernels: one launch for a list of tensors."""
+
+copy_state_dict = _bind(_state_dict_utils, "_copy_state_dict",
+                        "torch.distributed._state_dict_utils")
+create_cpu_state_dict = _bind(_state_dict_utils, "_create_cpu_state_dict",
+                              "torch.distributed._state_dict_utils")
+"""What torch's own async checkpointing stages with (pinned host copies, one pass)."""
+
+BatchNorm = _bind(batchnorm, "_BatchNorm", "torch.nn.modules.batchnorm")
+DropoutNd = _bind(dropout, "_DropoutNd", "torch.nn.modules.dropout")
+"""The bases of every BatchNorm and Dropout variant."""
+
+OptState = _bind(grad_scaler, "OptState", "torch.amp.grad_scaler")
+GradScaler = grad_scaler.GradScaler
+
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.",
+                    "_checkpoint_wrapped_module.")
+"""What DDP, torch.compile, FSDP1 and checkpoint_wrapper put before a wrapped module's
+parameter names."""
+
+# ---------------------------------------------------------------- instance attributes
+
+
+def scaler_stage_unscaled(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``scaler.unscale_(optimizer)`` already ran this step."""
+    return scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.UNSCALED
+
+
+def scaler_found_inf(scaler: Any, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The scaler's per-device "found Inf/NaN" flags for ``optimizer``'s step; ``scaler.step``
+    skips the step and ``scaler.update`` backs off when any is nonzero."""
+    return list(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
+
+
+def scaler_scale_async(scaler: Any) -> torch.Tensor:
+    """The scaler's current scale as a device tensor, without the sync ``get_scale()`` makes."""
+    return scaler._get_scale_async()
+
+
+def mark_optimizer_stepped(optimizer: torch.optim.Optimizer) -> None:
+    """Tell torch's LR schedulers the optimizer stepped (their ``step`` warns otherwise)."""
+    optimizer._opt_called = True  # type: ignore[attr-defined]
+
+
+def mark_step_wrapped(fn: Any) -> None:
+    """Tell torch's LR schedulers ``fn`` (an ``optimizer.step``) already marks its steps, so
+    they do not wrap it again."""
+    fn._wrapped_by_lr_sched = True
+
+
+def tensor_version(t: torch.Tensor) -> int:
+    """Autograd's in-place modification counter of ``t``."""
+    return t._version
+
+
+def compiled_inner(model: Any) -> Any:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds, or None."""
+    return getattr(model, "_orig_mod", None)
+
+
+def accelerate_overflow(optimizer: Any) -> bool:
+    """Whether accelerate's ``AcceleratedOptimizer`` marked its last step an fp16 overflow (it
+    then leaves the Trainer's scheduler alone)."""
+    return bool(getattr(optimizer, "_is_overflow", False))
+
+
+def clear_accelerate_overflow(optimizer: Any) -> None:
+    """Unmark it: the Trainer then steps its scheduler as after any real step."""
+    optimizer._is_overflow = False
+
+
+# ---------------------------------------------------------------- the check
+
+
+def problems() -> list[str]:
+    """Each private name that does not hold in the installed torch (and accelerate, when it is
+    installed), as a sentence naming it; empty when all hold."""
+    out = []
+    if torch_series() != SUPPORTED_TORCH:
+        out.append(f"torch {torch.__version__} is not the supported series {SUPPORTED_TORCH}.x")
+
+    def expect(ok: bool, where: str, name: str) -> None:
+        if not ok:
+            out.append(_missing(where, name))
+
+    scaler = GradScaler("cpu", enabled=True)
+    state = scaler._per_optimizer_states[0] if hasattr(scaler, "_per_optimizer_states") else {}
+    expect(bool(state), "GradScaler", "_per_optimizer_states")
+    expect(set(state) >= {"stage", "found_inf_per_device"}, "GradScaler._per_optimizer_states[]",
+           "stage/found_inf_per_device")
+    expect(hasattr(OptState, "UNSCALED"), "torch.amp.grad_scaler.OptState", "UNSCALED")
+    expect(callable(getattr(scaler, "_get_scale_async", None)), "GradScaler", "_get_scale_async")
+
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=0.1)
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    expect(hasattr(opt.step, "_wrapped_by_lr_sched"), "torch.optim.lr_scheduler",
+           "_wrapped_by_lr_sched")
+    opt.step()
+    expect(getattr(opt, "_opt_called", False) is True, "torch.optim.Optimizer", "_opt_called")
+    expect(isinstance(getattr(param, "_version", None), int), "torch.Tensor", "_version")
+
+    expect(f"{CLIP_SCALE}(" in inspect.getsource(clip_grad.clip_grad_norm_),
+           "torch.nn.utils.clip_grad.clip_grad_norm_", f"calling {CLIP_SCALE}")
+    from torch._dynamo.eval_frame import OptimizedModule
+    expect("self._orig_mod" in inspect.getsource(OptimizedModule.__init__),
+           "torch._dynamo.eval_frame.OptimizedModule", "_orig_mod")
+    from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
+    from torch.distributed.fsdp import _common_utils
+    expect(f"{getattr(checkpoint_wrapper, '_CHECKPOINT_WRAPPED_MODULE', None)}." in WRAPPER_PREFIXES,
+           "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+           "_CHECKPOINT_WRAPPED_MODULE")
+    expect(f"{getattr(_common_utils, 'FSDP_WRAPPED_MODULE', None)}." in WRAPPER_PREFIXES,
+           "torch.distributed.fsdp._common_utils", "FSDP_WRAPPED_MODULE")
+    try:
+        from accelerate.optimizer import AcceleratedOptimizer
+    except ImportError:
+        pass
+    else:
+        expect("self._is_overflow" in inspect.getsource(AcceleratedOptimizer),
+               "accelerate.optimizer.AcceleratedOptimizer", "_is_overflow")
+    return out
+
+
+def check() -> None:
+    """Raise ``CompatError`` listing every private name that does not hold (see ``problems``)."""
+    found = problems()
+    if found:
+        raise CompatError("torchvitals relies on private torch/accelerate names that changed:\n  "
+                          + "\n  ".join(found))
