@@ -182,11 +182,13 @@ def problems() -> list[str]:
            "torch._dynamo.eval_frame.OptimizedModule", "_orig_mod")
     from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
     from torch.distributed.fsdp import _common_utils
-    expect(f"{getattr(checkpoint_wrapper, '_CHECKPOINT_WRAPPED_MODULE', None)}." in WRAPPER_PREFIXES,
+    wrapped = getattr(checkpoint_wrapper, "_CHECKPOINT_WRAPPED_MODULE", None)
+    expect(f"{wrapped}." in WRAPPER_PREFIXES,
            "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
            "_CHECKPOINT_WRAPPED_MODULE")
-    expect(f"{getattr(_common_utils, 'FSDP_WRAPPED_MODULE', None)}." in WRAPPER_PREFIXES,
-           "torch.distributed.fsdp._common_utils", "FSDP_WRAPPED_MODULE")
+    wrapped = getattr(_common_utils, "FSDP_WRAPPED_MODULE", None)
+    expect(f"{wrapped}." in WRAPPER_PREFIXES, "torch.distributed.fsdp._common_utils",
+           "FSDP_WRAPPED_MODULE")
     try:
         from accelerate.optimizer import AcceleratedOptimizer
     except ImportError:
