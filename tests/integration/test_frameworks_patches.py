@@ -121,3 +121,44 @@ def test_an_hf_trainer_run_that_raises_leaves_no_patch_once_the_trainer_is_gone(
     gc.collect()
     assert agent() is None and vitals.agent is None
     assert restored()
+
+
+def test_accelerates_fp16_step_swapping_the_optimizers_step_closes_quietly():
+    """accelerate's fp16 ``step`` sets ``optimizer.step`` to its marker around ``scaler.step``
+    and back to the step it saw before ``watch`` (here an LR scheduler's wrapper): the agent
+    still sees every step, and ``close()`` takes that for the original put back, no warning."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    Accelerator(cpu=True)
+    try:
+        _accelerated_steps()
+    finally:                        # the next Trainer in this process builds its own state
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def _accelerated_steps() -> None:
+    import warnings
+
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    before = vars(opt)["step"]
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    accelerated = AcceleratedOptimizer(opt, device_placement=False, scaler=scaler)
+    agent = torchvitals.watch(model, opt, scheduler, log_dir="", metrics_port=0)
+    x, y = data(32)
+    for batch in range(4):
+        loss = ((model(x[batch::4]) - y[batch::4]) ** 2).mean()
+        scaler.scale(loss).backward()
+        accelerated.step()
+        scheduler.step()
+        accelerated.zero_grad()
+    assert agent.step_count == 4 and agent.last_report.loss_scale == 2.0 ** 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", patches.ForeignPatchWarning)
+        agent.close()
+    assert vars(opt)["step"] is before and restored()
