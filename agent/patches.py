@@ -181,8 +181,14 @@ class SharedPatch:
             if self._leases == 0:
                 generation = _Generation()
                 generation.patches = self._make(generation)
-                for patch in generation.patches:
-                    patch.install()
+                try:
+                    for patch in generation.patches:
+                        patch.install()
+                except BaseException:
+                    generation.live = False
+                    for patch in generation.patches:
+                        patch.uninstall()
+                    raise
                 self._generation = generation
             self._leases += 1
 
