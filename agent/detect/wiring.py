@@ -54,7 +54,7 @@ def wiring_checks(model: nn.Module, optimizer: torch.optim.Optimizer | None,
 
 
 def _evaluation_findings(model: nn.Module, evaluate: Callable[[nn.Module], Any]) -> list[Finding]:
-    watched = {n: m for n, m in model.named_modules() if isinstance(m, (_DropoutNd, _BatchNorm))}
+    watched = {n: m for n, m in model.named_modules() if isinstance(m, (DropoutNd, BatchNorm))}
     in_train, grad_on = set(), []
     handles = [m.register_forward_pre_hook(lambda mod, _, n=n: in_train.add(n) if mod.training else None)
                for n, m in watched.items()]
