@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -117,6 +118,9 @@ class Agent:
         self.outputs = Outputs(config, self.blocks.names, rank=self.rank,
                                world_size=self.world_size, registry=registry)
         built.callback(self.outputs.close)
+        # An agent dropped without close() frees its port and event log too (the sinks hold
+        # nothing of the agent, so this keeps nothing alive).
+        weakref.finalize(self, self.outputs.close)
         self.run_dir = self.outputs.run_dir
         self.heartbeat = Heartbeat(config.heartbeat_dir, self.rank) if config.heartbeat_dir else None
         if self.heartbeat is not None and self.watchdog is not None:

@@ -85,3 +85,19 @@ def test_six_watch_close_cycles_with_checkpoints_resume_each_time(tmp_path):
         train(model, opt, agent, 2)
         agent.close()
         assert untouched(model, opt), f"cycle {cycle} left something behind"
+
+
+def test_an_agent_dropped_without_close_frees_its_port_and_threads(tmp_path):
+    import gc
+    import threading
+    import weakref
+    port = free_ports(1)
+    model, opt = build()
+    agent = torchvitals.watch(model, opt, metrics_port=port, log_dir=str(tmp_path))
+    train(model, opt, agent, 2)
+    gone = weakref.ref(agent)
+    del model, opt, agent
+    gc.collect()
+    assert gone() is None
+    assert bindable(port), "a collected agent still holds its /metrics port"
+    assert not [t for t in threading.enumerate() if t.name.startswith("torchvitals-metrics")]
