@@ -89,7 +89,7 @@ class Agent(StepPipeline):
         self._timing = RankTiming(self.detector.thresholds, self.rank, self.world_size)
         self._vitals = StepVitals(model, self.blocks, self.device, self._group, self._reducer, clock)
         self.record_data_wait = self._vitals.wait.record  # adapters: a batch drawn elsewhere
-        self.watchdog = Watchdog(self.config, self._group) if self.config.checkpoint_dir else None
+        self.watchdog = Watchdog.open(self.config, self._group) if self.config.checkpoint_dir else None
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
         self._ticks = 0
         self._detector_at: dict[int, Any] = {}   # step -> detector, per rollback target

@@ -130,10 +130,10 @@ class StepPipeline:
         if rolled is None:
             report.action = "skip"
             return
-        report.action, report.rollback = "rollback", rolled
+        report.action, report.rollback = "rollback", rolled.to_dict()
         self._pending_update = None
-        if rolled["to_step"] in self._detector_at:
-            self.detector.restore(self._detector_at[rolled["to_step"]])
+        if rolled.to_step in self._detector_at:
+            self.detector.restore(self._detector_at[rolled.to_step])
 
     def _directive(self, report: Report, code: float) -> None:
         """Every rank, same step: a collector's directive becomes a critical verdict, or an abort."""
