@@ -1,6 +1,6 @@
 """How a healthy checkpoint gets written: one interface over the synchronous and the staged saves.
 
-    saver = make_saver(store, snapshot_max_bytes)    # SyncSaver, or StagedSaves when bytes > 0
+    saver = SyncSaver(store)                         # or staged.StagedSaves(store, max_bytes)
     saved = saver.save(step, model, optimizer, scheduler, extra, rank_state)
     packer.add_host_sum(..., saver.flags())          # every step: [done, failed] of a write
     outcome = saver.settle(reduced, world_size)      # a background write ended on every rank
@@ -97,16 +97,3 @@ class SyncSaver:
                 scheduler: Any) -> Restored | None:
         return None
 
-
-def make_saver(store: CheckpointStore, snapshot_max_bytes: int) -> Saver:
-    """``StagedSaves`` when host memory is allowed for staged copies, else ``SyncSaver``.
-
-    Args:
-        store: the checkpoint store; for staged saves, over a group only the background write
-            uses while one is in flight (``groups.checkpoint_group``).
-        snapshot_max_bytes: ``Config.snapshot_max_bytes``.
-    """
-    if snapshot_max_bytes:
-        from .staged import StagedSaves
-        return StagedSaves(store, snapshot_max_bytes)
-    return SyncSaver(store)

@@ -46,7 +46,7 @@ from .resume_policy import ResumePolicy, ResumeRefused, restarted
 from .rng import reseed
 from .rollback_policy import Rollback, RollbackPolicy
 from .save_policy import SavePolicy
-from .saver import Saver, make_saver
+from .saver import Saver, SyncSaver
 from .staged import StagedSaves
 
 __all__ = ["ResumeRefused", "Rollback", "TrainingAborted", "Watchdog", "restarted"]
@@ -110,7 +110,9 @@ class Watchdog:
         store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
         ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
-        return cls(store=store, saver=make_saver(store, config.snapshot_max_bytes), ledger=ledger,
+        saver = (StagedSaves(store, config.snapshot_max_bytes) if config.snapshot_max_bytes
+                 else SyncSaver(store))
+        return cls(store=store, saver=saver, ledger=ledger,
                    save_policy=SavePolicy(checkpoint_every=config.checkpoint_every,
                                           healthy_window=config.healthy_window),
                    rollback_policy=RollbackPolicy(
