@@ -34,7 +34,7 @@ class StagedSaves:
 
     Args:
         store: the checkpoint store, over a group that only the writer uses while a save is in
-            flight (see ``async_save.checkpoint_group``).
+            flight (see ``groups.checkpoint_group``).
         max_bytes: host memory allowed for the staged copies (two at most).
     """
 
