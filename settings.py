@@ -23,7 +23,8 @@ from typing import Any, Callable, Mapping
 
 
 def settings(cls: type, environ: Mapping[str, str] | None, overrides: Mapping[str, Any],
-             env_key: Callable[[str], str], what: str) -> dict[str, Any]:
+             env_key: Callable[[str], str], what: str, *,
+             fields: Mapping[str, dataclasses.Field] | None = None) -> dict[str, Any]:
     """A config dataclass's values: its environment variables, then ``overrides`` on top.
 
     Args:
@@ -32,6 +33,8 @@ def settings(cls: type, environ: Mapping[str, str] | None, overrides: Mapping[st
         overrides: values given by flags or code (they win).
         env_key: field name -> its environment variable.
         what: the kind of setting, for the error about an unknown one.
+        fields: name -> field of the settings, when they are not ``cls``'s own fields (a
+            config made of sections lists its flat names here).
 
     Returns:
         Keyword arguments for ``cls``.
@@ -41,7 +44,7 @@ def settings(cls: type, environ: Mapping[str, str] | None, overrides: Mapping[st
         ValueError: a variable cannot be read as its field's type (the message names it).
     """
     environ = os.environ if environ is None else environ
-    names = {f.name: f for f in dataclasses.fields(cls)}
+    names = dict(fields) if fields is not None else {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(overrides) - set(names)
     if unknown:
         raise TypeError(f"unknown {what} setting(s): {', '.join(sorted(unknown))}; "

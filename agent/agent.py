@@ -106,7 +106,7 @@ class Agent:
         # Every rank reads the token, so a missing secret fails every rank alike, not rank 0
         # alone while the others wait in a collective; only rank 0 polls.
         token = token_from_env() if config.collector_url else None
-        self.watchdog = Watchdog(config, self.group) if config.checkpoint_dir else None
+        self.watchdog = Watchdog.open(config, self.group) if config.checkpoint_dir else None
         if self.watchdog is not None:
             built.callback(self.watchdog.close)
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()

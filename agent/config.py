@@ -1,13 +1,29 @@
-"""The agent's configuration: one keyword-only dataclass, also settable from the environment.
+"""The agent's configuration: five keyword-only sections, also settable flat and from the environment.
+
+    Config(measure=MeasureConfig(sample_every=20), recover=RecoverConfig(checkpoint_dir="ckpt"))
+    Config(sample_every=20, checkpoint_dir="ckpt")          # the same: every field flat as well
+    config.measure.sample_every == config.sample_every == 20
+
+Sections: ``measure`` (what is measured and how often), ``detect`` (the detection thresholds),
+``recover`` (skips, healthy checkpoints, rollbacks, resume, the supervisor's heartbeat),
+``outputs`` (/metrics, the event log, the live view) and ``collector`` (the directives this job
+obeys). Every field is also a flat keyword of ``Config(...)``, ``Config.from_env(...)`` and
+``torchvitals.watch(...)``, a flat attribute (``config.sample_every``) and a ``TORCHVITALS_<FIELD>``
+variable under its flat name (``TORCHVITALS_SAMPLE_EVERY``, ``TORCHVITALS_COLLECTOR_URL``).
+The detect section is also the mapping of its threshold overrides, which is what the flat
+``detect`` keyword, ``config.detect`` and ``TORCHVITALS_DETECT`` have always meant.
 
 Precedence: an argument to ``torchvitals.watch(...)`` > a ``TORCHVITALS_<FIELD>`` environment
-variable (e.g. ``TORCHVITALS_SAMPLE_EVERY=20``, ``TORCHVITALS_METRICS_PORT=0``) > the default.
+variable (e.g. ``TORCHVITALS_SAMPLE_EVERY=20``, ``TORCHVITALS_METRICS_PORT=0``) > the default. A
+section passed whole is an argument for each of its fields; a flat keyword given with it wins.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator
 
 from ..protocol import ABORT_EXIT_CODE, ENV_PREFIX
 from ..settings import settings
@@ -15,7 +31,9 @@ from .detect.thresholds import Thresholds
 
 
 @dataclass(kw_only=True)
-class Config:
+class MeasureConfig:
+    """What each rank measures, and how often (``agent/measure``)."""
+
     blocks: Mapping[str, Any] | list[str] | None = None
     """Blocks named by module path: a list of paths, or a mapping name -> path (or list of
     paths). Parameters under no named path form the block "other". None discovers blocks
@@ -48,9 +66,43 @@ class Config:
     """Clip the global gradient norm to this value before the optimizer step, reusing the
     measured norms (no second pass). The report keeps the norms from before clipping."""
 
-    detect: Mapping[str, Any] | None = None
+    def __post_init__(self) -> None:
+        if self.sample_every < 1:
+            raise ValueError(f"sample_every must be >= 1, got {self.sample_every}")
+        if not 0.0 < self.saturation_level:
+            raise ValueError(f"saturation_level must be > 0, got {self.saturation_level}")
+        if self.update_ratio_max_bytes < 0:
+            raise ValueError(f"update_ratio_max_bytes must be >= 0, got {self.update_ratio_max_bytes}")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
+
+
+@dataclass(kw_only=True, eq=False)
+class DetectConfig(Mapping):
+    """How verdicts are reached (``agent/detect``); reads as the mapping of its threshold
+    overrides, so ``config.detect`` means what it always did."""
+
+    thresholds: Mapping[str, Any] | None = None
     """Overrides of the detection thresholds by name (see ``torchvitals.Thresholds``),
-    e.g. ``{"loss_spike_mads": 8}``; from the environment as JSON."""
+    e.g. ``{"loss_spike_mads": 8}``; flat: ``detect=``, from the environment as JSON
+    (``TORCHVITALS_DETECT``)."""
+
+    def __post_init__(self) -> None:
+        Thresholds.from_overrides(self.thresholds)  # an unknown threshold fails at watch(), not later
+
+    def __getitem__(self, name: str) -> Any:
+        return (self.thresholds or {})[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.thresholds or {})
+
+    def __len__(self) -> int:
+        return len(self.thresholds or {})
+
+
+@dataclass(kw_only=True)
+class RecoverConfig:
+    """What the agent does about a verdict and what survives a crash (``agent/recover``)."""
 
     skip_nonfinite: bool = True
     """Skip the optimizer (and scheduler) step on every rank when any rank's loss or gradient
@@ -97,19 +149,26 @@ class Config:
     abort_exit_code: int = ABORT_EXIT_CODE
     """Exit code of ``TrainingAborted`` when the loop guard gives up (EX_TEMPFAIL)."""
 
-    collector_url: str | None = None
-    """Base URL of the collector whose directives (rollback, abort) this job obeys; global rank
-    0 polls it off the training thread. The bearer token comes from TORCHVITALS_WEBHOOK_TOKEN."""
-
-    collector_job: str = "default"
-    """The job name the collector addresses directives to (its alerts' ``job`` label)."""
-
-    collector_poll_seconds: float = 2.0
-    """Seconds between polls of the collector."""
-
     heartbeat_dir: str | None = None
     """Folder where each rank keeps a heartbeat file for ``torchvitals supervise`` (which sets
     TORCHVITALS_HEARTBEAT_DIR for the job); None writes none."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1 or self.checkpoint_keep < 1 or self.healthy_window < 0:
+            raise ValueError("checkpoint_every and checkpoint_keep must be >= 1, healthy_window >= 0")
+        if self.resume not in ("restart", "auto", "never"):
+            raise ValueError(f"resume must be 'restart', 'auto' or 'never', got {self.resume!r}")
+        if not 0.0 < self.lr_backoff <= 1.0:
+            raise ValueError(f"lr_backoff must be in (0, 1], got {self.lr_backoff}")
+        if self.skip_margin < 0 or self.max_rollbacks < 0 or self.rollback_window < 1:
+            raise ValueError("skip_margin and max_rollbacks must be >= 0, rollback_window >= 1")
+        if self.snapshot_max_bytes < 0:
+            raise ValueError(f"snapshot_max_bytes must be >= 0, got {self.snapshot_max_bytes}")
+
+
+@dataclass(kw_only=True)
+class OutputsConfig:
+    """Where the vital signs go (``agent/outputs``)."""
 
     metrics_port: int = 9400
     """Base port of each rank's Prometheus /metrics endpoint; the rank serves on
@@ -132,29 +191,95 @@ class Config:
     plain lines (one every ``sample_every`` steps, one per verdict or rollback) otherwise."""
 
     def __post_init__(self) -> None:
-        if self.sample_every < 1:
-            raise ValueError(f"sample_every must be >= 1, got {self.sample_every}")
         if self.log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {self.log_every}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
-        if not 0.0 < self.saturation_level:
-            raise ValueError(f"saturation_level must be > 0, got {self.saturation_level}")
-        if self.checkpoint_every < 1 or self.checkpoint_keep < 1 or self.healthy_window < 0:
-            raise ValueError("checkpoint_every and checkpoint_keep must be >= 1, healthy_window >= 0")
-        if self.resume not in ("restart", "auto", "never"):
-            raise ValueError(f"resume must be 'restart', 'auto' or 'never', got {self.resume!r}")
-        if not 0.0 < self.lr_backoff <= 1.0:
-            raise ValueError(f"lr_backoff must be in (0, 1], got {self.lr_backoff}")
-        if self.skip_margin < 0 or self.max_rollbacks < 0 or self.rollback_window < 1:
-            raise ValueError("skip_margin and max_rollbacks must be >= 0, rollback_window >= 1")
-        if not self.collector_poll_seconds > 0:
-            raise ValueError(f"collector_poll_seconds must be > 0, got {self.collector_poll_seconds}")
-        if self.update_ratio_max_bytes < 0 or self.snapshot_max_bytes < 0:
-            raise ValueError("update_ratio_max_bytes and snapshot_max_bytes must be >= 0")
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            raise ValueError(f"clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
-        Thresholds.from_overrides(self.detect)   # an unknown threshold fails at watch(), not later
+
+
+@dataclass(kw_only=True)
+class CollectorLink:
+    """The collector whose directives this job obeys (``agent/recover/directives.py``); flat
+    names ``collector_url``, ``collector_job``, ``collector_poll_seconds``."""
+
+    url: str | None = None
+    """Base URL of the collector whose directives (rollback, abort) this job obeys; global rank
+    0 polls it off the training thread. The bearer token comes from TORCHVITALS_WEBHOOK_TOKEN."""
+
+    job: str = "default"
+    """The job name the collector addresses directives to (its alerts' ``job`` label)."""
+
+    poll_seconds: float = 2.0
+    """Seconds between polls of the collector."""
+
+    def __post_init__(self) -> None:
+        if not self.poll_seconds > 0:
+            raise ValueError(f"collector_poll_seconds must be > 0, got {self.poll_seconds}")
+
+
+SECTIONS: dict[str, type] = {"measure": MeasureConfig, "detect": DetectConfig,
+                             "recover": RecoverConfig, "outputs": OutputsConfig,
+                             "collector": CollectorLink}
+"""Section name -> its dataclass."""
+
+_RENAMED = {("detect", "thresholds"): "detect", ("collector", "url"): "collector_url",
+            ("collector", "job"): "collector_job", ("collector", "poll_seconds"): "collector_poll_seconds"}
+
+FLAT: dict[str, tuple[str, str]] = {
+    _RENAMED.get((section, f.name), f.name): (section, f.name)
+    for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+"""Flat name (keyword, attribute, ``TORCHVITALS_<NAME>``) -> (section, field)."""
+
+
+@dataclass(kw_only=True, init=False)
+class Config:
+    """The agent's settings; see the module for the sections and the flat names."""
+
+    measure: MeasureConfig
+    """What each rank measures, and how often."""
+
+    detect: DetectConfig
+    """The detection thresholds; reads as the mapping of their overrides (flat ``detect=``)."""
+
+    recover: RecoverConfig
+    """Skips, healthy checkpoints, rollbacks, resume and the supervisor's heartbeat."""
+
+    outputs: OutputsConfig
+    """/metrics, the event log and the live view."""
+
+    collector: CollectorLink
+    """The collector whose directives this job obeys."""
+
+    def __init__(self, *, measure: MeasureConfig | None = None,
+                 detect: DetectConfig | Mapping[str, Any] | None = None,
+                 recover: RecoverConfig | None = None, outputs: OutputsConfig | None = None,
+                 collector: CollectorLink | None = None, **flat: Any) -> None:
+        """Sections given whole, flat fields on top (each validated by its section).
+
+        Raises:
+            TypeError: a keyword names no field, or a section is of the wrong type.
+            ValueError: a value out of range (the message names the field).
+        """
+        if not isinstance(detect, DetectConfig):        # the flat ``detect``: threshold overrides
+            if detect is not None:
+                flat["detect"] = detect
+            detect = None
+        unknown = sorted(set(flat) - set(FLAT))
+        if unknown:
+            raise TypeError(f"Config got unexpected keyword argument(s) {', '.join(unknown)}")
+        given = {"measure": measure, "detect": detect, "recover": recover, "outputs": outputs,
+                 "collector": collector}
+        for section, cls in SECTIONS.items():
+            value = given[section]
+            if value is not None and not isinstance(value, cls):
+                raise TypeError(f"{section} must be a {cls.__name__}, got {type(value).__name__}")
+            changes = {name: flat[key] for key, (sec, name) in FLAT.items()
+                       if sec == section and key in flat}
+            if value is None:
+                value = cls(**changes)
+            elif changes:
+                value = dataclasses.replace(value, **changes)
+            setattr(self, section, value)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -162,11 +287,37 @@ class Config:
 
         Args:
             environ: the environment to read (default ``os.environ``).
-            **overrides: field values given in code; they win over the environment.
+            **overrides: sections or flat field values given in code; they win over the
+                environment (a section given whole wins for each of its fields).
 
         Returns:
             The validated Config.
         """
-        return cls(**settings(cls, environ, overrides, lambda name: ENV_PREFIX + name.upper(),
-                              "torchvitals"))
+        sections = {name: value for name, value in overrides.items()
+                    if name in SECTIONS and (name != "detect" or isinstance(value, DetectConfig))}
+        flat = {name: value for name, value in overrides.items() if name not in sections}
+        values = settings(cls, environ, flat, lambda name: ENV_PREFIX + name.upper(),
+                          "torchvitals", fields=flat_fields())
+        values = {name: value for name, value in values.items()
+                  if name in flat or FLAT[name][0] not in sections}
+        return cls(**sections, **values)
 
+
+def flat_fields() -> dict[str, dataclasses.Field]:
+    """Flat name -> the section's field (its type and default), for settings and docs."""
+    fields = {section: {f.name: f for f in dataclasses.fields(cls)} for section, cls in SECTIONS.items()}
+    return {flat: fields[section][name] for flat, (section, name) in FLAT.items()}
+
+
+def _flat(section: str, name: str, flat: str) -> property:
+    def get(self: Config) -> Any:
+        return getattr(getattr(self, section), name)
+
+    def put(self: Config, value: Any) -> None:
+        setattr(getattr(self, section), name, value)
+    return property(get, put, doc=f"``config.{section}.{name}``, by its flat name {flat}.")
+
+
+for _name, (_section, _field) in FLAT.items():
+    if _name not in SECTIONS:            # ``detect`` is the section itself (a mapping)
+        setattr(Config, _name, _flat(_section, _field, _name))

@@ -281,11 +281,11 @@ class Steps:
         if rolled is None:
             report.action = SKIP
             return
-        report.action, report.rollback = ROLLBACK, rolled
+        report.action, report.rollback = ROLLBACK, rolled.to_dict()
         if a.update is not None:
             a.update.forget()
-        if rolled["to_step"] in self.detector_at:
-            a.detector.restore(self.detector_at[rolled["to_step"]])
+        if rolled.to_step in self.detector_at:
+            a.detector.restore(self.detector_at[rolled.to_step])
 
     def _directive(self, report: Report, action: str | None) -> None:
         """Every rank, same step: a collector's directive becomes a critical verdict, or an abort."""

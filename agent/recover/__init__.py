@@ -1,7 +1,10 @@
 """Stage 3, recover: what the watchdog does about a verdict, and what survives a crash.
 
-``watchdog`` decides (healthy checkpoint, rollback with LR back-off, loop guard, abort);
-``checkpoint`` writes and verifies healthy checkpoints (DCP shards, manifest, atomic commit);
+``watchdog`` is the facade the step calls, composed of ``save_policy`` (when a step is healthy
+and a save due), ``saver`` (one interface over synchronous and staged saves), ``rollback_policy``
+(LR back-off, skipped batches, loop guard), ``resume_policy`` (whether a folder that holds a run
+is continued) and the ``ledger``; ``groups`` keeps the process's gloo groups of the background
+writes (made once, reused by every agent); ``checkpoint`` writes and verifies healthy checkpoints (DCP shards, manifest, atomic commit);
 ``snapshot`` stages a rank's state in host memory and restores it; ``staged`` keeps the last
 committed copy (the in-memory rollback target) and starts the writes that ``async_save`` runs in
 the background and settles in the same step on every rank;

@@ -1,6 +1,6 @@
 """Healthy checkpoints written in the background, committed when every rank's write succeeded.
 
-    saver = BackgroundSaver(store)                 # store over its own gloo group (checkpoint_group)
+    saver = BackgroundSaver(store)                 # store over its own gloo group (groups.py)
     saver.start(snapshot)                          # after ``snapshot.stage``: returns at once
     packer.add_host_sum("checkpoint", saver.flags())       # every step, in the step's SUM
     outcome = saver.settle(reduced_flags, world_size)      # same step, same answer on every rank
@@ -23,9 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
-
-import torch.distributed as dist
 
 from .checkpoint import CheckpointStore
 from .snapshot import Snapshot
@@ -37,28 +36,25 @@ CLOSE_TIMEOUT_S = 600.0
 that died never finishes, and the folder then stays an uncommitted ``.tmp-*``)."""
 
 
-def checkpoint_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
-    """A gloo group over the same ranks as ``group`` for the background write; collective.
+_writers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
 
-    Returns:
-        The new group, or None when not distributed (a single process needs none).
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    ranks = None if group is None else dist.get_process_group_ranks(group)
-    # Local synchronization: only the ranks of a subgroup take part in creating it.
-    return dist.new_group(ranks, backend="gloo", use_local_synchronization=ranks is not None)
+
+def writing() -> bool:
+    """Whether a background write of this process is still running (e.g. past ``close``'s wait)."""
+    return any(t.is_alive() for t in list(_writers))
 
 
 @dataclass
 class Outcome:
-    """How a background save ended, identical on every rank."""
+    """How a checkpoint save ended, identical on every rank."""
 
-    snapshot: Snapshot
+    step: int
     ok: bool
     path: str | None
     error: str | None
     write_seconds: float
+    snapshot: Snapshot | None = None
+    """The staged copy that was written (None: a synchronous save of the live state)."""
 
 
 class BackgroundSaver:
@@ -82,6 +78,7 @@ class BackgroundSaver:
         self.pending, self._result = snap, None
         self._thread = threading.Thread(target=self._write, args=(snap,), daemon=True,
                                         name=f"torchvitals-checkpoint-{snap.step}")
+        _writers.add(self._thread)
         self._thread.start()
 
     def _write(self, snap: Snapshot) -> None:
@@ -111,7 +108,7 @@ class BackgroundSaver:
         outcome = self.wait()
         if outcome.ok and reduced[1] > 0:      # cannot happen: the phases agree; be safe
             log.error("torchvitals: checkpoint of step %d committed here but failed on %d "
-                      "rank(s); not trusting it", outcome.snapshot.step, int(reduced[1]))
+                      "rank(s); not trusting it", outcome.step, int(reduced[1]))
             outcome.ok, outcome.error = False, f"failed on {int(reduced[1])} rank(s)"
         return outcome
 
@@ -127,6 +124,6 @@ class BackgroundSaver:
         if self._thread.is_alive():
             return None
         ok, path, error, seconds = self._result
-        outcome = Outcome(self.pending, ok, path, error, seconds)
+        outcome = Outcome(self.pending.step, ok, path, error, seconds, snapshot=self.pending)
         self.pending, self._thread, self._result = None, None, None
         return outcome

@@ -2,7 +2,7 @@
 
     store = CheckpointStore("checkpoints", keep=3)
     store.save(step, model, optimizer, scheduler, extra={"position": 1234})   # on every rank
-    restored = store.load(model, optimizer, scheduler)    # the newest checkpoint that verifies
+    restored = store.load(model, optimizer, scheduler)    # a Restored: the newest that verifies
 
 One checkpoint, ``<root>/step-00000120/``:
 
@@ -39,7 +39,7 @@ from ...errors import TorchvitalsError
 from ..report import json_safe
 from .durable import fsync_dir, sha256_file, write_json
 from .rng import rng_state, set_rng_state
-from .snapshot import Snapshot, live_tensors
+from .snapshot import Restored, Snapshot, live_tensors
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class CheckpointStore:
         return final
 
     def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
-             path: str | os.PathLike | None = None) -> dict[str, Any]:
+             path: str | os.PathLike | None = None) -> Restored:
         """Restore model, optimizer, scheduler and this rank's RNG states in place; collective.
 
         Args:
@@ -205,9 +205,8 @@ class CheckpointStore:
                 newer one refused.
 
         Returns:
-            ``{"step", "path", "extra", "rank_state", "refused"}``: ``rank_state`` is this rank's
-            (None when none was saved or the world size changed); ``refused`` lists
-            ``(folder, reason)``.
+            What was restored: the step, the folder, the caller's ``extra``, this rank's
+            ``rank_state`` and the newer folders ``refused`` on the way.
 
         Raises:
             CheckpointError: ``path`` (or, without it, every checkpoint) fails verification.
@@ -234,7 +233,7 @@ class CheckpointStore:
         return [str(p) for p in reversed(self.list())]
 
     def _restore(self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any, refused: list[tuple[Path, str]]) -> dict[str, Any]:
+                 scheduler: Any, refused: list[tuple[Path, str]]) -> Restored:
         state = json.loads((folder / STATE).read_text())
         if scheduler is not None and state["scheduler"] is None:
             raise CheckpointError(f"{folder} holds no scheduler state, but a scheduler was passed")
@@ -255,8 +254,8 @@ class CheckpointStore:
         mine = folder / f"data-rank-{self._rank:05d}.json"
         rank_state = (json.loads(mine.read_text())
                       if mine.exists() and state["world_size"] == self._world else None)
-        return {"step": state["step"], "path": folder, "extra": state["extra"],
-                "rank_state": rank_state, "refused": refused}
+        return Restored(step=state["step"], path=folder, extra=state["extra"],
+                        rank_state=rank_state, refused=refused)
 
     def _write_rank_files(self, tmp: Path, rank_state: dict[str, Any] | None,
                           rng: dict[str, Any] | None) -> None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -41,6 +42,23 @@ class Snapshot:
     nbytes: int
     stage_seconds: float = 0.0
     """How long staging stalled training (the device-to-host copy and the small state)."""
+
+
+@dataclass
+class Restored:
+    """What a restore brought back, from disk (``CheckpointStore.load``) or from RAM (``restore``)."""
+
+    step: int
+    """The healthy step the state is from."""
+    path: Path | None
+    """The checkpoint folder read; None when restored from host memory."""
+    extra: dict[str, Any]
+    """The caller's JSON state saved with it (data position, LR scale, ...)."""
+    rank_state: dict[str, Any] | None
+    """This rank's own state (a stateful loader's); None when none was saved or the world size
+    changed."""
+    refused: list[tuple[Path, str]] = field(default_factory=list)
+    """Newer checkpoint folders refused on the way, with the reason."""
 
 
 def live_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -105,7 +123,7 @@ def stage(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
 
 
 def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            scheduler: Any) -> dict[str, Any]:
+            scheduler: Any) -> Restored:
     """Bring model, optimizer, scheduler and this rank's RNG states back to ``snap``, in place.
 
     The live tensors are overwritten from the host copy (the disk path does the same: DCP loads
@@ -113,8 +131,7 @@ def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optim
     later rollback to it. Not collective: every rank restores its own shards.
 
     Returns:
-        ``{"step", "path", "extra", "rank_state", "refused"}`` like ``CheckpointStore.load``
-        (``path`` is None: nothing was read from disk).
+        What was restored, like ``CheckpointStore.load`` (``path`` None: no disk read).
     """
     live = live_tensors(model, optimizer)
     on_device = _any_accelerator(live)
@@ -126,8 +143,8 @@ def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optim
     if scheduler is not None and snap.scheduler is not None:
         scheduler.load_state_dict(copy.deepcopy(snap.scheduler))
     set_rng_state(snap.rng)
-    return {"step": snap.step, "path": None, "extra": copy.deepcopy(snap.extra),
-            "rank_state": copy.deepcopy(snap.rank_state), "refused": []}
+    return Restored(step=snap.step, path=None, extra=copy.deepcopy(snap.extra),
+                    rank_state=copy.deepcopy(snap.rank_state))
 
 
 def _any_accelerator(tensors: dict[str, Any]) -> bool:

@@ -1,8 +1,7 @@
 """Healthy checkpoints through host memory: stage, write in the background, roll back from RAM.
 
-    staged = StagedSaves(store, max_bytes)           # store over checkpoint_group(...)
-    if staged.fits(model, optimizer):                # agreed once, at the first save
-        previous = staged.begin(step, model, optimizer, scheduler, extra, rank_state)
+    staged = StagedSaves(store, max_bytes)           # store over groups.checkpoint_group(...)
+    saved = staged.save(step, model, optimizer, scheduler, extra, rank_state)  # a saver.Saver
     outcome = staged.settle(reduced_flags, world)    # every step; the same on every rank
     staged.restore(step, model, optimizer, scheduler)   # a rollback, from RAM
 
@@ -24,17 +23,18 @@ import torch.distributed as dist
 
 from .async_save import BackgroundSaver, Outcome
 from .checkpoint import CheckpointStore
-from .snapshot import Snapshot, live_tensors, restore, stage, state_bytes
+from .saver import Saved, SyncSaver
+from .snapshot import Restored, Snapshot, live_tensors, restore, stage, state_bytes
 
 log = logging.getLogger(__name__)
 
 
 class StagedSaves:
-    """This rank's staged copies and its background writer.
+    """This rank's staged copies and its background writer; a ``saver.Saver``.
 
     Args:
         store: the checkpoint store, over a group that only the writer uses while a save is in
-            flight (see ``async_save.checkpoint_group``).
+            flight (see ``groups.checkpoint_group``).
         max_bytes: host memory allowed for the staged copies (two at most).
     """
 
@@ -42,6 +42,7 @@ class StagedSaves:
         self.store = store
         self.max_bytes = max_bytes
         self.saver = BackgroundSaver(store)
+        self._sync = SyncSaver(store)
         self.memory: Snapshot | None = None
         """The last committed healthy state, in RAM: the in-process rollback target."""
         self._spare: Snapshot | None = None
@@ -73,6 +74,14 @@ class StagedSaves:
                             need.item() / 1e6, self.max_bytes / 1e6)
         return self._fits
 
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: Any, extra: dict[str, Any], rank_state: dict[str, Any] | None) -> Saved:
+        """Stage and write ``step`` in the background, or synchronously when it does not fit."""
+        if not self.fits(model, optimizer):
+            return self._sync.save(step, model, optimizer, scheduler, extra, rank_state)
+        earlier = self.begin(step, model, optimizer, scheduler, extra, rank_state)
+        return Saved(stall_seconds=self.stall_seconds, earlier=earlier)
+
     def begin(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
               scheduler: Any, extra: dict[str, Any],
               rank_state: dict[str, Any] | None) -> Outcome | None:
@@ -85,7 +94,7 @@ class StagedSaves:
         previous = self.wait() if self.in_flight else None
         if previous is not None:
             log.warning("torchvitals: the checkpoint of step %d was still being written when "
-                        "step %d was due; training waited for it", previous.snapshot.step, step)
+                        "step %d was due; training waited for it", previous.step, step)
         snap = stage(step, model, optimizer, scheduler, extra, rank_state, into=self._spare)
         self._spare = None
         self.stall_seconds = snap.stage_seconds
@@ -114,7 +123,7 @@ class StagedSaves:
         return outcome
 
     def restore(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                scheduler: Any) -> dict[str, Any] | None:
+                scheduler: Any) -> Restored | None:
         """Restore ``step`` from RAM when it is the copy held, else None (read the disk)."""
         if self.memory is None or self.memory.step != step:
             return None

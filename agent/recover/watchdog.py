@@ -1,6 +1,14 @@
 """The watchdog: healthy checkpoints, rollback with LR back-off and skipped batches, loop guard.
 
     agent = torchvitals.watch(model, optimizer, scheduler, checkpoint_dir="ckpt")
+    watchdog = Watchdog.open(config, group)     # what the agent does: group made, ledger read
+
+``Watchdog`` is the facade the step calls; each concept is its own piece, passed in: when a
+step is healthy and a save due (``save_policy``), how it is written (``saver``: synchronous or
+staged in the background), how far a rollback goes and when it is a loop (``rollback_policy``),
+whether a folder that holds a run is continued (``resume_policy``), and the durable record
+(``ledger``). ``Watchdog.open`` builds them from a Config; that is where the checkpoint group
+is made (``groups``) and the ledger read, never in a constructor.
 
 Every decision here is a function of the reduced report, so every rank takes it in the same
 step. A step is *healthy* when its optimizer step ran, no warning or critical verdict about the
@@ -25,37 +33,25 @@ import torch
 import torch.distributed as dist
 
 from ...errors import TorchvitalsError
-from ...protocol import ATTEMPT_ENV, CHECKPOINT, LEDGER_FILE, TRAIN
+from ...protocol import CHECKPOINT, LEDGER_FILE, TRAIN
 from ..config import Config
-from ..detect.verdict import CRITICAL, PROCESS_PATTERNS, WARNING, Verdict
+from ..detect.verdict import Verdict
 from ..report import Report, json_safe
-from .async_save import CLOSE_TIMEOUT_S, Outcome, checkpoint_group
+from .async_save import CLOSE_TIMEOUT_S, Outcome
 from .batches import SkipAwareBatches
 from .checkpoint import CheckpointError, CheckpointStore
+from .groups import checkpoint_group
 from .ledger import Ledger
-from .staged import StagedSaves
+from .resume_policy import ResumePolicy, ResumeRefused, restarted
 from .rng import reseed
+from .rollback_policy import Rollback, RollbackPolicy
+from .save_policy import SavePolicy
+from .saver import Saver, SyncSaver
+from .staged import StagedSaves
+
+__all__ = ["ResumeRefused", "Rollback", "TrainingAborted", "Watchdog", "restarted"]
 
 log = logging.getLogger(__name__)
-
-
-def _unhealthy(v: Verdict) -> bool:
-    return v.severity in (WARNING, CRITICAL) and v.pattern not in PROCESS_PATTERNS
-
-
-class ResumeRefused(TorchvitalsError, RuntimeError):
-    """The checkpoint folder holds a run that this process was not told to continue."""
-
-
-def restarted(environ: Any = None) -> bool:
-    """Whether this process is a restart: by ``torchvitals supervise`` (attempt > 1) or by
-    torchrun's ``--max-restarts`` (``TORCHELASTIC_RESTART_COUNT`` > 0)."""
-    environ = os.environ if environ is None else environ
-    try:
-        return (int(environ.get(ATTEMPT_ENV, "1")) > 1
-                or int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0)
-    except ValueError:
-        return False
 
 
 class TrainingAborted(SystemExit, TorchvitalsError):
@@ -65,33 +61,87 @@ class TrainingAborted(SystemExit, TorchvitalsError):
 
 
 class Watchdog:
-    """Checkpoint store, ledger, LR scale and the rollback decisions of one rank."""
+    """Checkpoint store, ledger, LR scale and the rollback decisions of one rank.
 
-    def __init__(self, config: Config, group: Any = None):
-        self.config = config
-        self._own_group = None
-        if config.snapshot_max_bytes:   # the background writes get their own group
-            group = self._own_group = checkpoint_group(group)
-        self.store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
-        self.staged = StagedSaves(self.store, config.snapshot_max_bytes) if config.snapshot_max_bytes else None
+    Args:
+        store: the checkpoint folder.
+        saver: writes the healthy checkpoints (over ``store``).
+        ledger: the job's record, loaded (``Ledger.load``).
+        save_policy: when a step is healthy and a save due.
+        rollback_policy: back-off, skipped range, loop guard; its ``lr_scale`` is the ledger's.
+        resume_policy: whether a folder that holds a run is continued.
+        abort_exit_code: the exit code of the loop guard's abort.
+        data: the batch iterator whose skip list is the ledger's (default: a new one).
+    """
+
+    def __init__(self, *, store: CheckpointStore, saver: Saver, ledger: Ledger,
+                 save_policy: SavePolicy, rollback_policy: RollbackPolicy,
+                 resume_policy: ResumePolicy, abort_exit_code: int,
+                 data: SkipAwareBatches | None = None) -> None:
+        self.store = store
+        self.saver = saver
+        self.ledger = ledger
+        self.save_policy = save_policy
+        self.rollback_policy = rollback_policy
+        self.resume_policy = resume_policy
+        self.abort_exit_code = abort_exit_code
+        self.data = data if data is not None else SkipAwareBatches(skipped=ledger.skipped)
+        self.last_healthy: int | None = None
         self.failed_saves = 0
+        self.checkpoint_seconds = float("nan")
         self.stall_seconds = float("nan")
         """How long the last healthy save stalled training (staging, or the whole sync save)."""
         self._unreported: Outcome | None = None
-        rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-        self.ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
-        self.lr_scale = self.ledger.lr_scale
-        self.data = SkipAwareBatches(skipped=self.ledger.skipped)
-        self.last_bad = -(10 ** 9)
-        self.last_healthy: int | None = None
-        self.rollbacks = 0
-        self._rollback_ticks: list[int] = []
-        self.checkpoint_seconds = float("nan")
         self.on_phase: Callable[[str], None] = lambda phase: None
         """Told CHECKPOINT before a checkpoint is written or loaded and TRAIN after."""
 
+    @classmethod
+    def open(cls, config: Config, group: Any = None) -> "Watchdog":
+        """The watchdog ``config`` describes, over ``group``; on every rank at the same call.
+
+        Collective the first time a process needs a background-write group for these ranks
+        (``groups.checkpoint_group``: made once, reused by every later agent). Reads the ledger.
+
+        Raises:
+            LedgerError: the ledger file exists but cannot be trusted.
+        """
+        if config.snapshot_max_bytes:      # the background writes get their own group
+            group = checkpoint_group(group)
+        store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
+        rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
+        saver = (StagedSaves(store, config.snapshot_max_bytes) if config.snapshot_max_bytes
+                 else SyncSaver(store))
+        return cls(store=store, saver=saver, ledger=ledger,
+                   save_policy=SavePolicy(checkpoint_every=config.checkpoint_every,
+                                          healthy_window=config.healthy_window),
+                   rollback_policy=RollbackPolicy(
+                       max_rollbacks=config.max_rollbacks, rollback_window=config.rollback_window,
+                       lr_backoff=config.lr_backoff, skip_margin=config.skip_margin,
+                       lr_scale=ledger.lr_scale),
+                   resume_policy=ResumePolicy(config.resume),
+                   abort_exit_code=config.abort_exit_code)
+
+    @property
+    def lr_scale(self) -> float:
+        """What the rollbacks' back-off has left of the learning rate."""
+        return self.rollback_policy.lr_scale
+
+    @property
+    def rollbacks(self) -> int:
+        """Rollbacks taken by this process."""
+        return self.rollback_policy.rollbacks
+
+    @property
+    def staged(self) -> StagedSaves | None:
+        """The staged saver (its in-memory copy), or None when saves are synchronous."""
+        return self.saver if isinstance(self.saver, StagedSaves) else None
+
     def resume(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> int | None:
         """At start: continue the run the folder holds, as ``Config.resume`` allows.
+
+        Returns:
+            The step resumed from, or None for an empty folder.
 
         Raises:
             ResumeRefused: the folder holds checkpoints and ``resume`` says not to continue them.
@@ -99,18 +149,9 @@ class Watchdog:
         latest = self.store.latest()
         if latest is None:
             return None
-        mode = self.config.resume
-        if mode == "never" or (mode == "restart" and not restarted()):
-            raise ResumeRefused(
-                f"checkpoint_dir {self.config.checkpoint_dir} already holds a run (latest "
-                f"{latest.name}, learning-rate scale {self.ledger.lr_scale:g}, "
-                f"{sum(e['event'] == 'rollback' for e in self.ledger.entries)} rollbacks in "
-                f"{self.ledger.path}). A new run would silently continue it: pass "
-                f"resume=\"auto\" (or TORCHVITALS_RESUME=auto) to continue it, or use a new "
-                f"checkpoint_dir. (resume={mode!r}; torchvitals supervise and torchrun restarts "
-                f"continue it by themselves)")
+        self.resume_policy.check(latest, self.ledger, self.store.root)
         restored = self.store.load(model, optimizer, scheduler)
-        if scheduler is not None and restored["extra"].get("scheduler_step_due"):
+        if scheduler is not None and restored.extra.get("scheduler_step_due"):
             # Saved inside the framework's optimizer.step(), before the framework stepped the
             # scheduler for that step: take that step now, or the whole rest of the schedule
             # would run one step behind. (An in-process rollback restores the same state and
@@ -118,27 +159,22 @@ class Watchdog:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*lr_scheduler.step\\(\\)")
                 scheduler.step()
-        self.data.resume_at = restored["extra"].get("position", 0)
-        self.data.restore_rank_state(restored["rank_state"])
-        self.last_healthy = restored["step"]
+        self.data.resume_at = restored.extra.get("position", 0)
+        self.data.restore_rank_state(restored.rank_state)
+        self.last_healthy = restored.step
         self.say("torchvitals: resumed from %s: step %d, learning-rate scale %g, %d batches "
-                 "skipped (ledger %s)", restored["path"], restored["step"], self.lr_scale,
+                 "skipped (ledger %s)", restored.path, restored.step, self.lr_scale,
                  self.ledger.skipped.batches(), self.ledger.path)
-        return restored["step"]
+        return restored.step
 
     def note(self, step: int, verdicts: list[Verdict]) -> None:
-        if any(_unhealthy(v) for v in verdicts):
-            self.last_bad = step
+        """Take in the verdicts of ``step`` (every step, every rank)."""
+        self.save_policy.note(step, verdicts)
 
     def healthy(self, step: int, detector: Any) -> bool:
-        """No warning or critical verdict in the last ``healthy_window`` steps, and none still
-        active: a hot learning rate that keeps holding makes no step healthy. Wiring facts (a
-        block frozen on purpose) do not count: they hold for the whole run; nor do the process
-        warnings (straggler, memory growth, data stall): they say nothing of the weights."""
-        if step - self.last_bad <= self.config.healthy_window:
-            return False
-        return not any(_unhealthy(v) for key, v in detector.active.items()
-                       if key not in detector.pinned)
+        """``SavePolicy.healthy`` over the detector's active verdicts, wiring facts (pinned:
+        they hold for the whole run) left out."""
+        return self.save_policy.healthy(step, _active(detector))
 
     def maybe_save(self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
                    detector: Any, scheduler_step_due: bool = False) -> bool:
@@ -147,91 +183,78 @@ class Watchdog:
         ``scheduler_step_due``: the caller (a framework) steps the scheduler for this step after
         the save; a restart from it then takes that step (see ``resume``).
         """
-        if step % self.config.checkpoint_every or not self.healthy(step, detector):
+        if not self.save_policy.due(step, _active(detector)):
             return False
         extra = {"position": self.data.position, "lr_scale": self.lr_scale,
                  "verdicts": [v.to_dict() for v in detector.history[-100:]],
                  "scheduler_step_due": bool(scheduler_step_due and scheduler is not None)}
-        if self.staged is not None and self.staged.fits(model, optimizer):
-            self.on_phase(CHECKPOINT)       # the stall is short, unless the last write lags
-            try:
-                self._settled(self.staged.begin(step, model, optimizer, scheduler,
-                                                json_safe(extra), self.data.rank_state()))
-            finally:
-                self.on_phase(TRAIN)
-            self.stall_seconds = self.staged.stall_seconds
-            return True
-        self.on_phase(CHECKPOINT)
+        self.on_phase(CHECKPOINT)       # a staged save's stall is short, unless the last write lags
         try:
-            path = self.store.save(step, model, optimizer, scheduler, extra=json_safe(extra),
-                                   rank_state=self.data.rank_state())
+            saved = self.saver.save(step, model, optimizer, scheduler, json_safe(extra),
+                                    self.data.rank_state())
         finally:
             self.on_phase(TRAIN)
-        self.checkpoint_seconds = self.stall_seconds = self.store.last_save_seconds
-        self.ledger.record_checkpoint(step, str(path))
-        self.last_healthy = step
+        self.stall_seconds = saved.stall_seconds
+        self._settled(saved.earlier)
+        if saved.committed is not None:     # synchronous: committed now, nothing to report later
+            self._commit(saved.committed)
         return True
 
     def save_flags(self) -> list[float]:
         """``[done, failed]`` of this rank's background write, for the step's SUM reduction."""
-        return self.staged.flags() if self.staged is not None else [0.0, 0.0]
+        return self.saver.flags()
 
     def settle(self, reduced: list[float], world_size: int, report: Report) -> None:
         """Every rank, same step: commit (ledger, rollback target) or report a background save
         once the reduced flags say every rank's write ended; noted in ``report``."""
-        if self.staged is None:
-            return
-        self._settled(self.staged.settle(reduced, world_size))
+        self._settled(self.saver.settle(reduced, world_size))
         # Also one that a due save or a rollback had to wait for at an earlier step.
         outcome, self._unreported = self._unreported, None
         if outcome is not None and outcome.ok:
-            report.checkpoint_committed = outcome.snapshot.step
+            report.checkpoint_committed = outcome.step
         elif outcome is not None:
-            report.checkpoint_failed = f"step {outcome.snapshot.step}: {outcome.error}"
+            report.checkpoint_failed = f"step {outcome.step}: {outcome.error}"
 
     def close(self) -> None:
         """Let a background write in flight finish (or give up after CLOSE_TIMEOUT_S: its
-        folder then stays an uncommitted ``.tmp-*``, never loaded).
+        folder then stays an uncommitted ``.tmp-*``, never loaded). The checkpoint group stays:
+        the process's later agents reuse it (``groups``).
 
         Raises:
             CheckpointError: that write failed (on this rank or another): the job's last healthy
                 state is not the one it ended with, which its exit status should say.
         """
-        try:
-            if self.staged is None or not self.staged.in_flight:
-                return
-            outcome = self._settled(self.staged.wait(CLOSE_TIMEOUT_S))
-            if outcome is None:
-                log.error("torchvitals: a checkpoint write still in flight after %.0f s at exit; "
-                          "left uncommitted", CLOSE_TIMEOUT_S)
-            elif not outcome.ok:
-                raise CheckpointError(f"the checkpoint of step {outcome.snapshot.step}, written "
-                                      f"at exit, failed: {outcome.error}")
-        finally:
-            # Our own gloo group goes with us, unless a write still uses it: left for the
-            # interpreter's teardown, gloo's threads can abort the process after a peer left.
-            if self._own_group is not None and not (self.staged and self.staged.in_flight):
-                dist.destroy_process_group(self._own_group)
-                self._own_group = None
+        if not self.saver.in_flight:
+            return
+        outcome = self._settled(self.saver.wait(CLOSE_TIMEOUT_S))
+        if outcome is None:
+            log.error("torchvitals: a checkpoint write still in flight after %.0f s at exit; "
+                      "left uncommitted", CLOSE_TIMEOUT_S)
+        elif not outcome.ok:
+            raise CheckpointError(f"the checkpoint of step {outcome.step}, written "
+                                  f"at exit, failed: {outcome.error}")
 
     def _settled(self, outcome: Outcome | None) -> Outcome | None:
+        """A background save ended: commit it, and report it at the next ``settle``."""
         if outcome is None:
             return None
         self._unreported = outcome
-        step = outcome.snapshot.step
         if outcome.ok:
-            self.checkpoint_seconds = outcome.write_seconds
-            self.ledger.record_checkpoint(step, outcome.path)
-            self.last_healthy = step
+            self._commit(outcome)
         else:
             self.failed_saves += 1
             log.error("torchvitals: the healthy checkpoint of step %d failed on some rank and was "
-                      "not committed: %s; the rollback target stays step %s", step, outcome.error,
-                      self.last_healthy)
+                      "not committed: %s; the rollback target stays step %s", outcome.step,
+                      outcome.error, self.last_healthy)
         return outcome
 
+    def _commit(self, outcome: Outcome) -> None:
+        self.checkpoint_seconds = outcome.write_seconds
+        self.ledger.record_checkpoint(outcome.step, outcome.path)
+        self.last_healthy = outcome.step
+
     def rollback(self, step: int, tick: int, reason: str, model: torch.nn.Module, optimizer: Any,
-                 scheduler: Any) -> dict[str, Any] | None:
+                 scheduler: Any) -> Rollback | None:
         """Restore the last healthy checkpoint with the LR backed off and the bad batches skipped.
 
         The back-off is ``lr_scale``, which the guarded optimizer applies at each step. Batches
@@ -240,57 +263,52 @@ class Watchdog:
         random draws that led here are not replayed either.
 
         Returns:
-            ``{"to_step", "lr_scale", "skipped"}`` (``skipped`` None: the RNGs were re-seeded
-            instead), or None when there is no checkpoint.
+            The Rollback (``skipped`` None: the RNGs were re-seeded instead), or None when there
+            is no checkpoint.
 
         Raises:
             TrainingAborted: the loop guard tripped (after the ledger recorded the abort).
         """
-        if self.staged is not None and self.staged.in_flight:
+        if self.saver.in_flight:
             self.on_phase(CHECKPOINT)
             try:
-                self._settled(self.staged.wait())   # every rank at this step: the same target
+                self._settled(self.saver.wait())   # every rank at this step: the same target
             finally:
                 self.on_phase(TRAIN)
         if self.store.latest() is None:
             return None
-        recent = [t for t in self._rollback_ticks if tick - t < self.config.rollback_window]
-        if len(recent) >= self.config.max_rollbacks:
-            why = (f"{len(recent) + 1} rollbacks within {self.config.rollback_window} steps "
-                   f"(max_rollbacks={self.config.max_rollbacks}); last: {reason}")
+        policy = self.rollback_policy
+        why = policy.refusal(tick, reason)
+        if why is not None:
             self.ledger.record_abort(step, why)
             self.say("torchvitals: ABORTING at step %d: %s. Rolling back again would not cure "
                      "it; a person must look (ledger %s). Exit code %d.", step, why,
-                     self.ledger.path, self.config.abort_exit_code, error=True)
-            raise TrainingAborted(self.config.abort_exit_code)
+                     self.ledger.path, self.abort_exit_code, error=True)
+            raise TrainingAborted(self.abort_exit_code)
         restored = None
-        if self.staged is not None and self.last_healthy is not None:
-            restored = self.staged.restore(self.last_healthy, model, optimizer, scheduler)
+        if self.last_healthy is not None:
+            restored = self.saver.restore(self.last_healthy, model, optimizer, scheduler)
         if restored is None:
             self.on_phase(CHECKPOINT)
             try:
                 restored = self.store.load(model, optimizer, scheduler)
             finally:
                 self.on_phase(TRAIN)
-        self.lr_scale *= self.config.lr_backoff
-        skipped: tuple[int, int] | None = None
-        if self.data.used:
-            skipped = (restored["extra"].get("position", 0), self.data.position + self.config.skip_margin)
-        else:
-            reseed(self.rollbacks + 1)
-        self.ledger.record_rollback(step, to_step=restored["step"], reason=reason,
-                                    lr_scale=self.lr_scale, skipped=skipped)
-        self.rollbacks += 1
-        self._rollback_ticks.append(tick)
-        self.last_bad = restored["step"]
-        what = (f"batches {skipped[0]}..{skipped[1] - 1} skipped" if skipped else
-                "the loop's RNGs re-seeded so its random batches are not replayed")
+        rolled = policy.take(tick, to_step=restored.step,
+                             from_position=restored.extra.get("position", 0),
+                             position=self.data.position, replayable=self.data.used)
+        if rolled.skipped is None:
+            reseed(policy.rollbacks)
+        self.ledger.record_rollback(step, to_step=rolled.to_step, reason=reason,
+                                    lr_scale=rolled.lr_scale, skipped=rolled.skipped)
+        self.save_policy.restart_at(rolled.to_step)
+        what = (f"batches {rolled.skipped[0]}..{rolled.skipped[1] - 1} skipped" if rolled.skipped
+                else "the loop's RNGs re-seeded so its random batches are not replayed")
         self.say("torchvitals: ROLLBACK at step %d (%s): back to step %d, learning-rate scale "
                  "%g, %s; rollback %d of at most %d within %d steps (ledger %s)", step, reason,
-                 restored["step"], self.lr_scale, what, len(recent) + 1,
-                 self.config.max_rollbacks, self.config.rollback_window, self.ledger.path)
-        return {"to_step": restored["step"], "lr_scale": self.lr_scale,
-                "skipped": list(skipped) if skipped else None}
+                 rolled.to_step, rolled.lr_scale, what, rolled.in_window, policy.max_rollbacks,
+                 policy.rollback_window, self.ledger.path)
+        return rolled
 
     def say(self, message: str, *args: Any, error: bool = False) -> None:
         """One line for a person, on global rank 0 (every rank takes the same decision)."""
@@ -298,6 +316,7 @@ class Watchdog:
             (log.error if error else log.warning)(message, *args)
 
     def metrics(self) -> dict[str, float]:
+        """The watchdog's numbers for the outputs (rollbacks, LR scale, checkpoint times...)."""
         return {"rollbacks": self.rollbacks, "lr_scale": self.lr_scale,
                 "last_healthy_step": float("nan") if self.last_healthy is None else self.last_healthy,
                 "skipped_batches": self.ledger.skipped.batches(),
@@ -305,3 +324,7 @@ class Watchdog:
                 "checkpoint_stall_seconds": self.stall_seconds,
                 "checkpoint_failures": self.failed_saves}
 
+
+def _active(detector: Any) -> list[Verdict]:
+    """The detector's verdicts still holding, without the pinned wiring facts."""
+    return [v for key, v in detector.active.items() if key not in detector.pinned]

@@ -75,8 +75,8 @@ def save_train_load(rank: int, world: int, kind: str, root: str) -> dict[str, An
     after_load = _state(model, opt, sched)
     rng_back = torch.equal(torch.get_rng_state(), rng)
     _train(model, opt, sched, batches[2:])
-    return {"path": str(path), "restored_path": str(restored["path"]), "step": restored["step"],
-            "extra": restored["extra"], "changed_by_training": changed,
+    return {"path": str(path), "restored_path": str(restored.path), "step": restored.step,
+            "extra": restored.extra, "changed_by_training": changed,
             "state_restored": same(saved, after_load), "rng_restored": rng_back,
             "replay_equal": same(first_run, _state(model, opt, sched)),
             "seconds": store.last_save_seconds}
@@ -99,7 +99,7 @@ def fail_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]
         errors.append(_save_limited(store, rank, limit, model, opt, sched))
     leftovers = sorted(p.name for p in store.root.iterdir())
     restored = store.load(model, opt, sched)
-    return {"errors": errors, "leftovers": leftovers, "step": restored["step"],
+    return {"errors": errors, "leftovers": leftovers, "step": restored.step,
             "state_restored": same(saved, _state(model, opt, sched))}
 
 

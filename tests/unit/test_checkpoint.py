@@ -16,6 +16,7 @@ import torch
 
 from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
 from torchvitals.agent.recover.ledger import Ledger, LedgerError
+from torchvitals.agent.recover.snapshot import Restored
 
 
 def _setup(seed: int = 0):
@@ -88,7 +89,7 @@ def test_round_trip_restores_everything_and_training_continues_identically(tmp_p
     random.seed(1)
     np.random.seed(1)
     restored = store.load(model2, opt2, sched2)
-    assert restored == {"step": 3, "path": path, "extra": extra, "rank_state": None, "refused": []}
+    assert restored == Restored(step=3, path=path, extra=extra, rank_state=None, refused=[])
     assert _same(_snapshot(model2, opt2, sched2), at_save)
     _train(model2, opt2, sched2, 4)
     assert _same(_snapshot(model2, opt2, sched2), uninterrupted)
@@ -117,7 +118,7 @@ def test_a_step_saved_again_replaces_the_old_one(tmp_path):
     store.save(1, model, opt, sched, extra={"take": 2})
     expected = _snapshot(model, opt, sched)
     model2, opt2, sched2 = _setup(seed=1)
-    assert store.load(model2, opt2, sched2)["extra"] == {"take": 2}
+    assert store.load(model2, opt2, sched2).extra == {"take": 2}
     assert _same(_snapshot(model2, opt2, sched2), expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]
 
@@ -148,8 +149,8 @@ def test_a_damaged_checkpoint_is_refused_and_the_previous_one_used(saved, damage
     model, opt, sched = _setup(seed=1)
     with caplog.at_level(logging.WARNING, logger="torchvitals.agent.recover.checkpoint"):
         restored = store.load(model, opt, sched)
-    assert restored["step"] == 1 and restored["extra"] == {"position": 1}
-    [(folder, why)] = restored["refused"]
+    assert restored.step == 1 and restored.extra == {"position": 1}
+    [(folder, why)] = restored.refused
     assert folder.name == "step-00000002" and reason in why
     assert "refusing checkpoint" in caplog.text and "step-00000002" in caplog.text and reason in caplog.text
     assert _same(_snapshot(model, opt, sched), step1)
@@ -173,7 +174,7 @@ def test_a_save_interrupted_before_its_commit_is_ignored_then_cleaned(saved, cap
     shutil.copytree(store.root / "step-00000001", store.root / ".tmp-step-00000003")
     model, opt, sched = _setup(seed=1)
     with caplog.at_level(logging.WARNING):
-        assert store.load(model, opt, sched)["step"] == 2
+        assert store.load(model, opt, sched).step == 2
     assert ".tmp-step-00000003: a save that never committed" in caplog.text
     with pytest.raises(CheckpointError, match="not a committed checkpoint folder"):
         store.load(model, opt, sched, path=store.root / ".tmp-step-00000003")
@@ -201,7 +202,7 @@ def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(saved):
     assert "DCP on rank 0: " in message and "bytes free there" in message
     assert "step-00000002) is untouched" in message
     assert [p.name for p in store.root.iterdir() if p.name.startswith(".tmp")] == []
-    assert store.load(model, opt, sched)["step"] == 2
+    assert store.load(model, opt, sched).step == 2
 
 
 def test_an_unwritable_root_fails_the_save_clearly(tmp_path):

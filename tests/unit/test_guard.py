@@ -382,7 +382,7 @@ def test_healthy_means_no_warning_active_not_only_none_recent():
     from torchvitals.agent.recover.watchdog import Watchdog
     import tempfile
     with tempfile.TemporaryDirectory() as root:
-        dog = Watchdog(Config(checkpoint_dir=root, healthy_window=5))
+        dog = Watchdog.open(Config(checkpoint_dir=root, healthy_window=5))
         detector = Detector(["a", "b"], ["layer", "layer"])
         assert dog.healthy(100, detector)
         hot = Verdict(HOT_LR, WARNING, 10, "a")

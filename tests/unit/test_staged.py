@@ -119,7 +119,7 @@ def test_a_snapshot_is_a_copy_restored_as_often_as_needed():
             model.loss(x, y).backward()
             opt.step()
         assert not torch.equal(model.state_dict()["lm_head.weight"], saved["lm_head.weight"])
-        assert restore(snap, model, opt, None)["extra"] == {"position": 1}
+        assert restore(snap, model, opt, None).extra == {"position": 1}
         assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
     reused = stage(2, model, opt, None, extra={}, rank_state=None, into=snap)
     assert reused.tensors["model"]["lm_head.weight"] is snap.tensors["model"]["lm_head.weight"]
