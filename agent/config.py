@@ -175,7 +175,26 @@ class OutputsConfig:
     base + LOCAL_RANK. 0 turns the endpoint off."""
 
     metrics_host: str = "127.0.0.1"
-    """Address the /metrics endpoint binds to. Use 0.0.0.0 to let a scraper on another host in."""
+    """Address the /metrics endpoint binds to. Use 0.0.0.0 to let a scraper on another host in
+    (then consider TLS with client certificates, below)."""
+
+    metrics_certfile: str | None = None
+    """PEM certificate chain of the /metrics endpoint: set, it serves HTTPS only."""
+
+    metrics_keyfile: str | None = None
+    """PEM private key of ``metrics_certfile`` (None: the key is in that file)."""
+
+    metrics_client_cafile: str | None = None
+    """PEM CA bundle whose client certificates /metrics accepts (scrapers may present one)."""
+
+    metrics_client_auth_required: bool = False
+    """Refuse scrapers without a client certificate signed by ``metrics_client_cafile``."""
+
+    metrics_max_connections: int = 32
+    """Connections /metrics holds open at once; beyond it the oldest idle one is dropped."""
+
+    metrics_idle_timeout_s: float = 10.0
+    """A /metrics connection that sends no complete request within this is closed."""
 
     log_dir: str = "torchvitals_runs"
     """Folder for the run's JSON-lines event log (written by global rank 0). Empty turns it off."""
@@ -195,6 +214,19 @@ class OutputsConfig:
             raise ValueError(f"log_every must be >= 1, got {self.log_every}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+        if (self.metrics_keyfile or self.metrics_client_cafile
+                or self.metrics_client_auth_required) and not self.metrics_certfile:
+            raise ValueError("metrics_keyfile, metrics_client_cafile and "
+                             "metrics_client_auth_required need metrics_certfile (HTTPS)")
+        if self.metrics_client_auth_required and not self.metrics_client_cafile:
+            raise ValueError("metrics_client_auth_required needs metrics_client_cafile: the CA "
+                             "whose client certificates are accepted")
+        if self.metrics_max_connections < 1:
+            raise ValueError(f"metrics_max_connections must be >= 1, got "
+                             f"{self.metrics_max_connections}")
+        if not self.metrics_idle_timeout_s > 0:
+            raise ValueError(f"metrics_idle_timeout_s must be > 0, got "
+                             f"{self.metrics_idle_timeout_s}")
 
 
 @dataclass(kw_only=True)

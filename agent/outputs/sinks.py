@@ -13,6 +13,7 @@ from ..detect.detector import Detector
 from ..report import Report
 from .eventlog import EventLog
 from .exporter import Exporter
+from .server import TLS
 
 
 class Outputs:
@@ -29,9 +30,15 @@ class Outputs:
                  registry: Any = None) -> None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         base = config.metrics_port
+        tls = (TLS(certfile=config.metrics_certfile, keyfile=config.metrics_keyfile,
+                   client_cafile=config.metrics_client_cafile,
+                   client_auth_required=config.metrics_client_auth_required)
+               if config.metrics_certfile else None)
         self.exporter = Exporter(block_names, rank=rank, local_rank=local_rank,
                                  world_size=world_size, port=base + local_rank if base else 0,
-                                 host=config.metrics_host, registry=registry)
+                                 host=config.metrics_host, registry=registry, tls=tls,
+                                 max_connections=config.metrics_max_connections,
+                                 idle_timeout_s=config.metrics_idle_timeout_s)
         self.events: EventLog | None = None
         self.run_dir: str | None = None
         if rank == 0 and config.log_dir:

@@ -50,12 +50,18 @@ def _resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, An
                     "metadata": _METADATA, "spec": spec}, ["apiVersion", "kind", "metadata", "spec"])
 
 
+_SECRET_OR_CONFIGMAP = _closed({"secret": _SECRET_KEY, "configMap": _SECRET_KEY})
 _ENDPOINT = _closed({
     "port": _STRING,                    # a named container port
     "path": _STRING,
     "interval": _DURATION,
     "scrapeTimeout": _DURATION,
     "honorLabels": {"type": "boolean"},
+    "scheme": {"enum": ["http", "https"]},
+    # SafeTLSConfig (v0.80.0): the CA and client certificate from secrets or config maps.
+    "tlsConfig": _closed({"ca": _SECRET_OR_CONFIGMAP, "cert": _SECRET_OR_CONFIGMAP,
+                          "keySecret": _SECRET_KEY, "serverName": _STRING,
+                          "insecureSkipVerify": {"type": "boolean"}}),
 })
 
 PODMONITOR = _resource("monitoring.coreos.com/v1", "PodMonitor", _closed({

@@ -409,3 +409,58 @@ def test_job_tokens_get_their_own_secret_beside_an_existing_webhook_secret(chart
     [secret] = by_kind(docs, "Secret")
     assert secret["metadata"]["name"] == "tv-torchvitals-job-tokens"
     assert set(secret["data"]) == {"job-tokens.json", "job-tv-torchvitals-example"}
+
+
+def test_tls_scraping_is_wired_on_both_sides(chart, tmp_path):
+    """With scraping.tls on, every PodMonitor endpoint scrapes HTTPS with the scraper's client
+    certificate, the agents serve HTTPS and require one (TORCHVITALS_METRICS_*), and the plain
+    scrape config passes promtool with real certificate files."""
+    docs = render(chart, VALUE_SETS["tls-values"])
+    endpoints = one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    secret = {"name": "prometheus-scrape-tls"}
+    for ep in endpoints:
+        assert ep["scheme"] == "https"
+        assert ep["tlsConfig"] == {"serverName": "trainer.ml.svc",
+                                   "ca": {"secret": {**secret, "key": "ca.crt"}},
+                                   "cert": {"secret": {**secret, "key": "tls.crt"}},
+                                   "keySecret": {**secret, "key": "tls.key"}}
+    job = one(docs, "PyTorchJob")
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        (container,) = pod["containers"]
+        env = container_env(container)
+        assert env["TORCHVITALS_METRICS_CERTFILE"] == "/etc/torchvitals/tls/tls.crt"
+        assert env["TORCHVITALS_METRICS_CLIENT_CAFILE"] == "/etc/torchvitals/tls/ca.crt"
+        assert env["TORCHVITALS_METRICS_CLIENT_AUTH_REQUIRED"] == "1"
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["metrics-tls"] == "/etc/torchvitals/tls"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["metrics-tls"]["secret"]["secretName"] == "trainer-metrics-tls"
+    # The agent reads those variables into a config that serves HTTPS and demands certificates.
+    from torchvitals.agent.config import Config
+    config = Config.from_env({k: v for k, v in env.items() if k.startswith("TORCHVITALS_METRICS")})
+    assert config.metrics_client_auth_required and config.metrics_certfile.endswith("tls.crt")
+
+    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-scrape-config"))
+    (scrape,) = yaml.safe_load(cm["data"]["torchvitals-scrape.yml"])["scrape_configs"]
+    assert scrape["scheme"] == "https" and scrape["tls_config"]["server_name"] == "trainer.ml.svc"
+    files = scrape["tls_config"]
+    for key in ("ca_file", "cert_file", "key_file"):
+        assert files[key].startswith("/etc/prometheus/torchvitals-tls/")
+    # promtool opens the files a tls_config names: give it real ones at those names.
+    d = tmp_path / "tls"
+    d.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=tv", "-keyout", str(d / "tls.key"), "-out", str(d / "tls.crt")],
+                   check=True, capture_output=True, timeout=60)
+    shutil.copy(d / "tls.crt", d / "ca.crt")
+    for key, name in (("ca_file", "ca.crt"), ("cert_file", "tls.crt"), ("key_file", "tls.key")):
+        files[key] = str(d / name)
+    del scrape["kubernetes_sd_configs"]
+    scrape["static_configs"] = [{"targets": []}]
+    config_file = tmp_path / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump({"global": {"scrape_interval": "15s"},
+                                           "scrape_configs": [scrape]}))
+    proc = subprocess.run([_tool("promtool"), "check", "config", str(config_file)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -145,3 +145,21 @@ def test_client_auth_without_a_ca_is_refused_at_start(certs):
     with pytest.raises(ValueError, match="metrics_client_cafile"):
         TLS(certfile=str(certs / "server.pem"), keyfile=str(certs / "server.key"),
             client_auth_required=True).context()
+
+
+def test_watch_serves_https_from_the_config_and_names_a_bad_certificate_file(certs, tmp_path):
+    import torch
+
+    import torchvitals
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tls = dict(metrics_certfile=str(certs / "server.pem"), metrics_keyfile=str(certs / "server.key"),
+               metrics_client_cafile=str(certs / "ca.pem"), metrics_client_auth_required=True)
+    with torchvitals.watch(model, opt, metrics_port=free_ports(1), log_dir="", **tls) as agent:
+        model(torch.randn(2, 4)).sum().backward()
+        agent.step(1.0)
+        assert "torchvitals_step" in scrape(agent.metrics_url, client(certs, "client"))
+    with pytest.raises(ValueError, match="metrics_certfile"):
+        torchvitals.watch(model, opt, metrics_port=free_ports(1), log_dir="",
+                          **dict(tls, metrics_certfile=str(tmp_path / "missing.pem")))
+    assert "step" not in vars(opt), "the failed watch() left the guard installed"
