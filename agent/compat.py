@@ -199,6 +199,32 @@ def problems() -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------- DCP's .metadata
+
+from torch.distributed.checkpoint import filesystem as _dcp_filesystem  # noqa: E402
+from torch.distributed.checkpoint import metadata as _dcp_metadata  # noqa: E402
+
+DCP_METADATA_GLOBALS: dict[tuple[str, str], Any] = {
+    **{("torch.distributed.checkpoint.metadata", name): _bind(_dcp_metadata, name,
+                                                             "torch.distributed.checkpoint.metadata")
+       for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                    "ChunkStorageMetadata", "TensorProperties", "MetadataIndex", "StorageMeta",
+                    "_MEM_FORMAT_ENCODING")},
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"):
+        _bind(_dcp_filesystem, "_StorageInfo", "torch.distributed.checkpoint.filesystem"),
+    ("torch.serialization", "_get_layout"):
+        _bind(torch.serialization, "_get_layout", "torch.serialization"),
+    ("torch", "Size"): torch.Size,
+    ("collections", "OrderedDict"): __import__("collections").OrderedDict,
+    ("pathlib", "PosixPath"): __import__("pathlib").PosixPath,
+    ("pathlib", "PurePosixPath"): __import__("pathlib").PurePosixPath,
+}
+"""The only globals a DCP ``.metadata`` pickle of torch 2.13 names (plus torch's dtypes, found
+by name): everything the restricted unpickler in ``recover/trust.py`` lets it build."""
+DCP_METADATA_FILE = ".metadata"
+"""DCP's metadata file in a checkpoint folder (one writer: the coordinator)."""
+
+
 def check() -> None:
     """Raise ``CompatError`` listing every private name that does not hold (see ``problems``)."""
     found = problems()

@@ -124,6 +124,15 @@ class RecoverConfig:
     checkpoint_keep: int = 3
     """Healthy checkpoints kept on disk."""
 
+    checkpoint_key_file: str | None = None
+    """File holding the job's secret that signs the checkpoints' manifests (HMAC-SHA256); None:
+    the secret in TORCHVITALS_CHECKPOINT_KEY, else a key made once per user in
+    ~/.config/torchvitals/checkpoint.key. Every node of a job needs the same key."""
+
+    trust_unsigned_checkpoints: bool = False
+    """Load checkpoints whose manifest is unsigned or signed under another key (folders written
+    before torchvitals signed them, or another job's). Loading still unpickles nothing."""
+
     snapshot_max_bytes: int = 32 << 30
     """Host memory per rank for two staged copies of its state: the last healthy one, which
     rollbacks restore from RAM, and the one written in the background (its buffers reused by

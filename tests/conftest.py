@@ -16,6 +16,9 @@ for path in (HERE, os.path.join(ROOT, "examples")):
 # passes it explicitly.
 os.environ["TORCHVITALS_METRICS_PORT"] = "0"
 os.environ["TORCHVITALS_LOG_DIR"] = ""
+# One checkpoint key for the session (spawned ranks and supervised jobs inherit it), so tests
+# never write a key into the user's ~/.config; the tests of the default key file set HOME.
+os.environ.setdefault("TORCHVITALS_CHECKPOINT_KEY", __import__("secrets").token_hex(32))
 
 
 @pytest.fixture(autouse=True)

@@ -10,11 +10,17 @@ One checkpoint, ``<root>/step-00000120/``:
     state.json                      step, world size, scheduler state, the caller's ``extra``
     rng-rank-00000.json, ...        each rank's torch / CUDA / Python / NumPy RNG states
     data-rank-00000.json, ...       each rank's own state from the caller (a stateful loader's)
-    manifest.json                   size and SHA-256 of every other file, written last
+    plain-rank-00000.json, ...      each rank's non-tensor model/optimizer state (lr, betas, names)
+    manifest.json                   size and SHA-256 of every other file, signed, written last
 
 A save fills ``<root>/.tmp-step-00000120`` and rank 0 renames it into place only once every rank
-has succeeded, so a crash leaves at worst a ``.tmp-*`` folder that is never loaded. Nothing is
-unpickled but DCP's own ``.metadata``, and only after its SHA-256 matched the manifest.
+has succeeded, so a crash leaves at worst a ``.tmp-*`` folder that is never loaded. A load takes
+only a folder the ledger recorded (``allowed``) whose manifest verifies: every file's SHA-256,
+and the manifest's HMAC under the job's key (``recover/trust.py``). Loading unpickles nothing:
+DCP's ``.metadata`` goes through an unpickler that builds DCP's metadata classes only, tensors
+are read with ``weights_only=True``, and the non-tensor state is JSON. A folder that fails to
+load (refused, foreign shapes, a DCP error) is skipped for the one before it, with a short
+reason for each.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from ..report import json_safe
 from .durable import fsync_dir, sha256_file, write_json
 from .rng import rng_state, set_rng_state
 from .snapshot import Restored, Snapshot, live_tensors
+from .trust import (CheckpointKey, SafeReader, TensorsOnlyPlanner, UntrustedCheckpoint,
+                    merge_plain, split_plain)
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +72,23 @@ class CheckpointStore:
         keep: how many complete checkpoints to keep (the oldest are removed after a save).
         group: the process group; None is the default group (or a single process).
         clock: seconds, for ``last_save_seconds``.
+        key: signs the manifests rank 0 writes and verifies those it loads (only rank 0's is
+            used); None signs nothing and checks no signature.
+        trust_unsigned: load a folder whose manifest is unsigned or signed under another key.
+        allowed: the folder names a load may take (the ledger's); None: any committed one.
     """
 
     def __init__(self, root: str | os.PathLike, *, keep: int = 3, group: dist.ProcessGroup | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, key: CheckpointKey | None = None,
+                 trust_unsigned: bool = False,
+                 allowed: Callable[[], set[str]] | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
         self._group = group
         self._clock = clock
+        self.key, self.trust_unsigned, self._allowed = key, trust_unsigned, allowed
         self.last_save_seconds: float | None = None
         """Duration of the last successful save, every phase included."""
 
@@ -151,7 +166,11 @@ class CheckpointStore:
             write_json(tmp / STATE, state)
 
         def write_shards() -> None:
-            tensors = staged.tensors if staged is not None else live_tensors(model, optimizer)
+            tensors, plain = split_plain(staged.tensors if staged is not None
+                                         else live_tensors(model, optimizer))
+            # The non-tensor leaves as JSON: DCP would pickle them into the shards.
+            write_json(tmp / f"plain-rank-{self._rank:05d}.json",
+                       _jsonable(plain, "the model's and optimizer's non-tensor state"))
             try:
                 with _quiet_single_process():
                     dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp),
@@ -164,8 +183,11 @@ class CheckpointStore:
             if not leader:
                 return
             fsync_dir(tmp)
-            write_json(tmp / MANIFEST, {"step": step, "files": {
-                n: {"size": size, "sha256": digest} for n, (size, digest) in files.items()}})
+            manifest: dict[str, Any] = {"step": step, "files": {
+                n: {"size": size, "sha256": digest} for n, (size, digest) in files.items()}}
+            if self.key is not None:
+                manifest["signature"] = self.key.sign(manifest)
+            write_json(tmp / MANIFEST, manifest)
             fsync_dir(tmp)
             replaced = self.root / f".tmp-replaced-{name}"
             if final.exists():      # a step saved again after a rollback: the new one wins
@@ -201,15 +223,16 @@ class CheckpointStore:
 
         Args:
             model, optimizer, scheduler: as passed to ``save`` (scheduler None: not restored).
-            path: a checkpoint folder; None takes the newest that verifies, warning about each
-                newer one refused.
+            path: a checkpoint folder; None takes the newest that the ledger recorded, that
+                verifies and that loads, warning about each newer one refused.
 
         Returns:
             What was restored: the step, the folder, the caller's ``extra``, this rank's
             ``rank_state`` and the newer folders ``refused`` on the way.
 
         Raises:
-            CheckpointError: ``path`` (or, without it, every checkpoint) fails verification.
+            CheckpointError: ``path`` (or, without it, every checkpoint) is refused or fails to
+                load; a few lines naming each folder and why, and what to do.
         """
         if path is not None:
             candidates = [Path(path)]
@@ -219,30 +242,56 @@ class CheckpointStore:
         for folder in candidates:
             problem = self._verify(folder)
             if problem is None:
-                return self._restore(folder, model, optimizer, scheduler, refused)
+                try:
+                    return self._restore(folder, model, optimizer, scheduler, refused)
+                except (CheckpointError, UntrustedCheckpoint, dcp.CheckpointException,
+                        KeyError, ValueError, RuntimeError) as e:
+                    # Every rank gets here alike: DCP raises its failures on every rank.
+                    problem = f"it failed to load: {_describe(e)}"
             if path is not None:
                 raise CheckpointError(f"refusing checkpoint {folder}: {problem}")
             log.warning("refusing checkpoint %s: %s; trying the previous one", folder, problem)
             refused.append((folder, problem))
         reasons = "; ".join(f"{f.name}: {r}" for f, r in refused) or "none was saved"
-        raise CheckpointError(f"no checkpoint under {self.root} verifies ({reasons})")
+        raise CheckpointError(
+            f"no checkpoint under {self.root} verifies and loads ({reasons}).\nThe model and "
+            f"optimizer may hold a partial load: restart from a checkpoint you trust (point "
+            f"checkpoint_dir at it), or start afresh with a new checkpoint_dir")
 
     def _candidates(self) -> list[str]:
+        """Committed folders the ledger recorded, newest first (rank 0)."""
         for leftover in sorted(self.root.glob(".tmp-*")) if self.root.is_dir() else []:
             log.warning("ignoring %s: a save that never committed", leftover)
-        return [str(p) for p in reversed(self.list())]
+        allowed = self._allowed() if self._allowed is not None else None
+        found = []
+        for folder in reversed(self.list()):
+            if allowed is not None and folder.name not in allowed:
+                log.warning("ignoring %s: the ledger never recorded it (not this job's save)",
+                            folder)
+                continue
+            found.append(str(folder))
+        return found
 
     def _restore(self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any, refused: list[tuple[Path, str]]) -> Restored:
         state = json.loads((folder / STATE).read_text())
         if scheduler is not None and state["scheduler"] is None:
             raise CheckpointError(f"{folder} holds no scheduler state, but a scheduler was passed")
+        plain_file = folder / f"plain-rank-{self._rank:05d}.json"
+        if not plain_file.exists():     # a world of another size: rank 0's is the same state
+            plain_file = folder / "plain-rank-00000.json"
+        if not plain_file.exists():
+            raise CheckpointError(f"{folder} has no plain-rank-*.json: written by a torchvitals "
+                                  "that pickled the non-tensor state into DCP's shards, which "
+                                  "this one does not unpickle")
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        tensors = {"model": model_sd, "optim": optim_sd}
+        tensors, _ = split_plain({"model": model_sd, "optim": optim_sd})
         with _quiet_single_process():
-            dcp.load(tensors, storage_reader=dcp.FileSystemReader(folder), process_group=self._group,
-                     no_dist=not self._distributed)
-        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
+            dcp.load(tensors, storage_reader=SafeReader(folder), planner=TensorsOnlyPlanner(),
+                     process_group=self._group, no_dist=not self._distributed)
+        full = merge_plain(tensors, json.loads(plain_file.read_text()))
+        set_state_dict(model, optimizer, model_state_dict=full["model"],
+                       optim_state_dict=full["optim"])
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
         rng = folder / f"rng-rank-{self._rank:05d}.json"
@@ -265,7 +314,7 @@ class CheckpointStore:
 
     def _verify(self, folder: Path) -> str | None:
         """Why ``folder`` must not be loaded, or None; the same answer on every rank."""
-        listing = self._on_leader(lambda: _listing_problem(folder))
+        listing = self._on_leader(lambda: _listing_problem(folder, self.key, self.trust_unsigned))
         if isinstance(listing, str):
             return listing
         try:
@@ -341,8 +390,10 @@ class CheckpointStore:
                     log.warning("could not remove old checkpoint %s: %s", folder, e)
 
 
-def _listing_problem(folder: Path) -> str | dict[str, dict[str, Any]]:
-    """A reason to refuse ``folder`` from its names and manifest alone, or the manifest's files."""
+def _listing_problem(folder: Path, key: CheckpointKey | None = None,
+                     trust_unsigned: bool = False) -> str | dict[str, dict[str, Any]]:
+    """A reason to refuse ``folder`` from its names and its manifest alone (its signature
+    included), or the manifest's files."""
     if not _COMMITTED.fullmatch(folder.name):
         return "not a committed checkpoint folder (a .tmp-* folder is a save that never finished)"
     if not folder.is_dir():
@@ -350,9 +401,17 @@ def _listing_problem(folder: Path) -> str | dict[str, dict[str, Any]]:
     if not (folder / MANIFEST).is_file():
         return f"no {MANIFEST}: a partial checkpoint"
     try:
-        files = json.loads((folder / MANIFEST).read_text())["files"]
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["files"]
     except (ValueError, KeyError, TypeError, OSError) as e:
         return f"{MANIFEST} is unreadable or malformed ({type(e).__name__}: {e})"
+    if manifest.get("step") != _step_of(folder):
+        return (f"{MANIFEST} says step {manifest.get('step')!r}, the folder's name step "
+                f"{_step_of(folder)}: a renamed or copied folder")
+    if key is not None and (why := key.verify(manifest)) is not None and not trust_unsigned:
+        return (f"{why}; not loaded. Set the job's key (TORCHVITALS_CHECKPOINT_KEY or "
+                "checkpoint_key_file) to the one it was saved with, or, for a folder you trust, "
+                "trust_unsigned_checkpoints=True")
     if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
         return f"{MANIFEST} is malformed (no file table)"
     present = {p.name for p in folder.iterdir()} - {MANIFEST}

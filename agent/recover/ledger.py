@@ -34,6 +34,11 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 }
 
 
+def _scale_ok(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and 0 < value <= 1)
+
+
 class LedgerError(TorchvitalsError, RuntimeError):
     """The ledger file exists but cannot be trusted."""
 
@@ -119,6 +124,11 @@ class Ledger:
         """The newest ``checkpoint`` entry, or None."""
         return next((e for e in reversed(self.entries) if e["event"] == "checkpoint"), None)
 
+    def checkpoint_names(self) -> set[str]:
+        """The folder names of every checkpoint this ledger recorded: the only ones a load may
+        take (a folder it never recorded is not this job's save)."""
+        return {Path(e["path"]).name for e in self.entries if e["event"] == "checkpoint"}
+
     def is_skipped(self, index: int) -> bool:
         """Whether batch ``index`` lies in a skipped range."""
         return index in self.skipped
@@ -128,7 +138,8 @@ class Ledger:
         self._append({"event": "checkpoint", "step": step, "path": str(path)})
 
     def record_rollback(self, step: int, *, to_step: int, reason: str, lr_scale: float,
-                        skipped: tuple[int, int] | None) -> None:
+                        skipped: tuple[int, int] | None,
+                        positions: tuple[int, int, int] | None = None) -> None:
         """Every rank went back from ``step`` to the checkpoint of ``to_step``.
 
         Args:
@@ -138,16 +149,21 @@ class Ledger:
             lr_scale: the learning-rate scale from now on (the cumulative back-off).
             skipped: the batch indices ``[start, stop)`` that will never be consumed; None when
                 the loop draws its own batches (its RNGs were re-seeded instead).
+            positions: ``(checkpoint's data position, position at the rollback, margin)``, the
+                numbers ``skipped`` was made of: a restart checks the range against them.
         """
         if skipped is not None and not 0 <= skipped[0] < skipped[1]:
             raise ValueError(f"need 0 <= start < stop, got {skipped}")
-        if not (math.isfinite(lr_scale) and lr_scale > 0):
-            raise ValueError(f"need lr_scale > 0, got {lr_scale}")
+        if not (math.isfinite(lr_scale) and 0 < lr_scale <= 1):
+            raise ValueError(f"need 0 < lr_scale <= 1, got {lr_scale}")
         self.lr_scale = float(lr_scale)
         if skipped is not None:
             self.skipped.add(*skipped)
-        self._append({"event": "rollback", "step": step, "to_step": to_step, "reason": reason,
-                      "lr_scale": self.lr_scale, "skipped": list(skipped) if skipped else None})
+        entry = {"event": "rollback", "step": step, "to_step": to_step, "reason": reason,
+                 "lr_scale": self.lr_scale, "skipped": list(skipped) if skipped else None}
+        if positions is not None:
+            entry.update(from_position=positions[0], position=positions[1], margin=positions[2])
+        self._append(entry)
 
     def record_abort(self, step: int, reason: str) -> None:
         """The job gave up at ``step`` (the loop guard, or a fault recovery cannot fix)."""
@@ -166,11 +182,15 @@ class Ledger:
         replace_json(self.path, self.to_dict(), indent=1)
 
     def _check(self, document: Any) -> None:
+        """Types first, then sense: every value a restart acts on is one a run could have
+        written (a learning-rate scale in (0, 1], skips that the rollbacks made, steps that
+        the checkpoints hold)."""
         if not isinstance(document, dict) or document.get("version") != VERSION:
             raise self._corrupt(f"not a version-{VERSION} ledger document")
         scale = document.get("lr_scale")
-        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not scale > 0:
-            raise self._corrupt(f"lr_scale {scale!r} is not a positive number")
+        if not _scale_ok(scale):
+            raise self._corrupt(f"lr_scale {scale!r} is not in (0, 1]: each rollback multiplies "
+                                "it by lr_backoff <= 1, from 1")
         skipped = document.get("skipped")
         if not isinstance(skipped, list) or not all(
                 isinstance(r, list) and len(r) == 2 and all(type(i) is int for i in r) and 0 <= r[0] < r[1]
@@ -187,6 +207,44 @@ class Ledger:
             for key, types in fields.items():
                 if not isinstance(entry.get(key), types) or isinstance(entry.get(key), bool):
                     raise self._corrupt(f"entry {i} ({entry['event']}) has no valid {key!r}")
+        self._check_sense(document["entries"], skipped)
+
+    def _check_sense(self, entries: list[dict[str, Any]], skipped: list[list[int]]) -> None:
+        saved: set[int] = set()
+        made: list[list[int]] = []
+        for i, e in enumerate(entries):
+            where = f"entry {i} ({e['event']})"
+            if e["step"] < 0:
+                raise self._corrupt(f"{where}: step {e['step']} is negative")
+            if e["event"] == "checkpoint":
+                if Path(e["path"]).name != f"step-{e['step']:08d}":
+                    raise self._corrupt(f"{where}: path {e['path']!r} is not the folder of "
+                                        f"step {e['step']}")
+                saved.add(e["step"])
+            elif e["event"] == "rollback":
+                if not _scale_ok(e["lr_scale"]):
+                    raise self._corrupt(f"{where}: lr_scale {e['lr_scale']!r} is not in (0, 1]")
+                if e["to_step"] not in saved or e["to_step"] > e["step"]:
+                    raise self._corrupt(f"{where}: to_step {e['to_step']} is not a checkpoint "
+                                        f"recorded before it, at or before step {e['step']}")
+                rng = e["skipped"]
+                if rng is not None:
+                    if not (len(rng) == 2 and all(type(x) is int for x in rng)
+                            and 0 <= rng[0] < rng[1]):
+                        raise self._corrupt(f"{where}: skipped {rng!r} is not a [start, stop) "
+                                            "batch range")
+                    made.append(list(rng))
+                    parts = [e.get(k) for k in ("from_position", "position", "margin")]
+                    if all(type(x) is int for x in parts) and \
+                            rng != [parts[0], parts[1] + parts[2]]:
+                        raise self._corrupt(
+                            f"{where}: skipped {rng} is not what the rollback made of its "
+                            f"positions, [from_position {parts[0]}, position {parts[1]} + "
+                            f"margin {parts[2]})")
+        if sorted(made) != sorted(skipped):
+            raise self._corrupt(f"skipped {skipped!r} is not the ranges its rollbacks skipped "
+                                f"({sorted(made)!r}): a range no rollback made would drop "
+                                "batches without a word")
 
     def _corrupt(self, why: str) -> LedgerError:
         return LedgerError(f"ledger {self.path} is corrupt ({why}); refusing to start over from an "

@@ -48,6 +48,7 @@ from .rollback_policy import Rollback, RollbackPolicy
 from .save_policy import SavePolicy
 from .saver import Saver, SyncSaver
 from .staged import StagedSaves
+from .trust import CheckpointKey
 
 __all__ = ["ResumeRefused", "Rollback", "TrainingAborted", "Watchdog", "restarted"]
 
@@ -107,9 +108,14 @@ class Watchdog:
         """
         if config.snapshot_max_bytes:      # the background writes get their own group
             group = checkpoint_group(group)
-        store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group)
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
         ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
+        # Only global rank 0 writes and checks the manifests, so only it needs the key (and a
+        # key file missing on another node cannot fail one rank alone).
+        key = CheckpointKey.from_env(key_file=config.checkpoint_key_file) if rank0 else None
+        store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group,
+                                key=key, trust_unsigned=config.trust_unsigned_checkpoints,
+                                allowed=ledger.checkpoint_names)
         saver = (StagedSaves(store, config.snapshot_max_bytes) if config.snapshot_max_bytes
                  else SyncSaver(store))
         return cls(store=store, saver=saver, ledger=ledger,
@@ -299,8 +305,11 @@ class Watchdog:
                              position=self.data.position, replayable=self.data.used)
         if rolled.skipped is None:
             reseed(policy.rollbacks)
-        self.ledger.record_rollback(step, to_step=rolled.to_step, reason=reason,
-                                    lr_scale=rolled.lr_scale, skipped=rolled.skipped)
+        self.ledger.record_rollback(
+            step, to_step=rolled.to_step, reason=reason, lr_scale=rolled.lr_scale,
+            skipped=rolled.skipped,
+            positions=((restored.extra.get("position", 0), self.data.position,
+                        policy.skip_margin) if rolled.skipped else None))
         self.save_policy.restart_at(rolled.to_step)
         what = (f"batches {rolled.skipped[0]}..{rolled.skipped[1] - 1} skipped" if rolled.skipped
                 else "the loop's RNGs re-seeded so its random batches are not replayed")

@@ -95,7 +95,8 @@ def test_round_trip_restores_everything_and_training_continues_identically(tmp_p
     assert _same(_snapshot(model2, opt2, sched2), uninterrupted)
     assert store.last_save_seconds > 0
     manifest = json.loads((path / "manifest.json").read_text())["files"]
-    assert sorted(manifest) == [".metadata", "__0_0.distcp", "rng-rank-00000.json", "state.json"]
+    assert sorted(manifest) == [".metadata", "__0_0.distcp", "plain-rank-00000.json", "rng-rank-00000.json",
+                              "state.json"]
     assert all(len(f["sha256"]) == 64 and f["size"] > 0 for f in manifest.values())
 
 
@@ -162,7 +163,7 @@ def test_no_checkpoint_that_verifies_raises(saved):
     store, _ = saved
     for folder in store.list():
         (folder / "manifest.json").unlink()
-    with pytest.raises(CheckpointError, match="no checkpoint under .* verifies .*step-00000002: no manifest"):
+    with pytest.raises(CheckpointError, match="no checkpoint under .* verifies and loads .*step-00000002: no manifest"):
         store.load(*_setup())
     with pytest.raises(CheckpointError, match="none was saved"):
         CheckpointStore(store.root / "empty").load(*_setup())
@@ -260,7 +261,23 @@ def test_ledger_round_trip(tmp_path):
     ('{"version": 1, "lr_scale": 0.5, "skipped": [[1, 2]], "entr', "JSONDecodeError"),
     ("\x00\x01garbage", "JSONDecodeError"),
     ("[]", "not a version-1 ledger"),
-    ('{"version": 1, "lr_scale": -1, "skipped": [], "entries": []}', "lr_scale -1 is not a positive"),
+    ('{"version": 1, "lr_scale": -1, "skipped": [], "entries": []}', "lr_scale -1 is not in (0, 1]"),
+    # Sense, not only types: values a run could not have written.
+    ('{"version": 1, "lr_scale": Infinity, "skipped": [], "entries": []}', "lr_scale inf is not in (0, 1]"),
+    ('{"version": 1, "lr_scale": 1e6, "skipped": [], "entries": []}', "lr_scale 1000000.0 is not in (0, 1]"),
+    ('{"version": 1, "lr_scale": 1, "skipped": [[0, 1000000000]], "entries": []}',
+     "is not the ranges its rollbacks skipped"),
+    ('{"version": 1, "lr_scale": 1, "skipped": [], "entries": [{"event": "checkpoint", '
+     '"step": 1000000000000, "path": "ckpt/step-00000040", "time": 0}]}',
+     "entry 0 (checkpoint): path 'ckpt/step-00000040' is not the folder of step 1000000000000"),
+    ('{"version": 1, "lr_scale": 0.5, "skipped": [], "entries": [{"event": "rollback", "step": 30, '
+     '"to_step": 20, "reason": "x", "lr_scale": 0.5, "skipped": null, "time": 0}]}',
+     "entry 0 (rollback): to_step 20 is not a checkpoint recorded before it"),
+    ('{"version": 1, "lr_scale": 0.5, "skipped": [[20, 1000000000]], "entries": ['
+     '{"event": "checkpoint", "step": 20, "path": "c/step-00000020", "time": 0}, '
+     '{"event": "rollback", "step": 27, "to_step": 20, "reason": "x", "lr_scale": 0.5, '
+     '"skipped": [20, 1000000000], "from_position": 20, "position": 27, "margin": 2, "time": 1}]}',
+     "skipped [20, 1000000000] is not what the rollback made of its positions"),
     ('{"version": 1, "lr_scale": 1, "skipped": [[5, 2]], "entries": []}', "batch ranges"),
     ('{"version": 1, "lr_scale": 1, "skipped": [], "entries": [{"event": "rollback", "step": 3}]}',
      "entry 0 (rollback) has no valid 'to_step'"),
