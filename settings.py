@@ -58,6 +58,56 @@ def settings(cls: type, environ: Mapping[str, str] | None, overrides: Mapping[st
     return values
 
 
+def check_types(instance: Any, names: Mapping[str, str] | None = None) -> None:
+    """Raise ``ConfigTypeError`` for the first field of the dataclass ``instance`` whose value
+    is not of its annotated type (``int`` takes no bool or float, ``float`` takes an int, must be
+    finite; ``X | None`` takes None); ``names`` maps a field to the name users know it by."""
+    import math
+    import typing
+
+    from .errors import ConfigTypeError
+    hints = typing.get_type_hints(type(instance))
+    for f in dataclasses.fields(instance):
+        value, hint = getattr(instance, f.name), hints[f.name]
+        allowed = _allowed(hint, value)
+        if allowed is not None:
+            raise ConfigTypeError((names or {}).get(f.name, f.name), value, allowed)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigTypeError((names or {}).get(f.name, f.name), value, "must be finite")
+
+
+def _allowed(hint: Any, value: Any) -> str | None:
+    """None when ``value`` fits ``hint``, else what the hint allows, for the message."""
+    import collections.abc
+    import types
+    import typing
+    options = (typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType)
+               else (hint,))
+    for option in options:
+        origin = typing.get_origin(option) or option
+        if option is type(None) and value is None:
+            return None
+        if origin is bool and isinstance(value, bool):
+            return None
+        if origin is int and isinstance(value, int) and not isinstance(value, bool):
+            return None
+        if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return None
+        if origin is str and isinstance(value, str):
+            return None
+        if origin in (list, collections.abc.Sequence) and isinstance(value, (list, tuple)):
+            return None
+        if origin in (dict, collections.abc.Mapping) and isinstance(value, collections.abc.Mapping):
+            return None
+        if origin is typing.Any:
+            return None
+    names = []
+    for option in options:
+        origin = typing.get_origin(option) or option
+        names.append("None" if option is type(None) else getattr(origin, "__name__", str(origin)))
+    return "must be " + " or ".join(names)
+
+
 def _parse(text: str, f: dataclasses.Field, key: str) -> Any:
     """Turn an environment string into the field's type, with an error naming the variable."""
     kind = str(f.type)

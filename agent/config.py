@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..protocol import ABORT_EXIT_CODE, ENV_PREFIX
-from ..settings import settings
+from ..errors import ConfigError
+from ..settings import check_types, settings
 from .detect.thresholds import Thresholds
 
 
@@ -67,14 +68,14 @@ class MeasureConfig:
     measured norms (no second pass). The report keeps the norms from before clipping."""
 
     def __post_init__(self) -> None:
-        if self.sample_every < 1:
-            raise ValueError(f"sample_every must be >= 1, got {self.sample_every}")
-        if not 0.0 < self.saturation_level:
-            raise ValueError(f"saturation_level must be > 0, got {self.saturation_level}")
-        if self.update_ratio_max_bytes < 0:
-            raise ValueError(f"update_ratio_max_bytes must be >= 0, got {self.update_ratio_max_bytes}")
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            raise ValueError(f"clip_grad_norm must be > 0 or None, got {self.clip_grad_norm}")
+        _check(self, "measure")
+        _need(self.sample_every >= 1, "sample_every", self.sample_every, "an integer >= 1")
+        _need(self.saturation_level > 0, "saturation_level", self.saturation_level,
+              "a number > 0 (|x| at or above it counts as saturated)")
+        _need(self.update_ratio_max_bytes >= 0, "update_ratio_max_bytes",
+              self.update_ratio_max_bytes, "an integer >= 0")
+        _need(self.clip_grad_norm is None or self.clip_grad_norm > 0, "clip_grad_norm",
+              self.clip_grad_norm, "a number > 0, or None")
 
 
 @dataclass(kw_only=True, eq=False)
@@ -88,6 +89,7 @@ class DetectConfig(Mapping):
     (``TORCHVITALS_DETECT``)."""
 
     def __post_init__(self) -> None:
+        _check(self, "detect")
         Thresholds.from_overrides(self.thresholds)  # an unknown threshold fails at watch(), not later
 
     def __getitem__(self, name: str) -> Any:
@@ -163,16 +165,25 @@ class RecoverConfig:
     TORCHVITALS_HEARTBEAT_DIR for the job); None writes none."""
 
     def __post_init__(self) -> None:
-        if self.checkpoint_every < 1 or self.checkpoint_keep < 1 or self.healthy_window < 0:
-            raise ValueError("checkpoint_every and checkpoint_keep must be >= 1, healthy_window >= 0")
-        if self.resume not in ("restart", "auto", "never"):
-            raise ValueError(f"resume must be 'restart', 'auto' or 'never', got {self.resume!r}")
-        if not 0.0 < self.lr_backoff <= 1.0:
-            raise ValueError(f"lr_backoff must be in (0, 1], got {self.lr_backoff}")
-        if self.skip_margin < 0 or self.max_rollbacks < 0 or self.rollback_window < 1:
-            raise ValueError("skip_margin and max_rollbacks must be >= 0, rollback_window >= 1")
-        if self.snapshot_max_bytes < 0:
-            raise ValueError(f"snapshot_max_bytes must be >= 0, got {self.snapshot_max_bytes}")
+        _check(self, "recover")
+        _need(self.checkpoint_dir is None or self.checkpoint_dir.strip() != "", "checkpoint_dir",
+              self.checkpoint_dir, "a folder, or None for no watchdog")
+        _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every,
+              "an integer >= 1 (steps between healthy checkpoints)")
+        _need(self.checkpoint_keep >= 1, "checkpoint_keep", self.checkpoint_keep,
+              "an integer >= 1 (checkpoints kept on disk)")
+        _need(self.healthy_window >= 0, "healthy_window", self.healthy_window, "an integer >= 0")
+        _need(self.resume in ("restart", "auto", "never"), "resume", self.resume,
+              "one of 'restart', 'auto', 'never'")
+        _need(0.0 < self.lr_backoff <= 1.0, "lr_backoff", self.lr_backoff, "a number in (0, 1]")
+        _need(self.skip_margin >= 0, "skip_margin", self.skip_margin, "an integer >= 0")
+        _need(self.max_rollbacks >= 0, "max_rollbacks", self.max_rollbacks, "an integer >= 0")
+        _need(self.rollback_window >= 1, "rollback_window", self.rollback_window,
+              "an integer >= 1")
+        _need(1 <= self.abort_exit_code <= 255, "abort_exit_code", self.abort_exit_code,
+              "an exit status in 1..255")
+        _need(self.snapshot_max_bytes >= 0, "snapshot_max_bytes", self.snapshot_max_bytes,
+              "an integer >= 0 (0: synchronous saves)")
 
 
 @dataclass(kw_only=True)
@@ -219,23 +230,22 @@ class OutputsConfig:
     plain lines (one every ``sample_every`` steps, one per verdict or rollback) otherwise."""
 
     def __post_init__(self) -> None:
-        if self.log_every < 1:
-            raise ValueError(f"log_every must be >= 1, got {self.log_every}")
-        if not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
-        if (self.metrics_keyfile or self.metrics_client_cafile
-                or self.metrics_client_auth_required) and not self.metrics_certfile:
-            raise ValueError("metrics_keyfile, metrics_client_cafile and "
-                             "metrics_client_auth_required need metrics_certfile (HTTPS)")
-        if self.metrics_client_auth_required and not self.metrics_client_cafile:
-            raise ValueError("metrics_client_auth_required needs metrics_client_cafile: the CA "
-                             "whose client certificates are accepted")
-        if self.metrics_max_connections < 1:
-            raise ValueError(f"metrics_max_connections must be >= 1, got "
-                             f"{self.metrics_max_connections}")
-        if not self.metrics_idle_timeout_s > 0:
-            raise ValueError(f"metrics_idle_timeout_s must be > 0, got "
-                             f"{self.metrics_idle_timeout_s}")
+        _check(self, "outputs")
+        _need(self.log_every >= 1, "log_every", self.log_every, "an integer >= 1")
+        _need(0 <= self.metrics_port <= 65535, "metrics_port", self.metrics_port,
+              "a port in 0..65535 (0 turns /metrics off)")
+        _need(self.metrics_host.strip() != "", "metrics_host", self.metrics_host,
+              "an address or host name to bind")
+        for name in ("metrics_keyfile", "metrics_client_cafile", "metrics_client_auth_required"):
+            _need(not getattr(self, name) or bool(self.metrics_certfile), name,
+                  getattr(self, name), "needs metrics_certfile (HTTPS) as well")
+        _need(not self.metrics_client_auth_required or bool(self.metrics_client_cafile),
+              "metrics_client_auth_required", True,
+              "needs metrics_client_cafile: the CA whose client certificates are accepted")
+        _need(self.metrics_max_connections >= 1, "metrics_max_connections",
+              self.metrics_max_connections, "an integer >= 1")
+        _need(self.metrics_idle_timeout_s > 0, "metrics_idle_timeout_s",
+              self.metrics_idle_timeout_s, "seconds > 0")
 
 
 @dataclass(kw_only=True)
@@ -254,8 +264,21 @@ class CollectorLink:
     """Seconds between polls of the collector."""
 
     def __post_init__(self) -> None:
-        if not self.poll_seconds > 0:
-            raise ValueError(f"collector_poll_seconds must be > 0, got {self.poll_seconds}")
+        _check(self, "collector")
+        _need(self.poll_seconds > 0, "collector_poll_seconds", self.poll_seconds, "seconds > 0")
+        _need(self.url is None or self.url.startswith(("http://", "https://")), "collector_url",
+              self.url, "an http:// or https:// URL, or None")
+
+
+def _need(ok: bool, field: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(field, value, allowed)
+
+
+def _check(section: Any, name: str) -> None:
+    """The section's values against their types, named by their flat names."""
+    check_types(section, {f.name: _RENAMED.get((name, f.name), f.name)
+                          for f in dataclasses.fields(section)})
 
 
 SECTIONS: dict[str, type] = {"measure": MeasureConfig, "detect": DetectConfig,
@@ -341,7 +364,14 @@ class Config:
                           "torchvitals", fields=flat_fields())
         values = {name: value for name, value in values.items()
                   if name in flat or FLAT[name][0] not in sections}
-        return cls(**sections, **values)
+        try:
+            return cls(**sections, **values)
+        except ConfigError as e:
+            root = e.field.split(".")[0]        # detect.loss_spike_mads came from detect
+            env = ENV_PREFIX + root.upper()
+            from_env = root not in flat and root in values
+            raise e.from_source(f"the environment variable {env}" if from_env
+                                else "an argument") from None
 
 
 def flat_fields() -> dict[str, dataclasses.Field]:

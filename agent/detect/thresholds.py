@@ -12,6 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...errors import ConfigError, ConfigTypeError
+from ...settings import check_types
+
 @dataclass(kw_only=True)
 class Thresholds:
     """Detection thresholds (``watch(..., detect={...})`` or ``TORCHVITALS_DETECT='{...}'``).
@@ -112,9 +115,35 @@ class Thresholds:
 
     @classmethod
     def from_overrides(cls, overrides: Mapping[str, Any] | None) -> "Thresholds":
+        """The defaults with ``overrides`` (``watch(detect=...)``) on top, each checked.
+
+        Raises:
+            ConfigTypeError: an unknown name, or a value of the wrong type (also a TypeError).
+            ConfigError: a value out of its range (also a ValueError).
+        """
         overrides = dict(overrides or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(overrides) - known
         if unknown:
-            raise TypeError(f"unknown detection threshold(s) {sorted(unknown)}; known: {sorted(known)}")
+            raise ConfigTypeError("detect", overrides, f"unknown detection threshold(s) "
+                                  f"{sorted(unknown)}; known: {sorted(known)}")
         return cls(**overrides)
+
+    def __post_init__(self) -> None:
+        check_types(self, {f.name: f"detect.{f.name}" for f in dataclasses.fields(self)})
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _AT_LEAST_ZERO:
+                ok, allowed = value >= 0, "an integer >= 0"
+            elif f.type in ("int", int):
+                ok, allowed = value >= 1, "an integer >= 1"
+            elif f.name in _FRACTIONS:
+                ok, allowed = 0 < value <= 1, "a fraction in (0, 1]"
+            else:
+                ok, allowed = value > 0, "a number > 0"
+            if not ok:
+                raise ConfigError(f"detect.{f.name}", value, allowed)
+
+
+_AT_LEAST_ZERO = {"warmup_steps"}
+_FRACTIONS = {"saturation_fraction", "dead_relu_fraction", "data_stall_ratio", "loss_spike_floor"}

@@ -11,6 +11,7 @@ rank, so one copy keeps the cardinality at blocks x metrics instead of ranks x b
 from __future__ import annotations
 
 import errno
+import socket
 import threading
 from typing import Iterator
 
@@ -19,7 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ...errors import TorchvitalsError
+from ...errors import ConfigError, TorchvitalsError
 from ...protocol import ENV_PREFIX
 from ..detect.verdict import PATTERNS
 from ..measure.host import process_vitals
@@ -79,6 +80,13 @@ class Exporter:
         """The rendered exposition (a scrape reads it; it is rendered once per step at most)."""
         if port == 0:
             return
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            self.registry.unregister(self._collector)
+            raise ConfigError("metrics_host", host, f"an address or host name that resolves "
+                              f"here ({exc.strerror or exc}); 127.0.0.1 serves this host only, "
+                              f"0.0.0.0 every interface") from None
         try:
             self._server = MetricsServer(self.cache, host, port, tls=tls,
                                          max_connections=max_connections,

@@ -104,6 +104,27 @@ class CheckpointStore:
     def _world(self) -> int:
         return dist.get_world_size(self._group) if self._distributed else 1
 
+    def probe(self) -> None:
+        """Create the folder and write (then remove) one file in it from every rank, so an
+        unusable folder (a file, read-only, another node's mount missing) fails now, on every
+        rank alike, not at the first save hours later; collective.
+
+        Raises:
+            CheckpointError: on every rank, naming the folder and what failed where.
+        """
+        def touch() -> None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".probe-rank-{self._rank:05d}-{os.getpid()}"
+            with open(probe, "w") as f:
+                f.write("torchvitals checks that it can write here\n")
+                f.flush()
+                os.fsync(f.fileno())
+            probe.unlink()
+
+        if errors := _failures(self._gather(touch)):
+            raise CheckpointError(f"checkpoint_dir {self.root} is not a folder every rank can "
+                                  f"write: {errors}")
+
     def list(self) -> list[Path]:
         """Committed checkpoint folders, oldest first (not verified: ``load`` verifies)."""
         if not self.root.is_dir():

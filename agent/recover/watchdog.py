@@ -116,6 +116,7 @@ class Watchdog:
         store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group,
                                 key=key, trust_unsigned=config.trust_unsigned_checkpoints,
                                 allowed=ledger.checkpoint_names)
+        store.probe()
         saver = (StagedSaves(store, config.snapshot_max_bytes) if config.snapshot_max_bytes
                  else SyncSaver(store))
         return cls(store=store, saver=saver, ledger=ledger,
