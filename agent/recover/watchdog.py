@@ -25,13 +25,14 @@ import torch
 import torch.distributed as dist
 
 from ...errors import TorchvitalsError
-from ...protocol import ATTEMPT_ENV, CHECKPOINT, LEDGER_FILE, TRAIN
+from ...protocol import ATTEMPT_ENV, CHECKPOINT, LEDGER_FILE, REFUSED, TRAIN
 from ..config import Config
 from ..detect.verdict import CRITICAL, PROCESS_PATTERNS, WARNING, Verdict
 from ..report import Report, json_safe
 from .async_save import CLOSE_TIMEOUT_S, Outcome, checkpoint_group
 from .batches import SkipAwareBatches
 from .checkpoint import CheckpointError, CheckpointStore
+from .jobid import job_identity, resume_decision
 from .ledger import Ledger
 from .staged import StagedSaves
 from .rng import reseed
@@ -94,13 +95,23 @@ class Watchdog:
         """At start: continue the run the folder holds, as ``Config.resume`` allows.
 
         Raises:
-            ResumeRefused: the folder holds checkpoints and ``resume`` says not to continue them.
+            ResumeRefused: the folder holds checkpoints and ``resume`` says not to continue them,
+                or (unless ``resume="auto"``) its ledger names another job; the heartbeat says
+                "refused" first, so the supervisor never retries it.
         """
+        # Job identity (jobid.py): the job that wrote the folder continues it after any restart.
+        job, previous = job_identity(), self.ledger.job_id
+        self.ledger.job_id = job or previous
         latest = self.store.latest()
         if latest is None:
             return None
         mode = self.config.resume
-        if mode == "never" or (mode == "restart" and not restarted()):
+        decision = resume_decision(previous, job, folder=f"checkpoint_dir {self.config.checkpoint_dir}")
+        if decision.refuse and mode != "auto":
+            self.on_phase(REFUSED)
+            raise ResumeRefused(decision.message)
+        if mode == "never" or (mode == "restart" and not (decision.same_job or restarted())):
+            self.on_phase(REFUSED)
             raise ResumeRefused(
                 f"checkpoint_dir {self.config.checkpoint_dir} already holds a run (latest "
                 f"{latest.name}, learning-rate scale {self.ledger.lr_scale:g}, "
