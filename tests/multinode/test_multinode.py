@@ -1,0 +1,167 @@
+"""One job on two simulated nodes (two torchrun agents on loopback, a supervisor per node, a real
+etcd, gloo, one shared checkpoint folder): restarts agreed across the nodes, a lost node named,
+one job identity. Every scenario ends with no process of it left.
+
+    python -m pytest tests/multinode/test_multinode.py
+
+Each test prints its time to recovery or to the stop (``-s`` shows them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from cluster import Cluster, Etcd
+from torchvitals import protocol
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    with Etcd(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+@pytest.fixture
+def cluster(tmp_path, etcd, request):
+    made: list[Cluster] = []
+
+    def make(job: str | None = None, **kwargs) -> Cluster:
+        made.append(Cluster(tmp_path, etcd.url, job or f"{request.node.name[:40]}-{os.getpid()}",
+                            **kwargs))
+        return made[-1]
+
+    yield make
+    for c in made:
+        left = c.processes()
+        c.stop_all()
+        assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
+
+
+def wait_until(predicate, timeout: float, poll: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def test_a_new_job_in_a_finished_jobs_folder_is_refused_once_and_never_retried(cluster):
+    first = cluster("job-a", job_args=["--steps", "6"])
+    first.start()
+    assert first.wait() == {0: 0, 1: 0}, first.log(0)[-3000:] + first.log(1)[-3000:]
+    second = cluster("job-b", job_args=["--steps", "6"])
+    started = time.monotonic()
+    second.start()
+    status = second.wait()
+    took = time.monotonic() - started
+    assert status == {0: protocol.REFUSED_EXIT_CODE, 1: protocol.REFUSED_EXIT_CODE}, \
+        second.log(0)[-3000:]
+    log = second.log(0) + second.log(1)
+    assert "belongs to job 'job-a', not to this job 'job-b'" in log
+    assert "refused to resume" in log
+    # Once: no second attempt on either node, and the old run was not continued.
+    assert second.attempts(0) == second.attempts(1) == ["attempt-0001"]
+    assert [r["step"] for r in second.records("finished")] == [6, 6]
+    print(f"\nrefused: both nodes stopped {took:.1f} s after the start, exit 78")
+
+
+def test_a_killed_rank_restarts_both_nodes_together_and_both_resume_at_the_same_step(cluster):
+    job = cluster(job_args=["--fault", "kill", "--fault-rank", "1", "--fault-step", "12"])
+    job.start()
+    assert job.wait() == {0: 0, 1: 0}, job.log(0)[-3000:] + job.log(1)[-3000:]
+    killed = (job.ckpt / "fault-kill-done").stat().st_mtime
+    # One restart of the whole job: attempt 2 on both nodes, none more.
+    assert job.attempts(0) == job.attempts(1) == ["attempt-0001", "attempt-0002"]
+    resumed = [r for r in job.records("resumed") if r["attempt"] == 2]
+    assert sorted(r["rank"] for r in resumed) == [0, 1]
+    assert {r["step"] for r in resumed} == {10}
+    assert [r["step"] for r in job.records("finished")] == [20, 20]
+    recovery = max(r["time"] for r in resumed) - killed
+    print(f"\nrank SIGKILLed: both nodes resumed at step 10 {recovery:.1f} s after the kill")
+
+
+def test_a_killed_supervisor_stops_its_job_and_the_other_node_names_the_lost_node(cluster):
+    job = cluster(job_args=["--steps", "400"])
+    job.start()
+    wait_until(lambda: (job.last_healthy() or 0) >= 10, 120)
+    wait_until(lambda: len(job.processes(1)) >= 3, 10)   # supervisor, torchrun, its rank
+    job.procs[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    # Its launcher dies with it (parent-death signal), and the rank with the launcher.
+    wait_until(lambda: not job.processes(1), 30)
+    orphaned_for = time.monotonic() - killed
+    status = job.procs[0].wait(60)
+    stopped = time.monotonic() - killed
+    assert status == protocol.NODE_LOST_EXIT_CODE, job.log(0)[-3000:]
+    log = job.log(0)
+    assert "node 1 (host " in log and " lost at step " in log, log[-3000:]
+    assert "no node took its place within 10 s" in log
+    # The bound: the lease (3 s) + the wait for a replacement (10 s) + the stop (grace 3 s).
+    assert stopped < 3 + 10 + 3 + 5, stopped
+    print(f"\nsupervisor SIGKILLed: its job gone after {orphaned_for:.1f} s; the other node "
+          f"exited 79 {stopped:.1f} s after the kill")
+
+
+def test_a_replaced_node_joins_and_the_job_resumes_without_an_extra_restart(cluster):
+    job = cluster(job_args=["--steps", "30"])
+    job.start()
+    wait_until(lambda: (job.last_healthy() or 0) >= 10, 120)
+    job.procs[1].send_signal(signal.SIGKILL)
+    job.procs[1].wait(10)
+    wait_until(lambda: not job.processes(1), 30)
+    replaced = time.time()
+    job.start(1)                                    # a fresh pod: a new supervisor, node 1
+    assert job.wait() == {0: 0, 1: 0}, job.log(0)[-3000:] + job.log(1)[-3000:]
+    assert job.attempts(0) == ["attempt-0001", "attempt-0002"]
+    assert job.attempts(1) == ["attempt-0001", "attempt-0002"]   # the old one's, the new one's
+    resumed = [r for r in job.records("resumed") if r["attempt"] == 2]
+    assert sorted(r["rank"] for r in resumed) == [0, 1] and len({r["step"] for r in resumed}) == 1
+    assert [r["step"] for r in job.records("finished")] == [30, 30]
+    recovery = max(r["time"] for r in resumed) - replaced
+    print(f"\nreplaced node: the job resumed at step {resumed[0]['step']} {recovery:.1f} s after "
+          "the new supervisor started")
+
+
+@pytest.mark.parametrize("others_pause", [0.0, 5.0], ids=["peer-fails-too", "membership-change"])
+def test_torchrun_elastic_restarts_under_the_supervisors_finish_the_job(cluster, others_pause):
+    job = cluster(torchrun=["--max-restarts", "2"],
+                  job_args=["--fault", "kill", "--fault-rank", "1", "--fault-step", "12",
+                            "--others-pause", str(others_pause)])
+    job.start()
+    assert job.wait() == {0: 0, 1: 0}, job.log(0)[-3000:] + job.log(1)[-3000:]
+    killed = (job.ckpt / "fault-kill-done").stat().st_mtime
+    # torchrun restarted the workers itself: one supervisor attempt per node.
+    assert job.attempts(0) == job.attempts(1) == ["attempt-0001"]
+    resumed = [r for r in job.records("resumed") if r["step"] is not None]
+    assert sorted(r["rank"] for r in resumed) == [0, 1] and {r["step"] for r in resumed} == {10}
+    if others_pause:
+        # Rank 0 waited outside any collective: its agent restarted it for the other node's
+        # rendezvous, a membership change torch does not count (TORCHELASTIC_RESTART_COUNT 0);
+        # the job id continues the folder where the restart counter refused it.
+        assert sorted(r["elastic_restart"] for r in resumed) == [0, 1]
+    else:
+        # Gloo saw the peer go first: both agents count a failure of their own.
+        assert max(r["elastic_restart"] for r in resumed) == 1
+    assert [r["step"] for r in job.records("finished")] == [20, 20]
+    print(f"\ntorchrun elastic restart ({others_pause=}): both ranks resumed at step 10 "
+          f"{max(r['time'] for r in resumed) - killed:.1f} s after the kill")
+
+
+def test_a_stopped_rank_is_a_hang_and_both_nodes_restart_together(cluster):
+    job = cluster(job_args=["--fault", "stop", "--fault-rank", "1", "--fault-step", "12"])
+    job.start()
+    assert job.wait() == {0: 0, 1: 0}, job.log(0)[-3000:] + job.log(1)[-3000:]
+    stopped = (job.ckpt / "fault-stop-done").stat().st_mtime
+    assert job.attempts(0) == job.attempts(1) == ["attempt-0001", "attempt-0002"]
+    resumed = [r for r in job.records("resumed") if r["attempt"] == 2]
+    assert sorted(r["rank"] for r in resumed) == [0, 1] and {r["step"] for r in resumed} == {10}
+    print(f"\nrank SIGSTOPped: both nodes resumed at step 10 "
+          f"{max(r['time'] for r in resumed) - stopped:.1f} s after the stop")
