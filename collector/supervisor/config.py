@@ -19,6 +19,27 @@ from ...settings import add_flags, settings
 SUPERVISOR_ENV_PREFIX = ENV_PREFIX + "SUPERVISOR_"
 """``TORCHVITALS_SUPERVISOR_<FIELD>``: the variable of each ``SupervisorConfig`` field."""
 
+NODE_RANK_ENVS = ("SLURM_NODEID", "PET_NODE_RANK")
+"""Where a scheduler says which node this is: Slurm, Kubeflow's training operator."""
+
+
+def node_rank(config: "SupervisorConfig", environ: Mapping[str, str]) -> int:
+    """This node's rank: the config's, else the scheduler's (``NODE_RANK_ENVS``), else 0.
+
+    Raises:
+        ValueError: the scheduler's is not a rank of ``config.nnodes`` nodes.
+    """
+    if config.node_rank is not None:
+        return config.node_rank
+    for name in NODE_RANK_ENVS:
+        value = environ.get(name, "").strip()
+        if value:
+            rank = int(value) if value.isdigit() else -1
+            if not 0 <= rank < config.nnodes:
+                raise ValueError(f"{name}={value!r} is not a node rank of nnodes={config.nnodes}")
+            return rank
+    return 0
+
 
 @dataclass(kw_only=True)
 class SupervisorConfig:
@@ -78,8 +99,9 @@ class SupervisorConfig:
     nnodes: int = 1
     """Nodes of the job, one supervisor each (more than 1 needs ``store_url``)."""
 
-    node_rank: int = 0
-    """This node's rank among the job's nodes (0 .. nnodes-1; Slurm: ``$SLURM_NODEID``)."""
+    node_rank: int | None = None
+    """This node's rank among the job's nodes (0 .. nnodes-1). None: the scheduler's
+    (``SLURM_NODEID``, or ``PET_NODE_RANK`` of Kubeflow's training operator), else 0."""
 
     node_ttl_s: float = 30.0
     """Seconds a node's supervisor may stay silent in the store before the others report the
@@ -122,7 +144,7 @@ class SupervisorConfig:
             raise ValueError("need max_restarts >= 0 and no_progress_restarts >= 1")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
-        if not 0 <= self.node_rank < self.nnodes:
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"need 0 <= node_rank < nnodes, got {self.node_rank}, {self.nnodes}")
         if self.nnodes > 1 and not self.store_url:
             raise ValueError(f"nnodes={self.nnodes} needs store_url: the nodes' supervisors agree "

@@ -1,10 +1,10 @@
 """The supervisors of one job's nodes, agreeing on its attempts through the job's store.
 
-    peers = StorePeers(EtcdStore(url), job_id="4711", nnodes=2, node_rank=1, config=config)
-    attempt = peers.join()                    # the job's current attempt
-    go = peers.wait_for_peers(attempt)        # every node ready for it (or the job's end)
-    order = peers.watch(attempt, step)        # each poll: a restart elsewhere, a lost node, the end
-    peers.restart(record, reason)             # a restart here is a restart of the job everywhere
+    peers = StorePeers(EtcdStore(url), "4711", config, metrics)   # config: nnodes, node_rank...
+    record = peers.join()                     # the job's current attempt
+    go = peers.wait_for_peers(record.number)  # every node ready for it (or the job's end)
+    order = peers.watch(go.attempt, step)     # each poll: a restart elsewhere, a lost node, the end
+    peers.restart(next_record)                # a restart here is a restart of the job everywhere
 
 One node, no store: ``SoloPeers`` (nothing to agree on). Several: each node's supervisor keeps
 ``<job>/nodes/<rank>`` alive under a lease of ``node_ttl_s`` (host, pid, attempt, state, step);

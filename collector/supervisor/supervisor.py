@@ -28,7 +28,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -36,7 +36,7 @@ from ...agent.recover.jobid import job_identity, launcher_job_id
 from ...agent.recover.ledger import Ledger, LedgerError
 from ...protocol import (ATTEMPT_ENV, HEARTBEAT_DIR_ENV, HEARTBEAT_GLOB, JOB_ID_ENV, LEDGER_FILE,
                          Beat, read_heartbeats)
-from .config import SupervisorConfig
+from .config import SupervisorConfig, node_rank
 from .etcd import EtcdStore, StoreError
 from .metrics import SupervisorMetrics
 from .peers import JobAttempt, Order, Peers, SoloPeers, StorePeers
@@ -131,6 +131,7 @@ class Supervisor:
         self._clock, self._sleep = clock, sleep
         self._environ = dict(os.environ if environ is None else environ)
         self.job_id = _job_id(config, self._environ, self.command)
+        config = self.config = replace(config, node_rank=node_rank(config, self._environ))
         # Every attempt, on every node, is the same job: the ledger continues it after any
         # restart and refuses it to another job (torchvitals.agent.recover.jobid).
         self._environ[JOB_ID_ENV] = self.job_id
@@ -169,20 +170,13 @@ class Supervisor:
             reason, status, order = self._run_attempt(folder)
             if order is not None:
                 if order.final is not None:
-                    log.error("torchvitals supervise: the job ended on another node's word: %s",
-                              order.reason)
                     return order.final
                 if order.lost:
-                    log.error("torchvitals supervise: %s; stopped this node's launcher, waiting "
-                              "up to %g s for a replacement", order.reason,
-                              self.config.peer_timeout_s)
                     self.metrics.restarts.labels("lost").inc()
                     record = self.peers.restart(JobAttempt(
                         number=self.attempt + 1, restarts=record.restarts + 1, best=record.best,
                         stalled=record.stalled, reason=order.reason))
                 else:
-                    log.warning("torchvitals supervise: the job restarts into attempt %d (%s)",
-                                order.attempt, order.reason)
                     self.metrics.restarts.labels("peer").inc()
                     record = self.peers.current()
                 continue
@@ -271,6 +265,16 @@ class Supervisor:
             order = self.peers.watch(self.attempt, 0 if hang.beat is None else hang.beat.step)
             if order is not None:
                 ended = time.time()
+                if order.final is not None:
+                    log.error("torchvitals supervise: the job ends on another node's word (%s); "
+                              "stopping this node's launcher", order.reason)
+                elif order.lost:
+                    log.error("torchvitals supervise: %s; stopping this node's launcher and "
+                              "waiting up to %g s for a node to take its place", order.reason,
+                              self.config.peer_timeout_s)
+                else:
+                    log.warning("torchvitals supervise: the job restarts into attempt %d (%s); "
+                                "stopping this node's launcher", order.attempt, order.reason)
                 status = stop_group(proc, self.config.grace_s, _pids(folder))
                 self.history.append(Attempt(self.attempt, started, ended, "peer", status))
                 return "peer", status, order

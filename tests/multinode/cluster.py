@@ -81,17 +81,20 @@ class Cluster:
 
     Args:
         supervise: extra ``torchvitals supervise`` flags.
+        metrics_port: node 0's supervisor's /metrics port (0: none).
         torchrun: extra torchrun flags.
         job_args: extra flags of ``node_job.py``.
     """
 
     def __init__(self, tmp_path: Path, store_url: str, job: str, *, supervise=(),
-                 torchrun=(), job_args=()) -> None:
+                 torchrun=(), job_args=(), metrics_port: int = 0) -> None:
         self.tmp, self.store_url, self.job = tmp_path, store_url, job
         self.rdzv = free_port()
         self.tag = uuid.uuid4().hex
         self.ckpt, self.out = tmp_path / "ckpt", tmp_path / "out.jsonl"
         self.supervise, self.torchrun, self.job_args = list(supervise), list(torchrun), list(job_args)
+        self.metrics_port = metrics_port
+        """Node 0's supervisor serves /metrics here (0: not)."""
         self.procs: dict[int, subprocess.Popen] = {}
         self.runs = 0
 
@@ -101,7 +104,8 @@ class Cluster:
                 "--heartbeat-root", str(self.tmp / "hb" / f"node{node}"),
                 "--node-ttl-s", "3", "--peer-timeout-s", "10", "--store-poll-s", "0.2",
                 "--poll-s", "0.1", "--grace-s", "3", "--backoff-s", "0.1",
-                "--hang-timeout-s", "8", "--startup-timeout-s", "90", *self.supervise, "--",
+                "--hang-timeout-s", "8", "--startup-timeout-s", "90",
+                "--metrics-port", str(self.metrics_port if node == 0 else 0), *self.supervise, "--",
                 sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                 "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"127.0.0.1:{self.rdzv}", "--rdzv-id", self.job,
