@@ -170,6 +170,7 @@ class StorePeers:
         self._lease = 0
         self._record = JobAttempt()
         self._last_watch = -float("inf")
+        self._store_down = False
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
 
@@ -241,7 +242,7 @@ class StorePeers:
                 try:
                     order = self._barrier_poll(attempt, deadline, reported)
                 except StoreError as exc:    # a blink of the store; the deadline still holds
-                    log.warning("torchvitals supervise: %s", exc)
+                    self._store_failed(exc)
                     order = None
                 if order is not None and order.attempt is not None and order.attempt != attempt \
                         and not order.final:
@@ -289,7 +290,7 @@ class StorePeers:
 
     def started(self, attempt: int) -> None:
         """This node's launcher runs ``attempt``."""
-        self._publish(replace(self.me, attempt=attempt, state=RUNNING, step=0))
+        self._quietly(self._publish, replace(self.me, attempt=attempt, state=RUNNING, step=0))
 
     def watch(self, attempt: int, step: int) -> Order | None:
         """While ``attempt`` runs (called every poll; asks the store every ``store_poll_s``):
@@ -314,8 +315,9 @@ class StorePeers:
             nodes = self._nodes()
         except StoreError as exc:
             # A store that blinks is not a lost job; a node lost for long shows as lost leases.
-            log.warning("torchvitals supervise: %s", exc)
+            self._store_failed(exc)
             return None
+        self._store_down = False
         # A key present is a node alive (or done); one that rejoined under a new supervisor
         # makes a new attempt itself (``join``), which the record shows at the next poll.
         lost = tuple(self._seen.get(n, NodeState(n, "?", 0, attempt, WAITING))
@@ -331,15 +333,19 @@ class StorePeers:
         Returns:
             The exit status every node ends with.
         """
-        self.store.create(self._key("final"), json.dumps(
-            {"code": code, "reason": reason, "node": self.me.node,
-             "attempt": self.current().number}))
-        final = self._final()
+        try:
+            self.store.create(self._key("final"), json.dumps(
+                {"code": code, "reason": reason, "node": self.me.node,
+                 "attempt": self.current().number}))
+            final = self._final()
+        except StoreError as exc:       # the others find this node lost; its own code stands
+            log.error("torchvitals supervise: cannot tell the other nodes the job ends: %s", exc)
+            return code
         return code if final is None else final[0]
 
     def done(self) -> None:
         """This node's launcher exited 0: say so for good (a node that is done is not lost)."""
-        self._publish(replace(self.me, state=DONE), lease=False)
+        self._quietly(self._publish, replace(self.me, state=DONE), lease=False)
 
     def close(self) -> None:
         """Stop keeping this node alive; a node that leaves cleanly leaves no live key."""
@@ -353,6 +359,19 @@ class StorePeers:
                 log.warning("torchvitals supervise: %s", exc)
 
     # ------------------------------------------------------------ pieces
+
+    def _quietly(self, call: Callable[..., None], *args, **kwargs) -> None:
+        """A publication whose loss the others survive (they see the lease, then the next one)."""
+        try:
+            call(*args, **kwargs)
+        except StoreError as exc:
+            self._store_failed(exc)
+
+    def _store_failed(self, exc: StoreError) -> None:
+        """Log a store outage once, not at every poll."""
+        if not self._store_down:
+            self._store_down = True
+            log.warning("torchvitals supervise: %s (retrying)", exc)
 
     def _key(self, name: str) -> str:
         return self.prefix + name
@@ -401,7 +420,7 @@ class StorePeers:
                     self._lease = self.store.grant(self.config.node_ttl_s)
                     self._publish(self.me)
             except StoreError as exc:
-                log.warning("torchvitals supervise: %s", exc)
+                self._store_failed(exc)
 
 
 def _record_dict(record: JobAttempt) -> dict:

@@ -40,10 +40,12 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     if not os.uname().sysname == "Linux":
         return None
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl = libc.prctl          # resolved here: the child between fork and exec does the least
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     parent = os.getpid()
 
     def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:      # the supervisor died before prctl took effect
             os.kill(os.getpid(), sig)
 
@@ -67,12 +69,12 @@ def stop_group(proc: subprocess.Popen, grace_s: float, pids: Sequence[int] = (),
         for pid in targets:
             _kill(pid, sig)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and (_group_alive(pgid) or any(map(_running, targets))):
+    while time.monotonic() < deadline and (_group_alive(pgid) or any(map(running, targets))):
         proc.poll()             # reap the leader, or it stays in the group as a zombie
         time.sleep(poll_s)
     _killpg(pgid, signal.SIGKILL)
     for pid in targets:
-        if _running(pid):
+        if running(pid):
             _kill(pid, signal.SIGKILL)
     return proc.wait()
 
@@ -115,8 +117,8 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie holds no port or file)."""
+def running(pid: int) -> bool:
+    """Whether ``pid`` is alive and not a zombie (a zombie holds no port or file)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

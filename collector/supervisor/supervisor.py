@@ -7,14 +7,23 @@ folder per attempt, where every rank's agent keeps ``heartbeat-rank<r>.json`` (t
 The supervisor only reads those files, so a hang is seen even when a rank is SIGSTOPped or holds
 its GIL. An attempt ends when the launcher exits, or when the heartbeat (the highest step over
 the ranks, and the newest write) has not advanced within the timeout: ``startup_timeout_s``
-before the first heartbeat, ``checkpoint_timeout_s`` while a rank is in a checkpoint, else
+before the first heartbeat (and while no rank of the last one runs: torchrun restarting its
+workers), ``checkpoint_timeout_s`` while a rank is in a checkpoint, else
 ``hang_timeout_s`` (or one learned from the observed intervals). The whole group is then stopped
 (SIGTERM, SIGKILL after ``grace_s``) and the same command restarted after a back-off; the job
-resumes itself through the watchdog's ledger. Exit status: 0 when the job exits 0,
+resumes itself through the watchdog's ledger, as the one job ``TORCHVITALS_JOB_ID`` names (set
+for every attempt). The launcher dies with the supervisor (a parent-death signal). Exit status:
+0 when the job exits 0,
 ``abort_exit_code`` (75) when the job aborted on purpose (the agent's loop guard or a collector's
 abort order, told by the heartbeat's "aborted" phase: never restarted), ``no_progress_exit_code``
 (76) when ``no_progress_restarts`` restarts in a row failed without advancing the last healthy
-step, ``budget_exit_code`` (77) when ``max_restarts`` restarts are spent.
+step, ``budget_exit_code`` (77) when ``max_restarts`` restarts are spent,
+``refused_exit_code`` (78) when the job refused its checkpoint folder (the "refused" phase:
+never retried), ``node_lost_exit_code`` (79) when a node was lost and not replaced.
+
+With ``store_url``, the supervisors of the job's ``nnodes`` nodes agree through it (``peers``):
+the attempt and the restart policy's state are the job's, not the node's, so a restart anywhere
+stops and restarts every node's launcher together, and the end of the job is every node's.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from .config import SupervisorConfig, node_rank
 from .etcd import EtcdStore, StoreError
 from .metrics import SupervisorMetrics
 from .peers import JobAttempt, Order, Peers, SoloPeers, StorePeers
-from .process import _running, die_with_parent, stop_group
+from .process import die_with_parent, running, stop_group
 
 log = logging.getLogger("torchvitals.supervisor")
 
@@ -260,7 +269,7 @@ class Supervisor:
             now = self._clock()
             beat = read_heartbeats(folder)
             hang.observe(beat, now)
-            hang.between_workers = bool(beat and beat.pids) and not any(map(_running, beat.pids))
+            hang.between_workers = bool(beat and beat.pids) and not any(map(running, beat.pids))
             self.metrics.heartbeat_age.set(hang.age(now))
             order = self.peers.watch(self.attempt, 0 if hang.beat is None else hang.beat.step)
             if order is not None:

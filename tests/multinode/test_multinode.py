@@ -177,23 +177,31 @@ def test_a_replaced_node_joins_and_the_job_resumes_without_an_extra_restart(clus
 def test_torchrun_elastic_restarts_under_the_supervisors_finish_the_job(cluster):
     # Rank 0 waits outside any collective while rank 1's agent restarts rank 1, so its own
     # agent restarts it for the new rendezvous round: a membership change, which torch does not
-    # count (TORCHELASTIC_RESTART_COUNT stays 0 there).
-    job = cluster(torchrun=["--max-restarts", "2"],
+    # count (TORCHELASTIC_RESTART_COUNT stays 0 there). On a busy machine torch's restarted
+    # workers sometimes never finish their rendezvous; then the supervisors' startup timeout
+    # restarts both nodes together, which must finish the job as well.
+    job = cluster(torchrun=["--max-restarts", "2"], supervise=["--startup-timeout-s", "40"],
                   job_args=["--fault", "kill", "--fault-rank", "1", "--fault-step", "12",
                             "--others-pause", "5"])
     job.start()
     assert job.wait() == {0: 0, 1: 0}, job.log(0)[-3000:] + job.log(1)[-3000:]
     killed = (job.ckpt / "fault-kill-done").stat().st_mtime
-    # torchrun restarted the workers itself: one supervisor attempt per node.
-    assert job.attempts(0) == job.attempts(1) == ["attempt-0001"]
+    log = job.log(0) + job.log(1)
+    # Without the job id, the rank no counter calls restarted refused the folder.
+    assert "ResumeRefused" not in log and "refused to resume" not in log
+    assert job.attempts(0) == job.attempts(1)            # whoever restarted, both nodes agreed
     resumed = [r for r in job.records("resumed") if r["step"] is not None]
-    assert sorted(r["rank"] for r in resumed) == [0, 1] and {r["step"] for r in resumed} == {10}
-    # The job id continues the folder on the node no counter calls restarted (without it, that
-    # rank refused, crashed, and took torchrun's second restart: counts [1, 1]).
-    assert sorted(r["elastic_restart"] for r in resumed) == [0, 1]
+    last = max(r["attempt"] for r in resumed)
+    final = {r["rank"]: r for r in resumed if r["attempt"] == last}
+    assert sorted(final) == [0, 1] and {r["step"] for r in final.values()} == {10}
     assert [r["step"] for r in job.records("finished")] == [20, 20]
-    print(f"\ntorchrun elastic restart: both ranks resumed at step 10 "
-          f"{max(r['time'] for r in resumed) - killed:.1f} s after the kill")
+    by_torchrun = job.attempts(0) == ["attempt-0001"]
+    # Which counts torch gives is its race (rank 0 restarted for the new round: 0; failed in a
+    # collective first: 1); a 0 is the case the restart counter alone refused.
+    counts = {rank: r["elastic_restart"] for rank, r in sorted(final.items())}
+    print(f"\ntorchrun elastic restart ({'torchrun' if by_torchrun else 'the supervisors'} "
+          f"recovered, restart counts {counts}): both ranks resumed at step 10 "
+          f"{max(r['time'] for r in final.values()) - killed:.1f} s after the kill")
 
 
 def test_a_stopped_rank_is_a_hang_and_both_nodes_restart_together(cluster):
