@@ -103,6 +103,11 @@ class SupervisorConfig:
     """This node's rank among the job's nodes (0 .. nnodes-1). None: the scheduler's
     (``SLURM_NODEID``, or ``PET_NODE_RANK`` of Kubeflow's training operator), else 0."""
 
+    min_nodes: int | None = None
+    """Fewest nodes the job may go on with when a lost node was not replaced within
+    ``peer_timeout_s`` (with torchrun's ``--nnodes MIN:MAX``; the job resumes at the new world
+    size). None: every one of ``nnodes`` is needed."""
+
     node_ttl_s: float = 30.0
     """Seconds a node's supervisor may stay silent in the store before the others report the
     node lost (and stop their launchers); the report comes within this plus ``store_poll_s``."""
@@ -146,6 +151,8 @@ class SupervisorConfig:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"need 0 <= node_rank < nnodes, got {self.node_rank}, {self.nnodes}")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nnodes:
+            raise ValueError(f"need 1 <= min_nodes <= nnodes, got {self.min_nodes}, {self.nnodes}")
         if self.nnodes > 1 and not self.store_url:
             raise ValueError(f"nnodes={self.nnodes} needs store_url: the nodes' supervisors agree "
                              "through the job's etcd")

@@ -13,7 +13,7 @@ compare-and-swap, so two nodes failing at once make one new attempt; the end of 
 good (an abort, a refused folder, a restart policy that gave up, a lost node never replaced) is
 ``<job>/final``, which every node obeys. A node whose lease expires is lost: the others stop
 their launchers, name it, and wait up to ``peer_timeout_s`` for a replacement (a new supervisor
-with that node rank) before ending the job.
+with that node rank) before ending the job, or, ``min_nodes`` allowing, going on without it.
 """
 
 from __future__ import annotations
@@ -149,8 +149,8 @@ class StorePeers:
     Args:
         store: the job's store.
         job_id: the job's identity (the same on every node: the keys' prefix).
-        config: ``nnodes``, ``node_rank``, ``node_ttl_s``, ``peer_timeout_s``, ``store_poll_s``,
-            ``node_lost_exit_code``.
+        config: ``nnodes``, ``min_nodes``, ``node_rank``, ``node_ttl_s``, ``peer_timeout_s``,
+            ``store_poll_s``, ``node_lost_exit_code``.
         metrics: where the nodes present and the wait for peers are shown.
         clock, sleep: monotonic seconds and the wait between polls.
     """
@@ -163,6 +163,9 @@ class StorePeers:
         self.me = NodeState(node=config.node_rank, host=socket.gethostname(), pid=os.getpid(),
                             attempt=0, state=WAITING)
         self._clock, self._sleep = clock, sleep
+        self.members: set[int] = set(range(config.nnodes))
+        """The node ranks the job runs on (fewer than ``nnodes`` after it went on without a lost
+        node, ``min_nodes`` allowing)."""
         self._alive: dict[int, NodeState] = {}
         self._seen: dict[int, NodeState] = {}
         """The last state each node published (to name a lost one with its host and step)."""
@@ -252,8 +255,19 @@ class StorePeers:
                 if order is not None:
                     return order
                 if self._clock() > deadline:
-                    missing = sorted(set(range(self.config.nnodes)) - self._ready(attempt))
+                    ready = self._ready(attempt)
+                    missing = sorted(self.members - ready)
                     why = "; ".join(self._describe(n) for n in missing)
+                    fewest = self.config.min_nodes or self.config.nnodes
+                    if len(ready) >= fewest and self.me.node in ready:
+                        # torchrun --nnodes MIN:MAX: go on with the nodes there are; the job
+                        # resumes its last healthy checkpoint at the new world size.
+                        self.members = ready
+                        log.error("torchvitals supervise: %s: no node took its place within "
+                                  "%g s; the job goes on with %d of %d nodes (%s): the world "
+                                  "size changes", why, self.config.peer_timeout_s, len(ready),
+                                  self.config.nnodes, ", ".join(map(str, sorted(ready))))
+                        return Order(attempt=attempt)
                     reason = (f"{why}: no node took its place within "
                               f"{self.config.peer_timeout_s:g} s (peer_timeout_s)")
                     log.error("torchvitals supervise: %s; stopping the job", reason)
@@ -274,7 +288,8 @@ class StorePeers:
         if record.number > attempt:
             return Order(attempt=record.number)
         ready = self._ready(attempt)
-        if ready >= set(range(self.config.nnodes)):
+        if ready >= self.members:
+            self.members |= ready           # a replacement rejoins a job that went on without it
             return Order(attempt=attempt)
         for n in sorted(set(self._seen) - ready - reported - set(self._alive)):
             reported.add(n)
@@ -321,7 +336,7 @@ class StorePeers:
         # A key present is a node alive (or done); one that rejoined under a new supervisor
         # makes a new attempt itself (``join``), which the record shows at the next poll.
         lost = tuple(self._seen.get(n, NodeState(n, "?", 0, attempt, WAITING))
-                     for n in range(self.config.nnodes) if n not in nodes)
+                     for n in sorted(self.members) if n not in nodes)
         if lost:
             return Order(lost=lost, reason="; ".join(
                 f"{s.name()} lost at step {s.step}" for s in lost))

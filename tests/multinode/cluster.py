@@ -93,6 +93,8 @@ class Cluster:
         self.tag = uuid.uuid4().hex
         self.ckpt, self.out = tmp_path / "ckpt", tmp_path / "out.jsonl"
         self.supervise, self.torchrun, self.job_args = list(supervise), list(torchrun), list(job_args)
+        self.command_nnodes = "2"
+        """torchrun's ``--nnodes`` (``1:2``: the job may go on with one node)."""
         self.metrics_port = metrics_port
         """Node 0's supervisor serves /metrics here (0: not)."""
         self.procs: dict[int, subprocess.Popen] = {}
@@ -106,7 +108,7 @@ class Cluster:
                 "--poll-s", "0.1", "--grace-s", "3", "--backoff-s", "0.1",
                 "--hang-timeout-s", "8", "--startup-timeout-s", "90",
                 "--metrics-port", str(self.metrics_port if node == 0 else 0), *self.supervise, "--",
-                sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", self.command_nnodes,
                 "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"127.0.0.1:{self.rdzv}", "--rdzv-id", self.job,
                 "--monitor-interval", "0.2", *self.torchrun, str(JOB), "--ckpt", str(self.ckpt),

@@ -9,14 +9,19 @@ Each test prints its time to recovery or to the stop (``-s`` shows them).
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
 
 import pytest
 
-from cluster import Cluster, Etcd, free_port
+from cluster import JOB, PYTHONPATH, Cluster, Etcd, free_port
 from torchvitals import protocol
 
 pytestmark = pytest.mark.timeout(240)
@@ -214,3 +219,41 @@ def test_a_stopped_rank_is_a_hang_and_both_nodes_restart_together(cluster):
     assert sorted(r["rank"] for r in resumed) == [0, 1] and {r["step"] for r in resumed} == {10}
     print(f"\nrank SIGSTOPped: both nodes resumed at step 10 "
           f"{max(r['time'] for r in resumed) - stopped:.1f} s after the stop")
+
+
+def test_a_job_of_1_to_2_nodes_goes_on_with_one_and_trains_as_a_single_node_resume_would(cluster,
+                                                                                      tmp_path):
+    port = free_port()
+    job = cluster(supervise=["--min-nodes", "1"], metrics_port=port,
+                  torchrun=["--rdzv-conf", "last_call_timeout=5"], job_args=["--steps", "30"])
+    job.command_nnodes = "1:2"
+    job.start()
+    wait_until(lambda: (job.last_healthy() or 0) >= 10, 120)
+    job.procs[1].send_signal(signal.SIGKILL)
+    job.procs[1].wait(10)
+    killed = time.monotonic()
+    # Node 0 waits for a replacement: the folder it will resume from, copied for the reference.
+    wait_until(lambda: scrape(port)["torchvitals_supervisor_waiting_for_peers"], 30)
+    shutil.copytree(job.ckpt, tmp_path / "reference")
+    assert job.procs[0].wait(120) == 0, job.log(0)[-3000:]
+    shrunk = time.monotonic() - killed
+    assert "the job goes on with 1 of 2 nodes (0): the world size changes" in job.log(0)
+    assert "was saved by 2 ranks, now 1" in job.log(0)
+    (after,) = [r for r in job.records("resumed") if r["attempt"] == 2]
+    (finished,) = [r for r in job.records("finished") if r["attempt"] == 2]
+    assert finished["step"] == 30
+    # The same checkpoint resumed by a plain single-node job: the same losses, step by step.
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "TORCHVITALS_JOB_ID": job.job,
+           "OMP_NUM_THREADS": "1"}
+    reference = tmp_path / "reference.jsonl"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "1", str(JOB), "--ckpt", str(tmp_path / "reference"),
+                          "--out", str(reference), "--steps", "30"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = [json.loads(line) for line in reference.read_text().splitlines()]
+    assert records[0]["step"] == after["step"]
+    assert records[1]["losses"] == finished["losses"]
+    print(f"\nshrink 2 -> 1 node: resumed at step {after['step']} on one node "
+          f"{after['time'] - time.time() + time.monotonic() - killed:.1f} s after the kill; "
+          f"finished {shrunk:.1f} s after it")
