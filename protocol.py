@@ -37,6 +37,13 @@ TOKEN_ENV = ENV_PREFIX + "WEBHOOK_TOKEN"
 TOKEN_FILE_ENV = ENV_PREFIX + "WEBHOOK_TOKEN_FILE"
 """A file holding the token (a mounted secret); set this or ``TOKEN_ENV``, not both."""
 
+JOB_ID_ENV = ENV_PREFIX + "JOB_ID"
+"""The job's identity, set by a person, the chart, or the supervisor (for every node alike)."""
+
+JOB_ID_ENVS = (JOB_ID_ENV, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+"""Variables naming the job, first set wins: ours, torchrun's ``--rdzv-id``, Slurm's job id (kept
+by a requeue). torchrun's default ``none`` names nothing."""
+
 LEDGER_FILE = "ledger.json"
 """The watchdog's ledger, in the checkpoint folder: the supervisor reads its last healthy step."""
 
@@ -50,6 +57,13 @@ NO_PROGRESS_EXIT_CODE = 76
 
 BUDGET_EXIT_CODE = 77
 """The supervisor stopped restarting: its restart budget is spent."""
+
+REFUSED_EXIT_CODE = 78
+"""The job refused to resume the checkpoint folder (another job's, or a run it was not told to
+continue): EX_CONFIG. Final: a restart would meet the same folder, so it is never retried."""
+
+NODE_LOST_EXIT_CODE = 79
+"""A node of a multi-node job was lost and no replacement joined within the deadline."""
 
 # ---------------------------------------------------------------- directives
 
@@ -72,10 +86,11 @@ run of its job it was issued for, never to a later run reusing the job name."""
 
 # ---------------------------------------------------------------- heartbeat files
 
-TRAIN, CHECKPOINT, ABORTED = "train", "checkpoint", "aborted"
-PHASES = (TRAIN, CHECKPOINT, ABORTED)
+TRAIN, CHECKPOINT, ABORTED, REFUSED = "train", "checkpoint", "aborted", "refused"
+PHASES = (TRAIN, CHECKPOINT, ABORTED, REFUSED)
 """A rank's phase: training; writing or loading a checkpoint (may be long, not a hang); gave
-up on purpose (the supervisor must not restart it)."""
+up on purpose (the supervisor must not restart it); refused to resume the checkpoint folder
+(final too: a restart meets the same folder)."""
 
 HEARTBEAT_GLOB = "heartbeat-rank*.json"
 
@@ -110,6 +125,8 @@ class Beat:
     """Whether any rank is in the CHECKPOINT phase."""
     aborted: bool = False
     """Whether any rank ABORTED on purpose."""
+    refused: bool = False
+    """Whether any rank REFUSED to resume the checkpoint folder."""
     pids: tuple[int, ...] = ()
     """The ranks' process ids."""
 
@@ -132,6 +149,7 @@ def read_heartbeats(folder: str | os.PathLike) -> Beat | None:
     return Beat(step=max(r[0] for r in records), time=max(r[1] for r in records),
                 checkpointing=any(r[2] == CHECKPOINT for r in records),
                 aborted=any(r[2] == ABORTED for r in records),
+                refused=any(r[2] == REFUSED for r in records),
                 pids=tuple(r[3] for r in records))
 
 

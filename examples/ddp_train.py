@@ -51,9 +51,11 @@ def main() -> int:
         ddp = torch.nn.parallel.DistributedDataParallel(model,
                                                         device_ids=[local_rank] if cuda else None)
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
-        # An endless job restarted by its deployment (a new pod, a new supervisor): the folder
-        # it finds is its own run, to continue.
-        agent = torchvitals.watch(ddp, optimizer, resume="auto")
+        # The deployment decides (TORCHVITALS_RESUME): the chart's job says "restart", continued
+        # by its job id after a new pod or a new supervisor and refused to another job; run by
+        # hand (and in the compose demo), a job continues the folder it finds.
+        agent = torchvitals.watch(ddp, optimizer,
+                                  resume=os.environ.get("TORCHVITALS_RESUME", "auto"))
         if agent.resumed_from is not None and rank == 0:
             print(f"resumed from step {agent.resumed_from}", flush=True)
         # An endless, repeatable stream: agent.batches() counts its position, so a rollback or

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import urllib.error
 import urllib.parse
@@ -26,12 +25,14 @@ import urllib.request
 import uuid
 from typing import Any, Mapping
 
-from ...protocol import ACTIONS, RUN_PARAM, token_from_env
+from ...protocol import ACTIONS, JOB_ID_ENVS, RUN_PARAM, token_from_env
+from .jobid import job_identity
 
 log = logging.getLogger(__name__)
 
-RUN_ID_ENVS = ("TORCHVITALS_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
-"""Variables naming the run, first set wins: ours, torchrun's rendezvous id, Slurm's job id."""
+RUN_ID_ENVS = JOB_ID_ENVS
+"""Variables naming the run, first set wins: ours, torchrun's rendezvous id, Slurm's job id
+(the job identity's, ``jobid.job_identity``)."""
 
 _PROCESS_RUN = uuid.uuid4().hex
 """The run identity of this process when no variable names one."""
@@ -40,7 +41,7 @@ _PROCESS_RUN = uuid.uuid4().hex
 def run_identity(environ: Mapping[str, str] | None = None) -> str:
     """The identity of this run, as the collector binds directives to it.
 
-    The one place that decides it (a job identity shared with other parts may replace it).
+    The job's identity (``jobid.job_identity``), the same the ledger records.
 
     Args:
         environ: the environment to read (default ``os.environ``).
@@ -50,12 +51,7 @@ def run_identity(environ: Mapping[str, str] | None = None) -> str:
         names nothing), else an id made once per process: then a restarted process is a new
         run and receives none of its predecessor's directives.
     """
-    environ = os.environ if environ is None else environ
-    for name in RUN_ID_ENVS:
-        value = environ.get(name, "").strip()
-        if value and value.lower() != "none":
-            return value
-    return _PROCESS_RUN
+    return job_identity(environ) or _PROCESS_RUN
 
 
 class DirectivePoller:

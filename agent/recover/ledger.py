@@ -100,6 +100,9 @@ class Ledger:
         """Batch index ranges ``[start, stop)`` never to be consumed (shared with the batches)."""
         self.entries: list[dict[str, Any]] = []
         """Every event, oldest first."""
+        self.job_id: str | None = None
+        """The job the folder belongs to (``jobid.job_identity``), written with the next event;
+        None in a ledger older than job ids, or of a job without one."""
 
     def load(self) -> "Ledger":
         """Read the file (a missing one is a fresh ledger) and return this ledger.
@@ -117,6 +120,8 @@ class Ledger:
         self.lr_scale = float(document["lr_scale"])
         self.skipped = SkipRanges(document["skipped"])
         self.entries = document["entries"]
+        job_id = document.get("job_id")
+        self.job_id = job_id if isinstance(job_id, str) and job_id else None
         return self
 
     @property
@@ -170,8 +175,11 @@ class Ledger:
         self._append({"event": "abort", "step": step, "reason": reason})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": VERSION, "lr_scale": self.lr_scale,
-                "skipped": [list(r) for r in self.skipped], "entries": self.entries}
+        document = {"version": VERSION, "lr_scale": self.lr_scale,
+                    "skipped": [list(r) for r in self.skipped], "entries": self.entries}
+        if self.job_id is not None:
+            document["job_id"] = self.job_id
+        return document
 
     def _append(self, entry: dict[str, Any]) -> None:
         self.entries.append({**entry, "time": self._clock()})

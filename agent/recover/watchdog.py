@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ...errors import TorchvitalsError
-from ...protocol import CHECKPOINT, LEDGER_FILE, TRAIN
+from ...protocol import CHECKPOINT, LEDGER_FILE, REFUSED, TRAIN
 from ..config import Config
 from ..detect.verdict import Verdict
 from ..report import Report, json_safe
@@ -41,6 +41,7 @@ from .async_save import CLOSE_TIMEOUT_S, Outcome
 from .batches import SkipAwareBatches
 from .checkpoint import CheckpointError, CheckpointStore
 from .groups import checkpoint_group
+from .jobid import job_identity, resume_decision
 from .ledger import Ledger
 from .resume_policy import ResumePolicy, ResumeRefused, restarted
 from .rng import reseed
@@ -151,12 +152,28 @@ class Watchdog:
             The step resumed from, or None for an empty folder.
 
         Raises:
-            ResumeRefused: the folder holds checkpoints and ``resume`` says not to continue them.
+            ResumeRefused: the folder holds checkpoints and ``resume`` says not to continue them,
+                or (unless ``resume="auto"``) its ledger names another job; the heartbeat says
+                "refused" first, so the supervisor never retries it.
         """
+        # Job identity (jobid.py): the job that wrote the folder continues it after any restart.
+        job, previous = job_identity(), self.ledger.job_id
+        self.ledger.job_id = job or previous
         latest = self.store.latest()
         if latest is None:
             return None
-        self.resume_policy.check(latest, self.ledger, self.store.root)
+        decision = resume_decision(previous, job, folder=f"checkpoint_dir {self.store.root}")
+        if decision.refuse and self.resume_policy.mode != "auto":
+            self.on_phase(REFUSED)
+            raise ResumeRefused(decision.message)
+        # The same job continues its folder after any kind of restart; anything else is the
+        # resume mode's to decide.
+        if not (decision.same_job and self.resume_policy.mode == "restart"):
+            try:
+                self.resume_policy.check(latest, self.ledger, self.store.root)
+            except ResumeRefused:
+                self.on_phase(REFUSED)
+                raise
         restored = self.store.load(model, optimizer, scheduler)
         if scheduler is not None and restored.extra.get("scheduler_step_due"):
             # Saved inside the framework's optimizer.step(), before the framework stepped the

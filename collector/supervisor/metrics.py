@@ -8,12 +8,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 SUPERVISOR_PREFIX = "torchvitals_supervisor_"
-RESTART_REASONS = ("crash", "hang")
-"""Every ``reason`` label of the supervisor's restart counter."""
+RESTART_REASONS = ("crash", "hang", "peer", "lost")
+"""Every ``reason`` label of the supervisor's restart counter (peer: another node restarted the
+job; lost: a node of the job was lost)."""
 
 
 class SupervisorMetrics:
-    """The supervisor's restarts, current attempt and heartbeat age, in ``registry``.
+    """The supervisor's restarts, current attempt, heartbeat age and, for a job of several
+    nodes, which nodes are present, in ``registry``.
 
     Args:
         registry: where to register (default: a fresh registry).
@@ -23,13 +25,25 @@ class SupervisorMetrics:
         self.registry = CollectorRegistry() if registry is None else registry
         self.restarts = Counter(
             f"{SUPERVISOR_PREFIX}restarts", "Restarts of the supervised job, by reason "
-            "(crash: non-zero exit; hang: heartbeat stalled).", ["reason"], registry=self.registry)
+            "(crash: non-zero exit; hang: heartbeat stalled; peer: another node's restart; lost: "
+            "a node was lost).", ["reason"], registry=self.registry)
         self.attempt = Gauge(
             f"{SUPERVISOR_PREFIX}attempt", "Current attempt of the supervised job (1 = first run).",
             registry=self.registry)
         self.heartbeat_age = Gauge(
             f"{SUPERVISOR_PREFIX}heartbeat_age_seconds", "Seconds since the job's heartbeat last "
             "advanced (since the attempt started, before the first heartbeat).",
+            registry=self.registry)
+        self.node_present = Gauge(
+            f"{SUPERVISOR_PREFIX}node_present", "Whether each node of a multi-node job is "
+            "present (its supervisor keeps its lease in the store), by node rank.", ["node"],
+            registry=self.registry)
+        self.nodes_present = Gauge(
+            f"{SUPERVISOR_PREFIX}nodes_present", "Nodes of the job present in the store.",
+            registry=self.registry)
+        self.waiting_for_peers = Gauge(
+            f"{SUPERVISOR_PREFIX}waiting_for_peers", "1 while this node waits for the other nodes "
+            "at the start of an attempt (a phase of its own, never a hang), else 0.",
             registry=self.registry)
         for reason in RESTART_REASONS:
             self.restarts.labels(reason)

@@ -1,6 +1,11 @@
-"""Stopping a job's processes from outside: its process group, its descendants, its ranks.
+"""Starting a job's launcher tied to its supervisor, and stopping its processes from outside:
+its process group, its descendants, its ranks.
 
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent())
     status = stop_group(proc, grace_s=10.0, pids=beat.pids)
+
+The launcher gets a parent-death signal (SIGTERM, on which torchrun stops its workers), so a
+supervisor SIGKILLed or OOM-killed never leaves an unsupervised job behind.
 
 torchrun starts each worker in a session of its own, so signalling the launcher's group alone
 would orphan the ranks; they are found through /proc and through the pids in their heartbeat
@@ -9,12 +14,42 @@ files. A SIGSTOPped rank gets SIGCONT with the SIGTERM, so it can act on it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when the thread that forked it ends."""
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child get ``sig`` when the supervisor dies.
+
+    SIGTERM, not SIGKILL: torchrun stops its workers on SIGTERM (they live in sessions of their
+    own, so a SIGKILLed torchrun would orphan them). The signal follows the forking *thread*:
+    the supervisor starts launchers from its main thread, which lives as long as it does.
+
+    Returns:
+        The function, or None where prctl is not available (not Linux).
+    """
+    if not os.uname().sysname == "Linux":
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl = libc.prctl          # resolved here: the child between fork and exec does the least
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:      # the supervisor died before prctl took effect
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float, pids: Sequence[int] = (),
@@ -34,12 +69,12 @@ def stop_group(proc: subprocess.Popen, grace_s: float, pids: Sequence[int] = (),
         for pid in targets:
             _kill(pid, sig)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and (_group_alive(pgid) or any(map(_running, targets))):
+    while time.monotonic() < deadline and (_group_alive(pgid) or any(map(running, targets))):
         proc.poll()             # reap the leader, or it stays in the group as a zombie
         time.sleep(poll_s)
     _killpg(pgid, signal.SIGKILL)
     for pid in targets:
-        if _running(pid):
+        if running(pid):
             _kill(pid, signal.SIGKILL)
     return proc.wait()
 
@@ -82,8 +117,8 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie holds no port or file)."""
+def running(pid: int) -> bool:
+    """Whether ``pid`` is alive and not a zombie (a zombie holds no port or file)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

@@ -176,7 +176,8 @@ def test_the_collector_reaches_into_the_agent_only_for_the_ledger():
             into_agent = {t for t in targets if t.startswith("torchvitals.agent")}
             assert into_agent <= {"torchvitals.agent", "torchvitals.agent.recover",
                                   "torchvitals.agent.recover.ledger",
-                                  "torchvitals.agent.recover.durable"}, (module, into_agent)
+                                  "torchvitals.agent.recover.durable",
+                                  "torchvitals.agent.recover.jobid"}, (module, into_agent)
 
 
 @pytest.mark.parametrize("literal", ["torchvitals_action", "ledger.json", "aborted",

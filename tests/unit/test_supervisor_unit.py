@@ -63,5 +63,8 @@ def test_hang_clock_startup_checkpoint_and_learned_timeouts():
 def test_metric_names_follow_the_conventions():
     names = {m.name for m in SupervisorMetrics().registry.collect()}
     assert names == {"torchvitals_supervisor_restarts", "torchvitals_supervisor_attempt",
-                     "torchvitals_supervisor_heartbeat_age_seconds"}
+                     "torchvitals_supervisor_heartbeat_age_seconds",
+                     # which nodes of a multi-node job are present, and the wait for them
+                     "torchvitals_supervisor_node_present", "torchvitals_supervisor_nodes_present",
+                     "torchvitals_supervisor_waiting_for_peers"}
     assert all(re.fullmatch(r"torchvitals_[a-z_]+", n) for n in names)

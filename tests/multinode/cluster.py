@@ -1,0 +1,178 @@
+"""Two simulated nodes on loopback for the multi-node tests: a real etcd, and per node a
+``torchvitals supervise`` wrapping a real torchrun agent (c10d rendezvous, one gloo rank).
+
+    with Etcd(tmp_path) as etcd:
+        nodes = Cluster(tmp_path, etcd.url, job="job-a", fault="kill")
+        nodes.start(); nodes.wait()
+
+Every process a scenario starts carries ``TAG_ENV`` in its environment, so ``leftovers`` finds
+any of them still running afterwards, however it was started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "node_job.py"
+ROOT = HERE.parents[1]
+PYTHONPATH = os.pathsep.join(p for p in (str(ROOT.parent), os.environ.get("PYTHONPATH")) if p)
+TAG_ENV, NODE_ENV = "MULTINODE_TEST_TAG", "MULTINODE_TEST_NODE"
+"""Mark every process of a scenario, and of which node (inherited by the launcher and ranks)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """A one-member etcd on loopback, in ``folder``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.client, self.peer = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.client}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Etcd":
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise RuntimeError("etcd is not installed (Debian: apt-get install etcd-server)")
+        peer = f"http://127.0.0.1:{self.peer}"
+        self.log = open(self.folder / "etcd.log", "w")
+        self.proc = subprocess.Popen(
+            [binary, "--data-dir", str(self.folder / "etcd-data"), "--listen-client-urls",
+             self.url, "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
+             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"etcd did not start: {(self.folder / 'etcd.log').read_text()[-2000:]}")
+
+    def __exit__(self, *exc) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.log.close()
+
+
+class Cluster:
+    """Two nodes of one job sharing ``tmp_path / "ckpt"``; each node's supervisor logs to
+    ``tmp_path / f"node{i}.log"`` and keeps its heartbeats under ``tmp_path / "hb" / f"node{i}"``.
+
+    Args:
+        supervise: extra ``torchvitals supervise`` flags.
+        metrics_port: node 0's supervisor's /metrics port (0: none).
+        torchrun: extra torchrun flags.
+        job_args: extra flags of ``node_job.py``.
+    """
+
+    def __init__(self, tmp_path: Path, store_url: str, job: str, *, supervise=(),
+                 torchrun=(), job_args=(), metrics_port: int = 0) -> None:
+        self.tmp, self.store_url, self.job = tmp_path, store_url, job
+        self.rdzv = free_port()
+        self.tag = uuid.uuid4().hex
+        self.ckpt, self.out = tmp_path / "ckpt", tmp_path / "out.jsonl"
+        self.supervise, self.torchrun, self.job_args = list(supervise), list(torchrun), list(job_args)
+        self.command_nnodes = "2"
+        """torchrun's ``--nnodes`` (``1:2``: the job may go on with one node)."""
+        self.metrics_port = metrics_port
+        """Node 0's supervisor serves /metrics here (0: not)."""
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.runs = 0
+
+    def command(self, node: int) -> list[str]:
+        return [sys.executable, "-m", "torchvitals", "supervise", "--store-url", self.store_url,
+                "--nnodes", "2", "--node-rank", str(node), "--checkpoint-dir", str(self.ckpt),
+                "--heartbeat-root", str(self.tmp / "hb" / f"node{node}"),
+                "--node-ttl-s", "3", "--peer-timeout-s", "10", "--store-poll-s", "0.2",
+                "--poll-s", "0.1", "--grace-s", "3", "--backoff-s", "0.1",
+                "--hang-timeout-s", "8", "--startup-timeout-s", "90",
+                "--metrics-port", str(self.metrics_port if node == 0 else 0), *self.supervise, "--",
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", self.command_nnodes,
+                "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{self.rdzv}", "--rdzv-id", self.job,
+                "--monitor-interval", "0.2", *self.torchrun, str(JOB), "--ckpt", str(self.ckpt),
+                "--out", str(self.out), *self.job_args]
+
+    def start(self, node: int | None = None) -> None:
+        """Start both nodes' supervisors (or one: a replaced node)."""
+        env = {**os.environ, "PYTHONPATH": PYTHONPATH, TAG_ENV: self.tag,
+               "TORCHVITALS_JOB_ID": self.job, "OMP_NUM_THREADS": "1"}
+        for n in ([0, 1] if node is None else [node]):
+            self.runs += 1
+            log = open(self.tmp / f"node{n}.log", "a")
+            self.procs[n] = subprocess.Popen(self.command(n), env={**env, NODE_ENV: str(n)},
+                                             stdout=log,
+                                             stderr=subprocess.STDOUT)
+            log.close()
+
+    def wait(self, timeout: float = 150) -> dict[int, int]:
+        """Every node's supervisor's exit status."""
+        deadline = time.monotonic() + timeout
+        return {n: p.wait(max(1.0, deadline - time.monotonic())) for n, p in self.procs.items()}
+
+    def log(self, node: int) -> str:
+        return (self.tmp / f"node{node}.log").read_text(errors="replace")
+
+    def records(self, event: str | None = None) -> list[dict]:
+        if not self.out.exists():
+            return []
+        lines = [json.loads(line) for line in self.out.read_text().splitlines() if line]
+        return [r for r in lines if event is None or r["event"] == event]
+
+    def attempts(self, node: int) -> list[str]:
+        return sorted(p.name for p in (self.tmp / "hb" / f"node{node}").iterdir())
+
+    def last_healthy(self) -> int | None:
+        try:
+            ledger = json.loads((self.ckpt / "ledger.json").read_text())
+        except (OSError, ValueError):
+            return None
+        steps = [e["step"] for e in ledger["entries"] if e["event"] == "checkpoint"]
+        return steps[-1] if steps else None
+
+    def processes(self, node: int | None = None) -> list[psutil.Process]:
+        """This scenario's processes still running (of one node: its supervisor's tree)."""
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                env = proc.environ()
+                if env.get(TAG_ENV) == self.tag and proc.status() != psutil.STATUS_ZOMBIE and (
+                        node is None or env.get(NODE_ENV) == str(node)):
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return found
+
+    def stop_all(self) -> None:
+        """Kill whatever is left (after a failed assertion), so no test leaks processes."""
+        for proc in self.processes():
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for p in self.procs.values():
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
