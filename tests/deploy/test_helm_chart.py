@@ -69,6 +69,11 @@ def one(docs: list[dict], kind: str) -> dict:
     return found[0]
 
 
+def token_secrets(docs: list[dict]) -> list[dict]:
+    """The Secrets holding tokens: all but the example job's checkpoint key."""
+    return [d for d in by_kind(docs, "Secret") if not d["metadata"]["name"].endswith("-checkpoint-key")]
+
+
 def container_env(container: dict) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
@@ -180,14 +185,15 @@ def test_defaults_hold_no_token_and_the_chart_generates_one(chart):
 def test_a_given_token_lands_in_the_secret_and_nowhere_else(chart):
     token = "s3cr3t-" + "x" * 20
     docs = render(chart, {"webhookToken": {"value": token}, "exampleJob": {"enabled": True}})
-    assert base64.b64decode(one(docs, "Secret")["data"]["token"]).decode() == token
+    (secret,) = token_secrets(docs)
+    assert base64.b64decode(secret["data"]["token"]).decode() == token
     others = yaml.safe_dump_all([d for d in docs if d["kind"] != "Secret"])
     assert token not in others
 
 
 def test_an_existing_secret_is_referenced_and_none_is_created(chart):
     docs = render(chart, VALUE_SETS["existing-secret-values"])
-    assert by_kind(docs, "Secret") == []
+    assert token_secrets(docs) == []
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     token_volume = next(v for v in pod["volumes"] if v["name"] == "webhook-token")
     assert token_volume["secret"]["secretName"] == "torchvitals-webhook"
@@ -380,7 +386,8 @@ def test_each_job_gets_its_own_token_and_the_collector_only_their_digests(chart)
     webhook = "w3bh00k-" + "x" * 20
     docs = render(chart, {"webhookToken": {"value": webhook}, "exampleJob": {"enabled": True},
                           "jobTokens": {"jobs": ["train-b"]}})
-    data = {k: base64.b64decode(v).decode() for k, v in one(docs, "Secret")["data"].items()}
+    (secret,) = token_secrets(docs)
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert set(data) == {"token", "job-tokens.json", "job-tv-torchvitals-example",
                          "job-train-b"}
     digests = json.loads(data["job-tokens.json"])
@@ -406,7 +413,7 @@ def test_each_job_gets_its_own_token_and_the_collector_only_their_digests(chart)
 def test_job_tokens_get_their_own_secret_beside_an_existing_webhook_secret(chart):
     docs = render(chart, {"webhookToken": {"existingSecret": "am-token"},
                           "exampleJob": {"enabled": True}})
-    [secret] = by_kind(docs, "Secret")
+    [secret] = token_secrets(docs)
     assert secret["metadata"]["name"] == "tv-torchvitals-job-tokens"
     assert set(secret["data"]) == {"job-tokens.json", "job-tv-torchvitals-example"}
 
@@ -464,3 +471,32 @@ def test_tls_scraping_is_wired_on_both_sides(chart, tmp_path):
     proc = subprocess.run([_tool("promtool"), "check", "config", str(config_file)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_node_of_the_example_job_signs_checkpoints_with_one_kept_key(chart):
+    """One secret key for the whole job, made at install (or the user's), read by every node:
+    the checkpoints one node signs, any other node (a replaced pod) verifies."""
+    docs = render(chart, VALUE_SETS["full-values"])
+    job = one(docs, "PyTorchJob")
+    refs = set()
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        (container,) = replica["template"]["spec"]["containers"]
+        (entry,) = [e for e in container["env"] if e["name"] == "TORCHVITALS_CHECKPOINT_KEY"]
+        ref = entry["valueFrom"]["secretKeyRef"]
+        refs.add((ref["name"], ref["key"]))
+    (name, key), = refs
+    secret = next(d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == name)
+    value = base64.b64decode(secret["data"][key]).decode()
+    assert len(value) >= 32 and secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    from torchvitals.agent.recover.trust import CheckpointKey
+    assert CheckpointKey.from_env({"TORCHVITALS_CHECKPOINT_KEY": value}).sign({"step": 1})
+
+    docs = render(chart, {**VALUE_SETS["full-values"], "exampleJob": {
+        **VALUE_SETS["full-values"]["exampleJob"],
+        "checkpoint": {"keySecret": "my-checkpoint-key"}}})
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-checkpoint-key")]
+    job = one(docs, "PyTorchJob")
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        (container,) = replica["template"]["spec"]["containers"]
+        (entry,) = [e for e in container["env"] if e["name"] == "TORCHVITALS_CHECKPOINT_KEY"]
+        assert entry["valueFrom"]["secretKeyRef"] == {"name": "my-checkpoint-key", "key": "key"}
