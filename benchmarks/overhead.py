@@ -63,9 +63,10 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from torchvitals.agent.tools.demo.data import random_batches
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from variants import VARIANTS, DESCRIPTIONS, build, wandb_missing  # noqa: E402
-from tinygpt import random_batches  # noqa: E402  (variants put examples/ on the path)
 
 MODEL = dict(vocab=256, d_model=256, n_layers=6, n_heads=4, seq_len=128)
 SMALL = dict(vocab=64, d_model=32, n_layers=2, n_heads=4, seq_len=16)

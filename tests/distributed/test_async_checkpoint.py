@@ -17,7 +17,7 @@ import pytest
 
 from async_ranks import decisions_at_scale, write_fails_on_rank1
 from dist_scenarios import exact
-from tvsupport import run_world
+from support.world import run_world
 
 
 def same(a, b) -> bool:

@@ -15,13 +15,11 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 
 
 def torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), env.get("PYTHONPATH", "")]))
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", str(script), str(out), *args],
                           cwd=out, env=env, capture_output=True, text=True, timeout=timeout)

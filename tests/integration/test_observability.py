@@ -28,7 +28,7 @@ import yaml
 from promstack import (ALERTMANAGER_CONFIG, DASHBOARDS, REPO, RULE_TESTS, RULES, Alertmanager,
                        Prometheus, get_json, require)
 from torchvitals.collector import CollectorConfig, CollectorServer
-from tvsupport import free_port
+from support.world import free_port
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "observed_job.py"
 RUNBOOKS = REPO / "docs" / "runbooks.md"

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from scenarios_more_ranks import nan_grad_on_one_rank, slow_rank
-from tvsupport import run_world
+from support.world import run_world
 
 
 # ---------------------------------------------------------------- non-finite gradient (DDP)

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import torchvitals
+from support.models import TINY, TinyGPT, random_batches
+from support.world import run_world
 from scenarios_vitals_ranks import corrupted_replica, loader_stall_on_one_rank
-from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY, run_world
 
 PARAM = "blocks.1.mlp.0.weight"
 

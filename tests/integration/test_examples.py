@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tvsupport import free_port
+from support.world import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
