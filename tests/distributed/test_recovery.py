@@ -33,6 +33,7 @@ def nan_run(request, tmp_path_factory):
     return request.param, root, run_world(nan_on_rank1, request.param, str(root), timeout=120)
 
 
+@pytest.mark.slow
 def test_nan_on_one_rank_rolls_every_rank_back_in_the_same_step(nan_run):
     kind, _, results = nan_run
     expected = {"to_step": 20, "lr_scale": 0.5, "skipped": [20, 30 + M]}
@@ -59,6 +60,7 @@ def test_nan_on_one_rank_rolls_every_rank_back_in_the_same_step(nan_run):
         [(x["step"], x["action"], x["rollback"]) for x in results[1]["reports"]], "the ranks disagree"
 
 
+@pytest.mark.slow
 def test_nan_rollback_lands_on_the_reference_model(nan_run):
     """Final weights == step 20's state trained on batches 33..49 at half the scheduled LR
     (an independent loop: no agent, the LR set by hand, the RNG state of step 20)."""
@@ -70,6 +72,7 @@ def test_nan_rollback_lands_on_the_reference_model(nan_run):
                                     f"(max abs diff per parameter): {r['mismatch']}"
 
 
+@pytest.mark.slow
 def test_nan_rollback_is_in_the_ledger_and_the_metrics(nan_run):
     kind, root, results = nan_run
     after = results[0]["after_rollback"]
@@ -101,6 +104,7 @@ def test_nan_rollback_is_in_the_ledger_and_the_metrics(nan_run):
 
 # ---------------------------------------------------------------- 2. LR x 50 at step 40
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
 def test_lr_times_50_is_rolled_back_and_the_run_ends_near_a_clean_one(kind, tmp_path):
     results = run_world(lr_times_50, kind, str(tmp_path), timeout=120)
@@ -180,6 +184,7 @@ def test_uninterrupted_run_consumes_every_batch_but_the_skipped(uninterrupted):
         assert outcome[rank]["value"]["step_count"] == len(expected)
 
 
+@pytest.mark.slow
 def test_sigkill_during_checkpoint_writes_resumes_from_the_last_complete_checkpoint(uninterrupted, tmp_path):
     root, logs = tmp_path / "ckpt", tmp_path / "logs"
     logs.mkdir()

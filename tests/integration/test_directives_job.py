@@ -8,6 +8,8 @@ import threading
 import time
 import urllib.request
 
+import pytest
+
 from directive_ranks import obedient_job
 from torchvitals.collector import CollectorConfig, CollectorServer
 from support.world import run_world
@@ -34,6 +36,8 @@ def rollback_alert() -> dict:
                                    "torchvitals_action": "rollback"}}]}
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_rollback_directive_rolls_both_ranks_back_in_the_same_step(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN", TOKEN)       # the ranks inherit it
     server = CollectorServer(CollectorConfig(port=0, state_dir=str(tmp_path / "state"),

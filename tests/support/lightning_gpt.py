@@ -1,6 +1,6 @@
-"""examples/lightning_ddp.py's LightningModule and loader, for tests/integration/lightning_job.py.
+"""examples/lightning_ddp.py's LightningModule, loader and Trainer, for the Lightning tests.
 
-    from support.lightning_gpt import GPTModule, loader
+    from support.lightning_gpt import GPTModule, loader, trainer
 
 The same module the example trains (AdamW, warmup + cosine stepped every optimizer step), kept
 here because tests never import from ``examples/``; tests/integration/test_examples.py runs the
@@ -49,3 +49,10 @@ def loader(n: int, seed: int = 0) -> DataLoader:
     xs, ys = zip(*random_batches(n, batch=1, seq_len=MODEL["seq_len"], vocab=MODEL["vocab"], seed=seed))
     return DataLoader(TensorDataset(torch.cat(xs), torch.cat(ys)), batch_size=8, shuffle=True,
                       generator=torch.Generator().manual_seed(seed))
+
+
+def trainer(out: str, steps: int, devices: int, callbacks: list) -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+                      max_steps=steps, gradient_clip_val=1.0, accumulate_grad_batches=2,
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=out, callbacks=callbacks)

@@ -14,6 +14,8 @@ import torchvitals
 from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
 from support.reference import OutputRecorder, assert_close, ref_grad_norms
 
+pytestmark = pytest.mark.cuda
+
 DEVICES = ["cuda"] if torch.cuda.is_available() else []
 
 

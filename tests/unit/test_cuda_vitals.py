@@ -13,6 +13,8 @@ import torchvitals
 from torchvitals.agent.measure.host import accelerator_memory
 from support.models import TINY, TinyGPT, random_batches
 
+pytestmark = pytest.mark.cuda
+
 DEVICES = ["cuda"] if torch.cuda.is_available() else []
 MIB = 2 ** 20
 
