@@ -68,9 +68,10 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from torchvitals.agent.tools.demo.data import random_batches
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from variants import VARIANTS, DESCRIPTIONS, build, wandb_missing  # noqa: E402
-from tinygpt import random_batches  # noqa: E402  (variants put examples/ on the path)
 from torchvitals.agent.step import StageTimes  # noqa: E402
 
 MODEL = dict(vocab=256, d_model=256, n_layers=6, n_heads=4, seq_len=128)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import sys
 import time
 from typing import Any
 
@@ -21,10 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "examples"))
-import torchvitals  # noqa: E402
-from tinygpt import TinyGPT  # noqa: E402
+import torchvitals
+from torchvitals.agent.tools.demo.model import TinyGPT
 
 SEED = 0
 

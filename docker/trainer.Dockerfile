@@ -31,7 +31,7 @@ RUN groupadd --system --gid 10001 torchvitals \
         --shell /usr/sbin/nologin torchvitals \
  && install -d -o 10001 -g 10001 /workspace /checkpoints
 COPY --from=build /opt/torchvitals /opt/torchvitals
-COPY examples/tinygpt.py examples/quickstart.py examples/ddp_train.py /app/examples/
+COPY examples/quickstart.py examples/ddp_train.py /app/examples/
 ENV PATH=/opt/torchvitals/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

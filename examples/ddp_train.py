@@ -22,9 +22,9 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torchvitals  # noqa: E402
-from tinygpt import TinyGPT, random_batches  # noqa: E402
+import torchvitals
+from torchvitals.agent.tools.demo.data import random_batches
+from torchvitals.agent.tools.demo.model import TinyGPT
 
 MODEL = dict(vocab=128, d_model=128, n_layers=4, n_heads=4, seq_len=64)
 

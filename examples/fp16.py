@@ -6,14 +6,12 @@ On a GPU it uses CUDA autocast; on CPU, torch's CPU float16 autocast and CPU Gra
 """
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torchvitals  # noqa: E402
-from tinygpt import TinyGPT, random_batches  # noqa: E402
+import torchvitals
+from torchvitals.agent.tools.demo.data import random_batches
+from torchvitals.agent.tools.demo.model import TinyGPT
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=50)

@@ -5,16 +5,15 @@
 
 import argparse
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torchvitals  # noqa: E402
-from tinygpt import TinyGPT, random_batches  # noqa: E402
+import torchvitals
+from torchvitals.agent.tools.demo.data import random_batches
+from torchvitals.agent.tools.demo.model import TinyGPT
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=50)

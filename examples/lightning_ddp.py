@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torchvitals  # noqa: E402
-from tinygpt import TinyGPT, random_batches  # noqa: E402
+import torchvitals
+from torchvitals.agent.tools.demo.data import random_batches
+from torchvitals.agent.tools.demo.model import TinyGPT
 
 MODEL = dict(vocab=64, d_model=64, n_layers=3, n_heads=4, seq_len=32)
 

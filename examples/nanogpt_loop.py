@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
@@ -30,9 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torchvitals  # noqa: E402
-from tinygpt import TinyGPT  # noqa: E402
+import torchvitals
+from torchvitals.agent.tools.demo.model import TinyGPT
 
 
 @dataclass

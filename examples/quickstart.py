@@ -9,14 +9,12 @@ lands in torchvitals_runs/<run>/events.jsonl.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torchvitals  # noqa: E402
-from tinygpt import TinyGPT, random_batches  # noqa: E402
+import torchvitals
+from torchvitals.agent.tools.demo.data import random_batches
+from torchvitals.agent.tools.demo.model import TinyGPT
 
 
 def _num(values: dict, key: str, width: int, fmt: str) -> str:

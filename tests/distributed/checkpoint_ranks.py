@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from tinygpt import TinyGPT, random_batches
 from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
-from tvsupport import TINY, full, wrap
+from support.models import TINY, TinyGPT, random_batches
+from support.reference import full
+from support.world import wrap
 
 
 def _setup(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:

@@ -11,9 +11,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from tvsupport import (TINY, TINY_BLOCKS, OutputRecorder, assert_activations, assert_close,
-                       ref_grad_norms, ref_update_ratios, snapshot, wrap)
+from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
+from support.reference import (OutputRecorder, assert_activations, assert_close, ref_grad_norms,
+                               ref_update_ratios, snapshot)
+from support.world import wrap
 
 GLOBAL_FIELDS = ("step", "loss", "grad_norm", "grad_norm_total", "update_ratio", "update_ratio_step",
                  "activations", "nonfinite", "nonfinite_loss", "nonfinite_grad", "action",

@@ -15,8 +15,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY
+from support.models import TinyGPT, random_batches
+from support.models import TINY
 
 
 def cycles(rank: int, world: int, root: str, n: int, steps: int) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ data, so the parent can tell exactly which batches trained the model.
 Faults are injected from the rank functions themselves: a NaN in rank 1's loss, a learning rate
 multiplied by 50 through the param groups, a loss multiplied by 100, and SIGKILL of the process
 at a chosen moment of a checkpoint write (by wrapping ``dcp.save`` or ``os.rename`` in the rank
-process). ``tvsupport.spawn_job`` runs worlds that are expected to die.
+process). ``support.world.spawn_job`` runs worlds that are expected to die.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY, full, restore_state, snapshot_state, wrap
+from support.models import TINY, TinyGPT, random_batches
+from support.reference import full
+from support.world import restore_state, snapshot_state, wrap
 
 PER_RANK = 8                 # samples per rank per batch
 BASE_LR = 1e-2

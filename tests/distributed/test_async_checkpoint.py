@@ -17,7 +17,7 @@ import pytest
 
 from async_ranks import decisions_at_scale, write_fails_on_rank1
 from dist_scenarios import exact
-from tvsupport import run_world
+from support.world import run_world
 
 
 def same(a, b) -> bool:
@@ -25,6 +25,7 @@ def same(a, b) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+@pytest.mark.slow
 def test_a_write_failure_on_one_rank_is_seen_by_every_rank_in_the_same_step(tmp_path):
     results = run_world(write_fails_on_rank1, str(tmp_path), timeout=180)
     assert same(results[0]["reports"], results[1]["reports"]), "the ranks disagree"
@@ -47,6 +48,7 @@ def test_a_write_failure_on_one_rank_is_seen_by_every_rank_in_the_same_step(tmp_
         assert r["disk_loads"] == 0, f"rank {rank}: the rollback read the disk"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_eight_ranks_match_the_single_process_reference():
     results = run_world(exact, "ddp", 4, {}, world=8, timeout=240)
@@ -54,6 +56,7 @@ def test_eight_ranks_match_the_single_process_reference():
     assert all(x["mean_step_seconds"] > 0 for x in results[0])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_eight_ranks_take_every_decision_in_the_same_step(tmp_path):
     results = run_world(decisions_at_scale, str(tmp_path), world=8, timeout=240)

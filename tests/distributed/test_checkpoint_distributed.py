@@ -3,7 +3,7 @@
 import pytest
 
 from checkpoint_ranks import fail_on_rank1, save_train_load
-from tvsupport import run_world
+from support.world import run_world
 
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from dist_scenarios import exact, nonfinite_on_one_rank, serve_metrics
-from tvsupport import run_world
+from support.world import run_world
 
 
 @pytest.mark.parametrize("kind,config", [
@@ -44,7 +44,7 @@ def test_nan_on_one_rank_skips_the_step_on_every_rank(kind, where, config):
 
 
 def test_each_rank_serves_its_scalars_and_rank0_the_blocks():
-    from tvsupport import free_port
+    from support.world import free_port
     import socket
     while True:
         base = free_port()

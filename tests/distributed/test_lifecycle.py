@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from lifecycle_ranks import cycles
-from tvsupport import run_world
+from support.world import run_world
 
 CYCLES, STEPS = 6, 4
 

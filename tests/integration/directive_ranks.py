@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY, wrap
+from support.models import TINY, TinyGPT, random_batches
+from support.world import wrap
 
 
 def obedient_job(rank: int, world: int, url: str, root: str, marker: str, steps: int) -> dict:

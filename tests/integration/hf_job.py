@@ -1,5 +1,5 @@
-"""examples/hf_trainer.py's model and arguments under torchrun, with a NaN loss on one rank at one
-batch, for tests/integration/test_frameworks.py.
+"""examples/hf_trainer.py's model and arguments (a copy in support.hf_gpt2) under torchrun, with
+a NaN loss on one rank at one batch, for tests/integration/test_frameworks.py.
 
     torchrun --standalone --nproc-per-node 2 tests/integration/hf_job.py OUT --fault-step 25
 
@@ -16,10 +16,10 @@ import sys
 from transformers import Trainer, TrainerCallback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "examples")]
+sys.path[:0] = [HERE, os.path.dirname(HERE)]           # real_steps, and tests/: the support package
 import torchvitals  # noqa: E402
-from hf_trainer import Arithmetic, arguments, tiny_gpt2  # noqa: E402
 from real_steps import describe, record_real_steps  # noqa: E402
+from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2  # noqa: E402
 
 CLIP = 0.1
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tvsupport import free_port
+from support.world import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "grafana" / "rules" / "torchvitals.rules.yml"

@@ -24,7 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "examples")]
+sys.path.insert(0, str(HERE.parent))          # tests/: the support package
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -34,8 +34,7 @@ FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 def rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
     import torchvitals
-    from tinygpt import TinyGPT, random_batches
-    from tvsupport import TINY
+    from support.models import TINY, TinyGPT, random_batches
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)

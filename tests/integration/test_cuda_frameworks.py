@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytestmark = [pytest.mark.frameworks, pytest.mark.cuda]
+
 DEVICES = ["cuda"] if torch.cuda.is_available() else []
 STEPS = 40
 
@@ -20,7 +22,7 @@ STEPS = 40
 def _hf_fp16(tmp_path, tag: str, callbacks: list):
     from transformers import Trainer
 
-    from hf_trainer import Arithmetic, arguments, tiny_gpt2
+    from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
 
     trainer = Trainer(model=tiny_gpt2(0),
                       args=arguments(str(tmp_path / tag), STEPS, use_cpu=False, fp16=True,
@@ -57,7 +59,7 @@ def test_hf_trainer_fp16_rollback_restores_the_schedule_with_the_model(device, t
     from transformers import Trainer, TrainerCallback
 
     import torchvitals
-    from hf_trainer import Arithmetic, arguments, tiny_gpt2
+    from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from hf_job import CLIP, Record

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.distributed
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,6 +27,7 @@ def _torchrun(tmp_path: Path, steps: int) -> subprocess.CompletedProcess:
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_ddp_example_trains_checkpoints_and_resumes(tmp_path):
     first = _torchrun(tmp_path, 20)
     assert first.returncode == 0, first.stdout + first.stderr

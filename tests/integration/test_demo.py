@@ -35,6 +35,8 @@ def lr_spike(tmp_path_factory):
     return _demo(tmp_path_factory.mktemp("demo-lr-spike"), "--fault", "lr-spike", "--steps", "80")
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_lr_spike_is_warned_then_rolled_back_and_the_run_ends_healthy(lr_spike):
     proc, out = lr_spike
     stdout = proc.stdout
@@ -65,6 +67,8 @@ def test_lr_spike_is_warned_then_rolled_back_and_the_run_ends_healthy(lr_spike):
     assert "finished healthy" in stdout and f"report: {out}/report.html" in stdout
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_report_of_the_recorded_run_has_plots_and_names_the_fault(lr_spike):
     import matplotlib.image
     _, out = lr_spike
@@ -81,6 +85,8 @@ def test_report_of_the_recorded_run_has_plots_and_names_the_fault(lr_spike):
     assert "lr-spike after step 44" in html and "rollback</b> to step" in html
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_report_command_renders_a_run_folder_again(lr_spike, tmp_path, capsys):
     _, out = lr_spike
     assert main(["report", out]) == 0
@@ -90,6 +96,8 @@ def test_report_command_renders_a_run_folder_again(lr_spike, tmp_path, capsys):
     assert "events.jsonl" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_nan_on_one_rank_is_rolled_back_and_diagnosed_as_numerical(tmp_path):
     proc, out = _demo(tmp_path, "--fault", "nan", "--steps", "40")
     assert "CRITICAL step 23: nonfinite_loss" in proc.stdout, proc.stdout

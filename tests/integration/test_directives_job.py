@@ -8,9 +8,11 @@ import threading
 import time
 import urllib.request
 
+import pytest
+
 from directive_ranks import obedient_job
 from torchvitals.collector import CollectorConfig, CollectorServer
-from tvsupport import run_world
+from support.world import run_world
 
 TOKEN = "job-token-123"
 """The job's own token (its ranks hold it); Alertmanager posts with ``WEBHOOK_TOKEN``."""
@@ -42,6 +44,8 @@ def rollback_alert() -> dict:
                                    "torchvitals_action": "rollback"}}]}
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_rollback_directive_rolls_both_ranks_back_in_the_same_step(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN", TOKEN)       # the ranks inherit it
     server = CollectorServer(collector_config(tmp_path / "state")).start()
@@ -78,8 +82,8 @@ def test_rollback_directive_rolls_both_ranks_back_in_the_same_step(tmp_path, mon
 def test_a_collector_that_is_down_is_counted_not_a_training_failure(caplog):
     import torch
     import torchvitals
-    from tinygpt import TinyGPT, random_batches
-    from tvsupport import TINY, free_port
+    from support.models import TINY, TinyGPT, random_batches
+    from support.world import free_port
     model = TinyGPT(**TINY)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     agent = torchvitals.watch(model, opt, collector_url=f"http://127.0.0.1:{free_port()}",
@@ -99,8 +103,7 @@ def test_a_collector_that_is_down_is_counted_not_a_training_failure(caplog):
 def test_the_job_reads_its_token_from_a_mounted_secret_file(tmp_path, monkeypatch):
     import torch
     import torchvitals
-    from tinygpt import TinyGPT, random_batches
-    from tvsupport import TINY
+    from support.models import TINY, TinyGPT, random_batches
     (tmp_path / "token").write_text(TOKEN + "\n")          # as a Kubernetes secret mounts it
     monkeypatch.delenv("TORCHVITALS_WEBHOOK_TOKEN", raising=False)
     monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN_FILE", str(tmp_path / "token"))

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.frameworks
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 
 
 def torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), env.get("PYTHONPATH", "")]))
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", str(script), str(out), *args],
                           cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
@@ -65,6 +65,7 @@ def check_lr_and_clipping(rank: dict, reports: list[dict], fault_step: int) -> N
         assert report["lr"][0] == pytest.approx(expected, rel=1e-6), (i, report["step"])
 
 
+@pytest.mark.distributed
 def test_lightning_ddp_rolls_back_every_rank_and_keeps_its_scheduler_and_clipping(tmp_path):
     fault_step = 25
     ranks = torchrun(HERE / "lightning_job.py", tmp_path, "--fault-step", str(fault_step),
@@ -79,6 +80,7 @@ def test_lightning_ddp_rolls_back_every_rank_and_keeps_its_scheduler_and_clippin
         assert report["loss"] == pytest.approx(mean, rel=1e-5), i
 
 
+@pytest.mark.distributed
 def test_hf_trainer_rolls_back_every_rank_and_keeps_its_scheduler_and_clipping(tmp_path):
     fault_step = 25
     ranks = torchrun(HERE / "hf_job.py", tmp_path, "--fault-step", str(fault_step), "--steps", "50")
@@ -93,6 +95,7 @@ def test_hf_trainer_rolls_back_every_rank_and_keeps_its_scheduler_and_clipping(t
         assert report["loss"] == pytest.approx(total, rel=1e-5), i
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_healthy_runs_in_both_frameworks_raise_nothing(tmp_path, seed):
     """200 healthy steps in each framework (one process): no verdict at all, nothing rolled back."""
@@ -100,8 +103,8 @@ def test_healthy_runs_in_both_frameworks_raise_nothing(tmp_path, seed):
     from transformers import Trainer
 
     import torchvitals
-    from hf_trainer import Arithmetic, arguments, tiny_gpt2
-    from lightning_ddp import GPTModule, loader, trainer
+    from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+    from support.lightning_gpt import GPTModule, loader, trainer
 
     pl.seed_everything(seed)
     lightning = torchvitals.LightningCallback(log_dir="", metrics_port=0)
@@ -127,7 +130,7 @@ def _lightning_fp16(callbacks: list, tmp_path: Path, tag: str) -> tuple[list, li
     import torch
     from lightning.pytorch.plugins.precision import MixedPrecision
 
-    from lightning_ddp import GPTModule, loader
+    from support.lightning_gpt import GPTModule, loader
 
     class Recorded(GPTModule):
         losses: list = []
@@ -186,7 +189,7 @@ def test_a_restart_under_lightning_continues_the_schedule_where_it_stopped(tmp_p
     import lightning.pytorch as pl
 
     import torchvitals
-    from lightning_ddp import GPTModule, loader
+    from support.lightning_gpt import GPTModule, loader
     from real_steps import record_real_steps
 
     def fit(steps: int, callbacks: list) -> list[float]:
@@ -220,7 +223,7 @@ def test_a_restart_under_the_hf_trainer_continues_the_schedule_where_it_stopped(
     from transformers import Trainer, TrainerCallback
 
     import torchvitals
-    from hf_trainer import Arithmetic, arguments, tiny_gpt2
+    from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
     from real_steps import record_real_steps
 
     def fit(stop_after: int, callbacks: list) -> list[float]:

@@ -29,7 +29,7 @@ import yaml
 from promstack import (ALERTMANAGER_CONFIG, DASHBOARDS, REPO, RULE_TESTS, RULES, Alertmanager,
                        Prometheus, get_json, require)
 from torchvitals.collector import CollectorConfig, CollectorServer
-from tvsupport import free_port
+from support.world import free_port
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "observed_job.py"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
@@ -307,6 +307,8 @@ def stack(tmp_path_factory):
         collector.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_nan_fires_the_alert_and_the_collectors_order_reaches_the_job(stack):
     ordered = [d for d in stack["directives"] if d["job"] == "bare"]
     assert len(ordered) == 1, stack["directives"]
@@ -320,6 +322,8 @@ def test_a_nan_fires_the_alert_and_the_collectors_order_reaches_the_job(stack):
     assert len(took) == 1 and took[0]["tick"] > NAN_AT, took
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_job_that_rolled_back_by_itself_gets_no_order(stack):
     vitals = stack["reports"]["vitals"]
     nan = [r for r in vitals if r["tick"] == NAN_AT][0]
@@ -329,6 +333,8 @@ def test_a_job_that_rolled_back_by_itself_gets_no_order(stack):
     assert not [r for r in vitals if "collector_directive" in r["verdicts"]]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_every_dashboard_panel_returns_data_from_the_live_prometheus(stack):
     prom = stack["prom"]
     variables = {"job": "vitals", "block": ".*", "__rate_interval": "10s", "__interval": "1s",
@@ -346,6 +352,8 @@ def test_every_dashboard_panel_returns_data_from_the_live_prometheus(stack):
     assert not empty, "no finite data:\n" + "\n".join(empty)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_the_dashboard_variables_resolve_against_the_live_prometheus(stack):
     prom = stack["prom"]
     jobs = get_json(f"{prom.url}/api/v1/label/job/values?match[]=torchvitals_build_info")["data"]

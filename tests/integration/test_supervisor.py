@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from torchvitals.collector.supervisor.config import SupervisorConfig
 from torchvitals.collector.supervisor.metrics import SupervisorMetrics
 from torchvitals.collector.supervisor.supervisor import Supervisor
@@ -45,6 +47,7 @@ def last_healthy(tmp_path: Path) -> int:
     return [e for e in ledger["entries"] if e["event"] == "checkpoint"][-1]["step"]
 
 
+@pytest.mark.distributed
 def test_a_killed_rank_is_restarted_and_the_job_resumes_from_the_last_healthy_checkpoint(tmp_path):
     run = supervise_cli("--checkpoint-dir", str(tmp_path / "ckpt"), "--heartbeat-root",
                         str(tmp_path / "hb"), "--backoff-s", "0.1", "--grace-s", "2",
@@ -60,6 +63,8 @@ def test_a_killed_rank_is_restarted_and_the_job_resumes_from_the_last_healthy_ch
     assert "ended by crash" in run.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_stopped_rank_is_detected_as_a_hang_and_the_job_restarted(tmp_path):
     config = SupervisorConfig(hang_timeout_s=3, startup_timeout_s=60, checkpoint_timeout_s=30,
                               grace_s=2, backoff_s=0.1, poll_s=0.1,
@@ -137,6 +142,7 @@ def test_a_worker_outside_the_launchers_process_group_is_stopped_too(tmp_path):
     assert [a.reason for a in supervisor.history] == ["hang", "exit"]
 
 
+@pytest.mark.distributed
 def test_a_job_that_aborts_itself_is_not_restarted(tmp_path):
     # NaN at every step from 12 on: the watchdog rolls back to step 10 three times, then its
     # loop guard aborts every rank. The launcher (like torchrun) reports only "a worker failed",

@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "examples")]
+sys.path.insert(0, str(HERE.parent))          # tests/: the support package
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -52,8 +52,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import torchvitals
-    from tinygpt import TinyGPT, random_batches
-    from tvsupport import TINY
+    from support.models import TinyGPT, random_batches
+    from support.models import TINY
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     rank = dist.get_rank()

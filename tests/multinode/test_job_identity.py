@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
+from support.models import TinyGPT, random_batches
 from torchvitals import protocol
 from torchvitals.agent.recover.jobid import job_identity, launcher_job_id, resume_decision
 from torchvitals.agent.recover.watchdog import ResumeRefused
 from torchvitals.collector.supervisor.config import SupervisorConfig
 from torchvitals.collector.supervisor.supervisor import Supervisor
-from tvsupport import TINY
+from support.models import TINY
 
 BATCHES = list(random_batches(6, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 RESTART_VARS = (protocol.ATTEMPT_ENV, "TORCHELASTIC_RESTART_COUNT", *protocol.JOB_ID_ENVS)

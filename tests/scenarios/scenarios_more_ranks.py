@@ -1,4 +1,4 @@
-"""Rank functions for tests/scenarios/test_scenarios_more.py (spawned by tvsupport.run_world).
+"""Rank functions for tests/scenarios/test_scenarios_more.py (spawned by support.world.run_world).
 
 Each trains the tiny GPT under DDP (gloo, world size 2), injects one fault at a named rank and
 step, and returns plain data: per step the verdicts and the fields the parent compares across
@@ -14,8 +14,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY
+from support.models import TINY, TinyGPT, random_batches
 
 
 def _poison(grad: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Rank functions for tests/scenarios/test_scenarios_vitals.py (spawned by tvsupport.run_world).
+"""Rank functions for tests/scenarios/test_scenarios_vitals.py (spawned by support.world.run_world).
 
 Each trains the tiny GPT under DDP (gloo, world size 2) and returns plain data: per step the
 verdicts, the action and a checksum of the rank's parameters, so the parent can compare ranks.
@@ -12,8 +12,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY
+from support.models import TINY, TinyGPT, random_batches
 
 
 def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

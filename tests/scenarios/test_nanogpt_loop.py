@@ -1,7 +1,7 @@
-"""The nanoGPT-shaped loop (examples/nanogpt_loop.py): hand-set LR, accumulation, its own
-clipping, ``scaler.step(optimizer)``, random batches from the global RNG. A batch of bad data
-(recognised by its content) breaks one step: exactly one rollback, the batch is never drawn
-again, and the loop's hand-set LR keeps the back-off."""
+"""The nanoGPT-shaped loop (examples/nanogpt_loop.py's, from support.nanogpt_loop): hand-set LR,
+accumulation, its own clipping, ``scaler.step(optimizer)``, random batches from the global RNG.
+A batch of bad data (recognised by its content) breaks one step: exactly one rollback, the
+batch is never drawn again, and the loop's hand-set LR keeps the back-off."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from nanogpt_loop import Settings, get_lr, train
+from support.nanogpt_loop import Settings, get_lr, train
 
 
 def _key(x: torch.Tensor) -> tuple[int, ...]:

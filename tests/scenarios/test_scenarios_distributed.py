@@ -5,8 +5,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scenarios_more_ranks import nan_grad_on_one_rank, slow_rank
-from tvsupport import run_world
+from support.world import run_world
+
+pytestmark = pytest.mark.distributed
 
 
 # ---------------------------------------------------------------- non-finite gradient (DDP)

@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY
+from support.models import TINY, TinyGPT, random_batches
 
 
 # ---------------------------------------------------------------- models, data, the loop

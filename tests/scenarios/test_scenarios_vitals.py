@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 import torchvitals
+from support.models import TINY, TinyGPT, random_batches
+from support.world import run_world
 from scenarios_vitals_ranks import corrupted_replica, loader_stall_on_one_rank
-from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY, run_world
 
 PARAM = "blocks.1.mlp.0.weight"
 
@@ -130,6 +131,7 @@ def test_fast_loader_is_silent():
 
 # ---------------------------------------------------------------- replica divergence (DDP)
 
+@pytest.mark.distributed
 def test_weight_changed_on_one_replica_is_caught_and_rolled_back(tmp_path):
     """Rank 1's weight changes in place at step 23, after the all-reduce; the next sample
     (step 25) names the block on both ranks in the same step, and both roll back to step 20."""
@@ -151,6 +153,8 @@ def test_weight_changed_on_one_replica_is_caught_and_rolled_back(tmp_path):
     assert sum(s["checked"] for s in zero["steps"]) >= 8
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_three_replicas_name_the_odd_one_out():
     results = run_world(corrupted_replica, 12, 1, 7, PARAM, None, 5, world=3)
     for rank, result in enumerate(results):
@@ -160,6 +164,7 @@ def test_three_replicas_name_the_odd_one_out():
         assert verdicts[0][4:] == ({"blocks.1": [1]}, [1])
 
 
+@pytest.mark.distributed
 def test_identical_replicas_stay_silent():
     results = run_world(corrupted_replica, 30, 1, -1, PARAM, None, 5)
     for result in results:
@@ -170,6 +175,8 @@ def test_identical_replicas_stay_silent():
 
 # ---------------------------------------------------------------- straggler: data or compute
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_straggler_says_whether_data_or_compute_made_it_slow():
     data = run_world(loader_stall_on_one_rank, 20, 1, 11, 0.15, "data")
     compute = run_world(loader_stall_on_one_rank, 20, 1, 11, 0.15, "compute")

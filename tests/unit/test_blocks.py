@@ -1,9 +1,8 @@
 import pytest
 from torch import nn
 
-from tinygpt import TinyGPT
 from torchvitals.agent.measure.blocks import discover
-from tvsupport import TINY, TINY_BLOCKS
+from support.models import TINY, TINY_BLOCKS, TinyGPT
 
 
 def test_transformer_blocks_embeddings_head_and_other():

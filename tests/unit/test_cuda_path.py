@@ -11,8 +11,10 @@ import pytest
 import torch
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from tvsupport import TINY, TINY_BLOCKS, OutputRecorder, assert_close, ref_grad_norms
+from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
+from support.reference import OutputRecorder, assert_close, ref_grad_norms
+
+pytestmark = pytest.mark.cuda
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else []
 

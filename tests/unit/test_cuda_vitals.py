@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
 from torchvitals.agent.measure.host import accelerator_memory
-from tvsupport import TINY
+from support.models import TINY, TinyGPT, random_batches
+
+pytestmark = pytest.mark.cuda
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else []
 MIB = 2 ** 20

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from tvsupport import (TINY, TINY_BLOCKS, OutputRecorder, assert_activations, assert_close,
-                       ref_grad_norms, ref_update_ratios, snapshot)
+from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
+from support.reference import (OutputRecorder, assert_activations, assert_close, ref_grad_norms,
+                               ref_update_ratios, snapshot)
 
 ACT_BLOCKS = [b for b in TINY_BLOCKS if b != "other"]
 

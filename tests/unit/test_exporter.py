@@ -20,7 +20,7 @@ from torchvitals.agent.detect import PATTERNS
 from torchvitals.agent.outputs.exporter import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, Exporter,
                                        MetricsPortError)
 from torchvitals.agent.report import Report
-from tvsupport import free_port
+from support.world import free_port
 
 RECOVERY = {"torchvitals_rollbacks", "torchvitals_last_healthy_step", "torchvitals_lr_scale",
             "torchvitals_skipped_batches", "torchvitals_checkpoint_seconds",

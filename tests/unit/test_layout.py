@@ -1,24 +1,17 @@
 """The package's shape holds: stages import only what comes before them, nothing imports in a
-cycle, each wire contract is spelled once, the torch-free commands run where torch cannot be
-imported, and every command's --help explains its flags."""
+cycle, each wire contract is spelled once, every deliberate error shares one base. (That the
+torch-free commands run without torch, and every --help explains its flags, needs a fresh
+process: tests/integration/test_commands.py.)"""
 
 from __future__ import annotations
 
 import ast
-import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import torchvitals
 from torchvitals import protocol
-from torchvitals.collector.config import CollectorConfig
-from torchvitals.collector.supervisor.config import SupervisorConfig
-from torchvitals.settings import field_docs
 
 ROOT = Path(torchvitals.__file__).resolve().parent
 STAGES = {"measure": 1, "detect": 2, "recover": 3, "outputs": 4, "tools": 5, "integrations": 5}
@@ -210,68 +203,6 @@ def test_every_error_raised_on_purpose_shares_one_base():
         assert issubclass(cls, torchvitals.TorchvitalsError), cls
     assert issubclass(torchvitals.TrainingAborted, SystemExit)       # still exits with its code
     assert issubclass(MetricsPortError, OSError) and issubclass(PayloadError, ValueError)
-
-
-NO_TORCH = """raise ImportError("torch is not importable in this test: the command must not need it")\n"""
-
-
-def _without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run ``python -m <args>`` where ``import torch`` raises."""
-    shadow = tmp_path / "shadow"
-    (shadow / "torch").mkdir(parents=True, exist_ok=True)
-    (shadow / "torch" / "__init__.py").write_text(NO_TORCH)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(shadow), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                          env=env, timeout=120, cwd=tmp_path)
-
-
-def _a_real_run(tmp_path: Path) -> Path:
-    """A short real run's folder (event log and ledger), written by the agent here, with torch."""
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    agent = torchvitals.watch(model, opt, log_dir=str(tmp_path / "runs"), run_name="r",
-                              checkpoint_dir=str(tmp_path / "runs" / "r" / "ckpt"),
-                              checkpoint_every=5, metrics_port=0)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(12):
-        x = torch.randn(16, 4, generator=gen)
-        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
-        loss.backward()
-        agent.step(loss)
-        opt.zero_grad()
-    agent.close()
-    return tmp_path / "runs" / "r"
-
-
-def test_the_torch_free_commands_run_where_torch_cannot_be_imported(tmp_path):
-    assert "must not need it" in _without_torch(tmp_path, "torchvitals.agent.agent").stderr
-    run = _a_real_run(tmp_path)
-    for args, expect in [(("torchvitals", "supervise", "--help"), "--hang-timeout-s"),
-                         (("torchvitals.collector", "--help"), "--state-dir"),
-                         (("torchvitals", "diagnose", str(run / "events.jsonl")), "cause:"),
-                         (("torchvitals", "report", str(run)), "report.html")]:
-        out = _without_torch(tmp_path, *args)
-        assert out.returncode == 0 and expect in out.stdout, (args, out.stderr[-2000:])
-    assert (run / "loss.png").is_file()
-
-
-@pytest.mark.parametrize("cls, argv", [(SupervisorConfig, ["torchvitals", "supervise", "--help"]),
-                                       (CollectorConfig, ["torchvitals.collector", "--help"])])
-def test_every_flag_says_what_it_does_and_its_default(cls, argv):
-    out = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    text = " ".join(out.stdout.split())
-    docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in ("webhook_token", "job_tokens"):   # never a flag: it would show in ps
-            assert "--" + f.name.replace("_", "-") + " " not in text
-            continue
-        assert "--" + f.name.replace("_", "-") in text
-        first_words = " ".join(docs[f.name].split()[:4])
-        assert first_words in text, (f.name, first_words)
-        default = "none" if f.default is None else str(f.default)
-        assert f"(default: {default};" in text, (f.name, default)
 
 
 # ---------------------------------------------------------------- patches and private names

@@ -10,7 +10,7 @@ import torchvitals
 from torchvitals.agent.detect import Verdict
 from torchvitals.agent.outputs.live import LiveView, ratio_bar, ratio_state, sparkline
 from torchvitals.agent.report import Report
-from tinygpt import TinyGPT, random_batches
+from support.models import TinyGPT, random_batches
 
 ANSI = re.compile(r"\x1b\[")
 

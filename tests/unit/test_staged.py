@@ -7,9 +7,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
 from torchvitals.agent.recover.snapshot import restore, stage
-from tvsupport import TINY
+from support.models import TINY, TinyGPT, random_batches
 
 BATCHES = list(random_batches(60, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
+from support.models import TinyGPT, random_batches
 from torchvitals.agent.recover.checkpoint import CheckpointError
 from torchvitals.agent.recover.durable import sha256_file
 from torchvitals.agent.recover.trust import CheckpointKey, SafeReader, UntrustedCheckpoint
-from tvsupport import TINY
+from support.models import TINY
 
 BATCHES = list(random_batches(8, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 

@@ -6,9 +6,7 @@ import pytest
 import torch
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
-from torchvitals.agent.recover.watchdog import TrainingAborted
-from tvsupport import TINY
+from support.models import TINY, TinyGPT, random_batches
 
 BATCHES = list(random_batches(80, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 
@@ -23,8 +21,8 @@ def setup(tmp_path, **config):
     return model, opt, sched, torchvitals.watch(model, opt, sched, **settings)
 
 
-def train(model, opt, agent, steps, inject=None, seen=None):
-    reports = []
+def train(model, opt, agent, steps, inject=None, seen=None, reports=None):
+    reports = [] if reports is None else reports      # passed in: kept when the run aborts
     while agent.step_count < steps:
         for x, y in agent.batches(BATCHES):
             if seen is not None:
@@ -92,15 +90,32 @@ def test_restart_resumes_position_lr_scale_and_skips(tmp_path):
     agent2.close()
 
 
-def test_a_spike_that_keeps_coming_back_aborts_with_the_exit_code(tmp_path):
-    model, opt, sched, agent = setup(tmp_path, max_rollbacks=2, abort_exit_code=77)
-    with pytest.raises(TrainingAborted) as info:
-        train(model, opt, agent, 60, inject=lambda s, l: l * float("nan") if s >= 23 else l)
-    assert info.value.code == 77
-    assert agent.watchdog.rollbacks == 2
+RETURNING = {"nan_from_23": (23, lambda s, loss: loss * float("nan") if s >= 23 else loss),
+             "loss_x100_from_21": (21, lambda s, loss: loss * 100 if s > 20 else loss)}
+"""Faults that come back after every rollback to step 20: the step they first show at, and them."""
+
+
+@pytest.mark.parametrize("fault", sorted(RETURNING))
+def test_a_fault_after_every_rollback_aborts_with_the_exit_code(tmp_path, fault):
+    """Every rollback to step 20 meets the fault again. ``loss_x100_from_21`` is a spike that
+    persists: the detector must judge it against the healthy level it had learnt before the
+    rollback; one that starts afresh accepts x 100 as the new normal and trains on."""
+    at, inject = RETURNING[fault]
+    model, opt, sched, agent = setup(tmp_path, max_rollbacks=3, abort_exit_code=79)
+    reports = []
+    with pytest.raises(torchvitals.TrainingAborted) as info:
+        train(model, opt, agent, 60, inject=inject, reports=reports)
+    assert isinstance(info.value, SystemExit) and info.value.code == 79
+    rollbacks = [r for r in reports if r.action != "step"]
+    assert [(r.step, r.action) for r in rollbacks] == [(at, "rollback")] * 3
+    assert [r.rollback["to_step"] for r in rollbacks] == [20] * 3
+    assert [r.rollback["lr_scale"] for r in rollbacks] == [0.5, 0.25, 0.125]
+    assert agent.watchdog.rollbacks == 3
     assert agent.detector.history[-1].pattern == "rollback_loop"
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
-    assert ledger["entries"][-1]["event"] == "abort"
+    assert [e["event"] for e in ledger["entries"]] == ["checkpoint", "checkpoint", "rollback",
+                                                       "rollback", "rollback", "abort"]
+    assert ledger["lr_scale"] == 0.125
     agent.close()
 
 

@@ -3,7 +3,8 @@
     torchvitals demo --fault lr-spike|nan|frozen|none --ranks 2 --steps 150 --out DIR
 
 ``launch`` spawns the CPU ranks and watches them, ``train`` is one rank's loop with the injected
-fault, ``data`` the bundled text (package data), ``model`` the small GPT.
+fault, ``data`` the bundled text (package data) and synthetic token batches, ``model`` the small
+GPT (which the examples, tests and benchmarks train on the synthetic batches).
 """
 
 FAULTS = ("lr-spike", "nan", "frozen", "none")

@@ -2,6 +2,9 @@
 
     text = load_text(); vocab = Vocab(text); batches = text_batches(text, vocab, 40, 16, 64, rank)
 
+``random_batches`` makes synthetic token batches instead, for the examples, tests and
+benchmarks that train the same small GPT without the text.
+
 The text (``sonnets.txt``, Shakespeare's sonnets of 1609, public domain) ships as package data,
 so the demo needs no download. Batches are a list, the same on every pass: ``agent.batches``
 counts their global positions, so a rollback can skip exactly the ones that broke the run.
@@ -58,3 +61,26 @@ def text_batches(text: str, vocab: Vocab, n: int, batch: int, seq_len: int,
         window = ids[start + torch.arange(seq_len + 1)]
         out.append((window[:, :-1], window[:, 1:]))
     return out
+
+
+def random_batches(n: int, batch: int, seq_len: int, vocab: int, seed: int = 0):
+    """Deterministic token batches with learnable structure: strided runs, 10% noise.
+
+    Args:
+        n: batches to yield.
+        batch: sequences per batch.
+        seq_len: tokens per sequence.
+        vocab: token ids are below it.
+        seed: the generator's seed (the same seed yields the same batches).
+
+    Returns:
+        A generator of ``(inputs, next-token targets)``, each ``(batch, seq_len)`` long tensors.
+    """
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        start = torch.randint(0, vocab, (batch, 1), generator=g)
+        step = torch.randint(1, 4, (batch, 1), generator=g)
+        seq = (start + step * torch.arange(seq_len + 1)) % vocab
+        noise = torch.rand(seq.shape, generator=g) < 0.1
+        seq = torch.where(noise, torch.randint(0, vocab, seq.shape, generator=g), seq)
+        yield seq[:, :-1], seq[:, 1:]

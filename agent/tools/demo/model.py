@@ -2,8 +2,8 @@
 
     torchvitals demo          # trains it on the bundled text under the agent, 2 CPU ranks
 
-Also what examples/, tests/ and benchmarks/ train (examples/tinygpt.py re-exports it), so it
-ships with the package: the demo must run after a plain ``pip install``.
+Also what examples/, tests/ and benchmarks/ train (with ``data.random_batches``), so it ships
+with the package: the demo must run after a plain ``pip install``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Setups for ``python -m torchvitals preflight preflight_factories:<name>`` in the tests."""
+"""Setups for ``torchvitals preflight support.preflight_factories:<name>`` in the tests."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The benchmarks run end to end: the overhead benchmark on a tiny model prints one ratio row per
 variant, the payload benchmark shows the step's SUM payload independent of the world size.
 
-    python -m pytest tests/unit/test_benchmark_smoke.py
+    python -m pytest tests/integration/test_benchmark_smoke.py
 
 Timings they print are measurements, never asserted; the payload's size is a count.
 """

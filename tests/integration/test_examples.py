@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tvsupport import free_port
+from support.world import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -45,6 +45,7 @@ def test_single_process_examples_train_under_the_agent(name, tmp_path):
         assert "loss_scale 65536" in out, out       # the scaler went through the agent
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", ["ddp", "fsdp2"])
 def test_torchrun_examples_train_two_ranks_under_the_agent(name, tmp_path):
     out = _run_example(["-m", "torch.distributed.run", "--nproc-per-node", "2",
@@ -55,9 +56,10 @@ def test_torchrun_examples_train_two_ranks_under_the_agent(name, tmp_path):
     assert out.count("step 4 loss") == 1 and "blocks 6" in out, out
 
 
-@pytest.mark.parametrize("name, expected", [("lightning_ddp", "step 6: loss"),
-                                            ("hf_trainer", "step 6: loss"),
-                                            ("nanogpt_loop", "6 iterations, model step 6")])
+@pytest.mark.parametrize("name, expected", [
+    pytest.param("lightning_ddp", "step 6: loss", marks=pytest.mark.frameworks),
+    pytest.param("hf_trainer", "step 6: loss", marks=pytest.mark.frameworks),
+    ("nanogpt_loop", "6 iterations, model step 6")])
 def test_framework_and_nanogpt_examples_run_as_shown(name, expected, tmp_path):
     flag = "--max-iters" if name == "nanogpt_loop" else "--steps"
     out = _run_example([os.path.join(ROOT, "examples", f"{name}.py"), flag, "6",

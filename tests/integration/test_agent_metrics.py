@@ -8,10 +8,10 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import torchvitals
-from tinygpt import TinyGPT, random_batches
 from torchvitals.agent.outputs.eventlog import read_events
 from torchvitals.agent.outputs.exporter import MetricsPortError
-from tvsupport import TINY, TINY_BLOCKS, free_port
+from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
+from support.world import free_port
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:

@@ -1,0 +1,13 @@
+"""What the test tiers share: the models they train and the harness that runs them.
+
+- ``models``: the small GPT (from the package), its test size ``TINY``, synthetic batches;
+- ``reference``: float64 references the exactness tests compare the agent against;
+- ``world``: spawned gloo ranks (``run_world``, ``spawn_job``), free ports, DDP/FSDP2 wrapping;
+- ``preflight_factories``: the setups ``torchvitals preflight support.preflight_factories:<name>``
+  loads;
+- ``lightning_gpt``, ``hf_gpt2``, ``nanogpt_loop``: copies of what the Lightning, Hugging Face and
+  nanoGPT examples train, for the tests that run them with faults injected.
+
+``tests/conftest.py`` puts ``tests/`` on ``sys.path``; a script a test starts as a subprocess
+(torchrun) inserts it itself. Nothing here imports from ``examples/``.
+"""
