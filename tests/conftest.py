@@ -21,7 +21,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 TIERS = {"unit": "unit", "distributed": "distributed", "integration": "integration",
-         "scenarios": "scenarios", "deploy": "deploy"}
+         "scenarios": "scenarios", "deploy": "deploy", "multinode": "multinode"}
 """Folder -> the marker every test in it carries."""
 
 # Children spawned by the distributed tests inherit these; a test that wants a port or a log

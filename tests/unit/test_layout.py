@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import torch
 
 import torchvitals
 from torchvitals import protocol

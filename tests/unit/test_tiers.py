@@ -11,7 +11,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 EXAMPLES = {p.stem for p in (TESTS.parent / "examples").glob("*.py")}
-TIERS = {"unit", "distributed", "integration", "scenarios", "deploy"}
+TIERS = {"unit", "distributed", "integration", "scenarios", "deploy", "multinode"}
 STARTS_A_PROCESS = {"subprocess", "multiprocessing", "torch.multiprocessing",
                     "torch.distributed.run", "support.world.run_world", "support.world.spawn_job"}
 """Modules whose import in tests/unit means a test starts a process (ranks, a command, a job)."""
