@@ -61,6 +61,7 @@ from .signals.scaler import Scaler
 from .signals.timing import Timing
 from .signals.update import UpdateRatios
 from .step import StepInput, Steps
+from .wrappers import unwrap_all
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Agent:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
                  *, config: Config | None = None, group: dist.ProcessGroup | None = None,
                  registry: Any = None, clock: Callable[[], float] = time.perf_counter):
+        optimizer, scheduler = unwrap_all(optimizer, scheduler, log)   # accelerate, DeepSpeed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config = config or Config.from_env()
         self.clock = clock
@@ -341,8 +343,11 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = N
 
     Args:
         model: a plain module, a DDP-wrapped module, or a ``fully_shard``-ed (FSDP2) module.
-        optimizer: the optimizer ``agent.step`` steps.
-        scheduler: an LR scheduler stepped after each optimizer step, or None.
+        optimizer: the optimizer ``agent.step`` steps: a torch optimizer, or a wrapper holding
+            one as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``), whose inner
+            optimizer is guarded.
+        scheduler: an LR scheduler stepped after each optimizer step (accelerate's
+            ``AcceleratedScheduler`` too), or None.
         group: the process group to reduce over (default: DDP's, else the world).
         registry: a prometheus_client registry to export into (default: a fresh one).
         **config: any ``Config`` field; overrides ``TORCHVITALS_*`` variables.
