@@ -149,6 +149,7 @@ class Agent:
         for signal in self.signals:
             built.callback(signal.close)
         self._patches.route_scaler_step(optimizer, self._scaler_step)
+        self._zero_grad = self._patches.before_zero_grad(optimizer, self.settle_skipped)
         self._patches.capture_clipping(self.capture_gradients, self.params)
         if self.steps.sampled(self.steps.step_count + 1):
             self.steps.arm()
@@ -216,6 +217,16 @@ class Agent:
         """``scaler.step(optimizer)`` from the loop or a framework (see patches.ScalerStepPatch):
         the caller updates the scaler; the real step goes through the optimizer's attribute."""
         self._run(StepInput(scaler=scaler, through_attribute=True))
+
+    def settle_skipped(self) -> None:
+        """``optimizer.zero_grad()`` from the loop or a framework: gradients and losses of a
+        backward pass that no step took are a step the framework skipped by itself (DeepSpeed's
+        overflow, a GradScaler's, a loop's own test). That step is measured and reported as its
+        own skip on every rank (the frameworks' skip is agreed), so its losses never reach the
+        next step."""
+        if self.steps.aborted is None and self.loss_book.pending and \
+                self.guard.has_new_gradients() and not self.guard.closed:
+            self._run(StepInput(skipped_by_framework=True))
 
     def _run(self, inp: StepInput, checked: bool = True) -> Report:
         report = self.guard.checked(self.steps.run, inp) if checked else self.steps.run(inp)

@@ -140,6 +140,14 @@ class StepGuard:
     def _mark(self) -> list[tuple[torch.Tensor, int]]:
         return [(g, tensor_version(g)) for g in (p.grad for p in self._probes) if g is not None]
 
+    def has_new_gradients(self) -> bool:
+        """A backward pass reached the model since the last step (its probes' gradients are
+        new tensors, or were changed in place)."""
+        marks = self._mark()
+        return bool(marks) and not (self._marks and len(marks) == len(self._marks) and all(
+            new is old and version == seen
+            for (new, version), (old, seen) in zip(marks, self._marks)))
+
     def _check_new_gradients(self) -> None:
         marks = self._mark()
         if marks and self._marks and all(

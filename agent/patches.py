@@ -3,6 +3,7 @@
     patches = PatchSet()
     patches.close_when_collected(agent)          # undone if the agent is dropped without close()
     patches.replace_step(optimizer, guard.guarded_step)         # optimizer.step (this instance)
+    patches.before_zero_grad(optimizer, agent.settle_skipped)    # optimizer.zero_grad (this instance)
     patches.route_scaler_step(optimizer, agent._scaler_step)    # GradScaler.step (the class)
     patches.capture_clipping(agent.capture_gradients, params)   # clip_grad's scaling (module)
     ...
@@ -388,6 +389,33 @@ class PatchSet:
         mark_step_wrapped(method)
         patch = AttributePatch(optimizer, "step",
                                lambda _original: types.MethodType(method, optimizer))
+        patch.install()
+        self._steps.append(weakref.ref(patch))
+        return patch
+
+    def before_zero_grad(self, optimizer: torch.optim.Optimizer,
+                         fn: Callable[[], None]) -> AttributePatch:
+        """Call ``fn()`` before ``optimizer.zero_grad()`` clears the gradients (this instance).
+
+        Args:
+            optimizer: the optimizer.
+            fn: a bound method (held weakly: once its object is gone, the call passes through).
+
+        Returns:
+            The patch (the set holds it weakly, the optimizer holds it as its ``zero_grad``).
+        """
+        ref = _WeakBound(fn)
+
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def zero_grad(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+                before = ref()
+                if before is not None:
+                    before()
+                return original(*args, **kwargs)
+            return types.MethodType(zero_grad, optimizer)
+
+        patch = AttributePatch(optimizer, "zero_grad", wrap)
         patch.install()
         self._steps.append(weakref.ref(patch))
         return patch
