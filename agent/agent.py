@@ -61,7 +61,7 @@ from .signals.scaler import Scaler
 from .signals.timing import Timing
 from .signals.update import UpdateRatios
 from .step import StepInput, Steps
-from .wrappers import unwrap_all
+from .wrappers import grad_source, step_owner, unwrap_all
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class Agent:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
                  *, config: Config | None = None, group: dist.ProcessGroup | None = None,
                  registry: Any = None, clock: Callable[[], float] = time.perf_counter):
+        self._stepper = step_owner(optimizer)       # what the guard steps: see wrappers.py
         optimizer, scheduler = unwrap_all(optimizer, scheduler, log)   # accelerate, DeepSpeed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config = config or Config.from_env()
@@ -143,7 +144,8 @@ class Agent:
         self._patches = PatchSet()          # undone by close(), or when the agent is collected
         built.callback(self._patches.close)
         self._patches.close_when_collected(self)
-        self.guard = StepGuard(optimizer, self._guarded_step, self.params, self._patches)
+        self.guard = StepGuard(optimizer, self._guarded_step, self.params, self._patches,
+                               stepper=self._stepper)
         built.callback(self.guard.close)
         self.signals = self._signals()
         for signal in self.signals:
@@ -160,7 +162,8 @@ class Agent:
         sharded = any(isinstance(p, DTensor) for p in self.params)
         split = config.split_ddp_work and self.world_size > 1 and not sharded
         owned = [(b % self.world_size == self.rank) if split else True for b in range(n)]
-        self.grads = GradNorms(GradStats(blocks, owned, self.world_size, split), blocks.names,
+        self.grads = GradNorms(GradStats(blocks, owned, self.world_size, split,
+                                         grad_source(self._stepper)), blocks.names,
                                self.device, self.guard.probe_grads,
                                ClipWatch(log=log if self.rank == 0 else None))
         self.update = (UpdateRatios(UpdateRatio(blocks, owned, self.world_size, split,

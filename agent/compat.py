@@ -199,6 +199,32 @@ def problems() -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------- DeepSpeed ZeRO-1/2
+
+ZERO_PARTITIONED_GRADS = "averaged_gradients"
+"""DeepSpeed ZeRO-1/2 optimizer: each param group's gradient partition of this rank, from the
+end of the backward pass until its ``step`` consumes it."""
+
+
+def is_zero_optimizer(obj: Any) -> bool:
+    """DeepSpeed's ZeRO stage 1/2 optimizer (it keeps the gradients in its own partitions)."""
+    return (type(obj).__module__.startswith("deepspeed.") and
+            hasattr(obj, ZERO_PARTITIONED_GRADS) and hasattr(obj, "partition_gradients"))
+
+
+def zero_grad_fragment(param: torch.Tensor) -> torch.Tensor | None:
+    """This rank's fragment of ``param``'s gradient under DeepSpeed ZeRO-1/2, or None when this
+    rank holds none of it (the fragments of the ranks are disjoint and cover the gradient) or
+    when the optimizer holds no gradient now (before a backward pass, after its step)."""
+    mapping = getattr(param, "_hp_mapping", None)
+    if mapping is None:
+        return None
+    try:
+        return mapping.get_lp_grad_fragment(param._index_in_param_group)
+    except ValueError:        # "Gradients are only available ... before engine step"
+        return None
+
+
 def check() -> None:
     """Raise ``CompatError`` listing every private name that does not hold (see ``problems``)."""
     found = problems()

@@ -13,11 +13,12 @@ one is refused with a message saying what ``watch()`` accepts.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from ..errors import TorchvitalsError
+from .compat import is_zero_optimizer, zero_grad_fragment
 
 MAX_DEPTH = 4
 """Wrappers peeled at most (accelerate around DeepSpeed around torch is three)."""
@@ -130,3 +131,28 @@ def unwrap_all(optimizer: Any, scheduler: Any, log: Any) -> tuple[torch.optim.Op
         if note is not None:
             log.info(note)
     return opt.obj, sched.obj
+
+
+def step_owner(obj: Any) -> Any:
+    """The object whose ``step`` the guard replaces, for the optimizer ``obj`` passed to watch.
+
+    DeepSpeed's ZeRO-1/2 optimizer in ``obj``'s chain: its ``step`` checks for overflow, clips
+    the partitioned gradients and steps its torch optimizer once per param group, so the agent's
+    step runs around all of it (the gradients measured before it clips, one step however many
+    groups). Otherwise the torch optimizer itself (accelerate's wrapper forwards its step to it
+    only when the gradients were synchronised).
+    """
+    inner = obj
+    for _ in range(MAX_DEPTH + 1):
+        if is_zero_optimizer(inner):
+            return inner
+        if _is_torch_optimizer(inner):
+            return inner
+        inner = getattr(inner, "optimizer", None)
+    return unwrap_optimizer(obj).obj
+
+
+def grad_source(owner: Any) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+    """Where the gradients are read when they are not in ``param.grad``: this rank's fragment
+    of DeepSpeed ZeRO-1/2's partitions (None: ``param.grad``)."""
+    return zero_grad_fragment if is_zero_optimizer(owner) else None

@@ -1,0 +1,67 @@
+"""DeepSpeed on CPU (``DS_ACCELERATOR=cpu``, gloo, 2 ranks under torchrun), watched as
+``deepspeed.initialize`` returns it: ``watch(engine, engine.optimizer)``. Under ZeRO-1/2 the
+gradients live in DeepSpeed's partitions (``param.grad`` is None): the per-block norms read from
+them are exact against an fp64 reference, the total equals the engine's own
+``get_global_grad_norm()`` (before its clipping), a NaN on one rank is skipped by both ranks in
+that step, and the next step is a healthy one."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def _torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), env.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", str(script), *args],
+                          cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_gradients_are_read_from_the_partitions_exactly_and_a_nan_is_that_steps_skip(
+        tmp_path, stage):
+    fault, steps = 5, 10
+    done = _torchrun(HERE / "deepspeed_job.py", tmp_path, str(tmp_path), "--stage", str(stage),
+                     "--fault-step", str(fault), "--steps", str(steps))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["step"], r["action"]) for r in ranks[0]["reports"]] == \
+        [(r["step"], r["action"]) for r in ranks[1]["reports"]], "the ranks decided differently"
+    reports = ranks[0]["reports"]
+    assert [r["action"] for r in reports] == ["step"] * (fault - 1) + ["skip"] + \
+        ["step"] * (steps - fault)
+    assert "nonfinite_loss" in reports[fault - 1]["verdicts"]
+    clip = ranks[0]["clip"]
+    for report in reports:
+        if report["action"] != "step":
+            continue
+        for block, norm in report["grad_norm"].items():
+            assert norm > 0 and norm == pytest.approx(report["ref"][block], rel=2e-6), block
+        assert report["grad_norm_total"] == pytest.approx(report["engine_norm"], rel=1e-6)
+        assert math.isfinite(report["loss"])
+    assert any(r["grad_norm_total"] > clip * 1.1 for r in reports), "the norms are not pre-clip"
+    assert ranks[0]["params"] == ranks[1]["params"]
+
+
+def test_the_deepspeed_example_runs(tmp_path):
+    done = _torchrun(ROOT / "examples" / "deepspeed_train.py", tmp_path, "--stage", "2",
+                     "--steps", "6")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("step 6 step")]
+    assert line, done.stdout[-3000:]
+    ours, theirs = float(line[0].split("grad_norm ")[1].split()[0]), float(line[0].split()[-1])
+    assert ours == pytest.approx(theirs, abs=2e-4)
