@@ -47,6 +47,10 @@ def main() -> None:
                                            config=config(args.stage, ACCUMULATE, CLIP))
     rank, world = engine.global_rank, engine.world_size
     agent = torchvitals.watch(engine, engine.optimizer, blocks=BLOCKS, log_dir="", metrics_port=0)
+    real: list[float] = []      # the gradient norm each real step of the torch optimizer saw
+    optimizer.register_step_pre_hook(lambda opt, *_: real.append(math.sqrt(sum(
+        float(p.grad.double().pow(2).sum()) for g in opt.param_groups for p in g["params"]
+        if p.grad is not None))))
     gens = [torch.Generator().manual_seed(r) for r in range(world)]
     out = []
     for step in range(1, args.steps + 1):
@@ -79,6 +83,7 @@ def main() -> None:
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump({"reports": out, "params": flat.tolist(), "step_count": agent.step_count,
+                   "real": real,
                    "clip": CLIP}, f)
     agent.close()
 
