@@ -61,7 +61,7 @@ from .signals.scaler import Scaler
 from .signals.timing import Timing
 from .signals.update import UpdateRatios
 from .step import StepInput, Steps
-from .wrappers import grad_source, step_owner, unwrap_all
+from .wrappers import grad_source, step_owner, stepped_params, unwrap_all
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ class Agent:
         self.reducer = Reducer(self.group, self.world_size)
         self.detector = Detector(self.blocks.names, self.blocks.kinds,
                                  Thresholds.from_overrides(self.config.detect),
-                                 static=wiring_verdicts(self.blocks, optimizer))
+                                 static=wiring_verdicts(self.blocks,
+                                                        stepped_params(self._stepper, optimizer)))
         self.loss_book = LossBook()
         """Where each step's loss comes from (``record_loss``, the model's outputs)."""
         self._wait = DataWait(clock)

@@ -212,6 +212,12 @@ def is_zero_optimizer(obj: Any) -> bool:
             hasattr(obj, ZERO_PARTITIONED_GRADS) and hasattr(obj, "partition_gradients"))
 
 
+def zero_model_params(optimizer: Any) -> list[list[torch.Tensor]]:
+    """The model parameters DeepSpeed's ZeRO-1/2 optimizer steps, per param group (its torch
+    optimizer holds flat partitions instead)."""
+    return [list(group) for group in optimizer.bit16_groups]
+
+
 def zero_grad_fragment(param: torch.Tensor) -> torch.Tensor | None:
     """This rank's fragment of ``param``'s gradient under DeepSpeed ZeRO-1/2, or None when this
     rank holds none of it (the fragments of the ranks are disjoint and cover the gradient) or

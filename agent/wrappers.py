@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..errors import TorchvitalsError
-from .compat import is_zero_optimizer, zero_grad_fragment
+from .compat import is_zero_optimizer, zero_grad_fragment, zero_model_params
 
 MAX_DEPTH = 4
 """Wrappers peeled at most (accelerate around DeepSpeed around torch is three)."""
@@ -156,3 +156,18 @@ def grad_source(owner: Any) -> Callable[[torch.Tensor], torch.Tensor | None] | N
     """Where the gradients are read when they are not in ``param.grad``: this rank's fragment
     of DeepSpeed ZeRO-1/2's partitions (None: ``param.grad``)."""
     return zero_grad_fragment if is_zero_optimizer(owner) else None
+
+
+class ParamGroups(NamedTuple):
+    """Stands for an optimizer where only its model parameters are read (the wiring check)."""
+
+    param_groups: list[dict[str, Any]]
+
+
+def stepped_params(owner: Any, optimizer: torch.optim.Optimizer) -> Any:
+    """What holds the model parameters a step updates, as ``param_groups``: the torch optimizer,
+    or for DeepSpeed's ZeRO-1/2 the model parameters it partitions (its torch optimizer holds
+    flat partitions, which would make every block look like one no optimizer steps)."""
+    if is_zero_optimizer(owner):
+        return ParamGroups([{"params": group} for group in zero_model_params(owner)])
+    return optimizer

@@ -25,7 +25,8 @@ ROOT = HERE.parents[1]
 
 def _torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu",
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), env.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", str(script), *args],
@@ -46,6 +47,7 @@ def test_zero_gradients_are_read_from_the_partitions_exactly_and_a_nan_is_that_s
     assert [r["action"] for r in reports] == ["step"] * (fault - 1) + ["skip"] + \
         ["step"] * (steps - fault)
     assert "nonfinite_loss" in reports[fault - 1]["verdicts"]
+    assert not [r["verdicts"] for r in reports if any(v.startswith("dead_") for v in r["verdicts"])]
     clip = ranks[0]["clip"]
     for report in reports:
         if report["action"] != "step":
@@ -73,3 +75,26 @@ def test_the_deepspeed_example_runs(tmp_path):
     assert line, done.stdout[-3000:]
     ours, theirs = float(line[0].split("grad_norm ")[1].split()[0]), float(line[0].split()[-1])
     assert ours == pytest.approx(theirs, abs=2e-4)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_the_trainer_with_a_deepspeed_config_is_watched_by_the_callback_unchanged(tmp_path, stage):
+    fault, steps = 5, 10
+    done = _torchrun(HERE / "hf_deepspeed_job.py", tmp_path, str(tmp_path), "--stage", str(stage),
+                     "--fault-step", str(fault), "--steps", str(steps), timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["step"], r["action"]) for r in ranks[0]["reports"]] == \
+        [(r["step"], r["action"]) for r in ranks[1]["reports"]], "the ranks decided differently"
+    reports = ranks[0]["reports"]
+    # The NaN is injected at global_step == fault, i.e. in the Trainer's step fault + 1.
+    assert [r["action"] for r in reports] == ["step"] * fault + ["skip"] + \
+        ["step"] * (steps - fault - 1)
+    assert ranks[0]["global_step"] == steps
+    assert not [r["verdicts"] for r in reports if any(v.startswith("dead_") for v in r["verdicts"])]
+    for report, engine in zip(reports, ranks[0]["engine_norms"]):
+        if report["action"] == "step":
+            assert report["grad_norm_total"] == pytest.approx(engine, rel=1e-6)
+            assert all(v > 0 for v in report["grad_norm"].values())
+            assert math.isfinite(report["loss"])
+    assert any(r["grad_norm_total"] > ranks[0]["clip"] for r in reports), "not the pre-clip norm"
