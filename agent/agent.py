@@ -61,7 +61,8 @@ from .signals.scaler import Scaler
 from .signals.timing import Timing
 from .signals.update import UpdateRatios
 from .step import StepInput, Steps
-from .wrappers import grad_source, step_owner, stepped_params, unwrap_all
+from .wrappers import (check_checkpointable, grad_source, step_owner, stepped_params,
+                       unwrap_all)
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class Agent:
         optimizer, scheduler = unwrap_all(optimizer, scheduler, log)   # accelerate, DeepSpeed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config = config or Config.from_env()
+        check_checkpointable(self._stepper, self.config.checkpoint_dir)
         self.clock = clock
         distributed = dist.is_available() and dist.is_initialized()
         if group is None and isinstance(model, DistributedDataParallel):

@@ -208,8 +208,8 @@ end of the backward pass until its ``step`` consumes it."""
 
 def is_zero_optimizer(obj: Any) -> bool:
     """DeepSpeed's ZeRO stage 1/2 optimizer (it keeps the gradients in its own partitions)."""
-    return (type(obj).__module__.startswith("deepspeed.") and
-            hasattr(obj, ZERO_PARTITIONED_GRADS) and hasattr(obj, "partition_gradients"))
+    return (type(obj).__module__ == "deepspeed.runtime.zero.stage_1_and_2" and
+            hasattr(obj, ZERO_PARTITIONED_GRADS) and hasattr(obj, "bit16_groups"))
 
 
 def zero_model_params(optimizer: Any) -> list[list[torch.Tensor]]:

@@ -148,8 +148,30 @@ def step_owner(obj: Any) -> Any:
             return inner
         if _is_torch_optimizer(inner):
             return inner
+        if type(inner).__module__.startswith("deepspeed."):
+            # ZeRO-3, DeepSpeed's fp16/bf16 optimizers: the gradients live in buffers this
+            # version does not read; refused rather than reported as zeros.
+            raise TorchvitalsError(
+                f"torchvitals does not support DeepSpeed's {_name(inner)} yet: its gradients "
+                f"live in DeepSpeed's own buffers, which torchvitals cannot read, so every norm "
+                f"would be missing. Supported: ZeRO stage 0 (fp32), 1 and 2")
         inner = getattr(inner, "optimizer", None)
     return unwrap_optimizer(obj).obj
+
+
+def check_checkpointable(owner: Any, checkpoint_dir: str | None) -> None:
+    """Refuse, at ``watch()``, a watchdog this optimizer's state cannot go through.
+
+    Raises:
+        TorchvitalsError: DeepSpeed ZeRO-1/2 with ``checkpoint_dir``: its optimizer state is
+            partitioned in flat buffers that torchvitals' checkpoints do not map yet.
+    """
+    if checkpoint_dir and is_zero_optimizer(owner):
+        raise TorchvitalsError(
+            "torchvitals cannot checkpoint or roll back DeepSpeed ZeRO-1/2's partitioned "
+            "optimizer state yet: watch(engine, engine.optimizer) without checkpoint_dir (a "
+            "non-finite step is then skipped on every rank), and checkpoint with DeepSpeed's "
+            "engine.save_checkpoint. ZeRO stage 0 checkpoints and rolls back as usual")
 
 
 def grad_source(owner: Any) -> Callable[[torch.Tensor], torch.Tensor | None] | None:

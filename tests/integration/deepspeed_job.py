@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--stage", type=int, default=2)
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--checkpoint-every", type=int, default=0)
     args = parser.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     model = build()
@@ -46,7 +47,10 @@ def main() -> None:
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                            config=config(args.stage, ACCUMULATE, CLIP))
     rank, world = engine.global_rank, engine.world_size
-    agent = torchvitals.watch(engine, engine.optimizer, blocks=BLOCKS, log_dir="", metrics_port=0)
+    watchdog = (dict(checkpoint_dir=os.path.join(args.out, "ckpt"),
+                     checkpoint_every=args.checkpoint_every) if args.checkpoint_every else {})
+    agent = torchvitals.watch(engine, engine.optimizer, blocks=BLOCKS, log_dir="", metrics_port=0,
+                              **watchdog)
     real: list[float] = []      # the gradient norm each real step of the torch optimizer saw
     optimizer.register_step_pre_hook(lambda opt, *_: real.append(math.sqrt(sum(
         float(p.grad.double().pow(2).sum()) for g in opt.param_groups for p in g["params"]

@@ -98,3 +98,26 @@ def test_the_trainer_with_a_deepspeed_config_is_watched_by_the_callback_unchange
             assert all(v > 0 for v in report["grad_norm"].values())
             assert math.isfinite(report["loss"])
     assert any(r["grad_norm_total"] > ranks[0]["clip"] for r in reports), "not the pre-clip norm"
+
+
+def test_zero_off_rolls_both_ranks_back_and_zero_checkpoints_are_refused_at_watch(tmp_path):
+    (tmp_path / "s0").mkdir()
+    done = _torchrun(HERE / "deepspeed_job.py", tmp_path / "s0", str(tmp_path / "s0"), "--stage",
+                     "0", "--fault-step", "7", "--steps", "10", "--checkpoint-every", "3")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    ranks = [json.loads((tmp_path / "s0" / f"rank{r}.json").read_text()) for r in range(2)]
+    reports = ranks[0]["reports"]
+    assert [(r["step"], r["action"]) for r in reports] == \
+        [(r["step"], r["action"]) for r in ranks[1]["reports"]]
+    rollbacks = [r for r in reports if r["action"] == "rollback"]
+    assert len(rollbacks) == 1 and rollbacks[0]["step"] == 7
+    assert rollbacks[0]["rollback"]["to_step"] == 6 and rollbacks[0]["rollback"]["lr_scale"] == 0.5
+    after = reports[reports.index(rollbacks[0]) + 1:]
+    assert after and all(r["action"] == "step" and r["lr"][0] == pytest.approx(1.5e-3)
+                         for r in after)
+    assert ranks[0]["params"] == ranks[1]["params"]
+    (tmp_path / "s2").mkdir()
+    refused = _torchrun(HERE / "deepspeed_job.py", tmp_path / "s2", str(tmp_path / "s2"),
+                        "--stage", "2", "--steps", "2", "--checkpoint-every", "1")
+    assert refused.returncode != 0
+    assert "cannot checkpoint or roll back DeepSpeed ZeRO-1/2" in refused.stdout + refused.stderr
