@@ -359,10 +359,11 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = N
     """Start watching a model and its optimizer on this rank.
 
     Args:
-        model: a plain module, a DDP-wrapped module, or a ``fully_shard``-ed (FSDP2) module.
+        model: a plain module, a DDP-wrapped module, a ``fully_shard``-ed (FSDP2) module, or a
+            DeepSpeed engine.
         optimizer: the optimizer ``agent.step`` steps: a torch optimizer, or a wrapper holding
-            one as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``), whose inner
-            optimizer is guarded.
+            one as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``, DeepSpeed's
+            ``engine.optimizer``; see ``wrappers``).
         scheduler: an LR scheduler stepped after each optimizer step (accelerate's
             ``AcceleratedScheduler`` too), or None.
         group: the process group to reduce over (default: DDP's, else the world).

@@ -212,6 +212,11 @@ def is_zero_optimizer(obj: Any) -> bool:
             hasattr(obj, ZERO_PARTITIONED_GRADS) and hasattr(obj, "bit16_groups"))
 
 
+def zero_loss_scaled(optimizer: Any) -> bool:
+    """DeepSpeed's ZeRO-1/2 optimizer trains in fp16: its partitions hold loss-scaled gradients."""
+    return getattr(optimizer, "dtype", None) == torch.float16
+
+
 def zero_model_params(optimizer: Any) -> list[list[torch.Tensor]]:
     """The model parameters DeepSpeed's ZeRO-1/2 optimizer steps, per param group (its torch
     optimizer holds flat partitions instead)."""

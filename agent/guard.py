@@ -153,11 +153,7 @@ class StepGuard:
             for (new, version), (old, seen) in zip(marks, self._marks)))
 
     def _check_new_gradients(self) -> None:
-        marks = self._mark()
-        if marks and self._marks and all(
-                new is old and version == seen
-                for (new, version), (old, seen) in zip(marks, self._marks)) \
-                and len(marks) == len(self._marks):
+        if self._mark() and not self.has_new_gradients():
             raise DoubleStepError(
                 "optimizer.step() was called again with no backward pass since the last step: "
                 "the same gradients would be applied twice. With torchvitals.watch() the "

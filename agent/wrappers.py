@@ -3,12 +3,17 @@
     optimizer, note = unwrap_optimizer(accelerated_optimizer)   # the torch optimizer inside
     scheduler, note = unwrap_scheduler(accelerated_scheduler)   # what the agent checkpoints
 
+    owner = step_owner(engine.optimizer)                        # whose step the guard takes
+
 ``accelerator.prepare`` returns an ``AcceleratedOptimizer`` and an ``AcceleratedScheduler``;
-DeepSpeed's engine holds a ZeRO optimizer. None of them is a ``torch.optim.Optimizer``, but each
-holds one as ``.optimizer`` and forwards its step to it, so the guard goes on that inner
-optimizer: whoever steps the wrapper (the loop, the Trainer, accelerate's ``accumulate``) reaches
-the guard exactly when a real step is due. Anything that is neither an optimizer nor a wrapper of
-one is refused with a message saying what ``watch()`` accepts.
+DeepSpeed's engine holds a ZeRO optimizer. None of them is a working ``torch.optim.Optimizer``,
+but each holds one as ``.optimizer``. Accelerate's forwards its step to it only when a real step
+is due (``accumulate``), so the guard goes on that inner optimizer. DeepSpeed's ZeRO-1/2
+optimizer clips its partitioned gradients and then steps the inner one once per param group, so
+the guard goes on the ZeRO optimizer's own ``step`` instead, and the gradients are read from its
+partitions (``grad_source``). Anything that is neither an optimizer nor a wrapper of one, and
+DeepSpeed optimizers whose gradients cannot be read, are refused at ``watch()`` with what it
+accepts.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..errors import TorchvitalsError
-from .compat import is_zero_optimizer, zero_grad_fragment, zero_model_params
+from .compat import is_zero_optimizer, zero_grad_fragment, zero_loss_scaled, zero_model_params
 
 MAX_DEPTH = 4
 """Wrappers peeled at most (accelerate around DeepSpeed around torch is three)."""
@@ -144,6 +149,12 @@ def step_owner(obj: Any) -> Any:
     """
     inner = obj
     for _ in range(MAX_DEPTH + 1):
+        if is_zero_optimizer(inner) and zero_loss_scaled(inner):
+            # Its partitions hold loss-scaled gradients, and an overflow must reach its step
+            # (which backs the scale off): not handled yet, refused rather than misread.
+            raise TorchvitalsError(
+                "torchvitals does not support DeepSpeed ZeRO with fp16 yet (its gradients are "
+                "loss-scaled, and its overflow skip must run its own step); use bf16 or fp32")
         if is_zero_optimizer(inner):
             return inner
         if _is_torch_optimizer(inner):
