@@ -1,7 +1,6 @@
 """A hand-written Accelerate loop with torchvitals: pass ``watch()`` what ``prepare`` returns.
 
     torchrun --standalone --nproc-per-node 2 examples/accelerate_loop.py --steps 40
-    accelerate launch --num_processes 2 --cpu examples/accelerate_loop.py --steps 40
 
 The loop stays accelerate's: ``accumulate``, ``backward``, ``clip_grad_norm_``, then
 ``optimizer.step()``, ``scheduler.step()``, ``optimizer.zero_grad()``. torchvitals guards the
