@@ -61,6 +61,8 @@ from .signals.scaler import Scaler
 from .signals.timing import Timing
 from .signals.update import UpdateRatios
 from .step import StepInput, Steps
+from .wrappers import (check_checkpointable, grad_source, step_owner, stepped_params,
+                       unwrap_all)
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -72,8 +74,11 @@ class Agent:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
                  *, config: Config | None = None, group: dist.ProcessGroup | None = None,
                  registry: Any = None, clock: Callable[[], float] = time.perf_counter):
+        self._stepper = step_owner(optimizer)       # what the guard steps: see wrappers.py
+        optimizer, scheduler = unwrap_all(optimizer, scheduler, log)   # accelerate, DeepSpeed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config = config or Config.from_env()
+        check_checkpointable(self._stepper, self.config.checkpoint_dir)
         self.clock = clock
         distributed = dist.is_available() and dist.is_initialized()
         if group is None and isinstance(model, DistributedDataParallel):
@@ -87,7 +92,8 @@ class Agent:
         self.reducer = Reducer(self.group, self.world_size)
         self.detector = Detector(self.blocks.names, self.blocks.kinds,
                                  Thresholds.from_overrides(self.config.detect),
-                                 static=wiring_verdicts(self.blocks, optimizer))
+                                 static=wiring_verdicts(self.blocks,
+                                                        stepped_params(self._stepper, optimizer)))
         self.loss_book = LossBook()
         """Where each step's loss comes from (``record_loss``, the model's outputs)."""
         self._wait = DataWait(clock)
@@ -141,12 +147,14 @@ class Agent:
         self._patches = PatchSet()          # undone by close(), or when the agent is collected
         built.callback(self._patches.close)
         self._patches.close_when_collected(self)
-        self.guard = StepGuard(optimizer, self._guarded_step, self.params, self._patches)
+        self.guard = StepGuard(optimizer, self._guarded_step, self.params, self._patches,
+                               stepper=self._stepper)
         built.callback(self.guard.close)
         self.signals = self._signals()
         for signal in self.signals:
             built.callback(signal.close)
         self._patches.route_scaler_step(optimizer, self._scaler_step)
+        self._zero_grad = self._patches.before_zero_grad(optimizer, self.settle_skipped)
         self._patches.capture_clipping(self.capture_gradients, self.params)
         if self.steps.sampled(self.steps.step_count + 1):
             self.steps.arm()
@@ -157,7 +165,8 @@ class Agent:
         sharded = any(isinstance(p, DTensor) for p in self.params)
         split = config.split_ddp_work and self.world_size > 1 and not sharded
         owned = [(b % self.world_size == self.rank) if split else True for b in range(n)]
-        self.grads = GradNorms(GradStats(blocks, owned, self.world_size, split), blocks.names,
+        self.grads = GradNorms(GradStats(blocks, owned, self.world_size, split,
+                                         grad_source(self._stepper)), blocks.names,
                                self.device, self.guard.probe_grads,
                                ClipWatch(log=log if self.rank == 0 else None))
         self.update = (UpdateRatios(UpdateRatio(blocks, owned, self.world_size, split,
@@ -214,6 +223,16 @@ class Agent:
         """``scaler.step(optimizer)`` from the loop or a framework (see patches.ScalerStepPatch):
         the caller updates the scaler; the real step goes through the optimizer's attribute."""
         self._run(StepInput(scaler=scaler, through_attribute=True))
+
+    def settle_skipped(self) -> None:
+        """``optimizer.zero_grad()`` from the loop or a framework: gradients and losses of a
+        backward pass that no step took are a step the framework skipped by itself (DeepSpeed's
+        overflow, a GradScaler's, a loop's own test). That step is measured and reported as its
+        own skip on every rank (the frameworks' skip is agreed), so its losses never reach the
+        next step."""
+        if self.steps.aborted is None and self.loss_book.pending and \
+                self.guard.has_new_gradients() and not self.guard.closed:
+            self._run(StepInput(skipped_by_framework=True))
 
     def _run(self, inp: StepInput, checked: bool = True) -> Report:
         report = self.guard.checked(self.steps.run, inp) if checked else self.steps.run(inp)
@@ -340,9 +359,13 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = N
     """Start watching a model and its optimizer on this rank.
 
     Args:
-        model: a plain module, a DDP-wrapped module, or a ``fully_shard``-ed (FSDP2) module.
-        optimizer: the optimizer ``agent.step`` steps.
-        scheduler: an LR scheduler stepped after each optimizer step, or None.
+        model: a plain module, a DDP-wrapped module, a ``fully_shard``-ed (FSDP2) module, or a
+            DeepSpeed engine.
+        optimizer: the optimizer ``agent.step`` steps: a torch optimizer, or a wrapper holding
+            one as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``, DeepSpeed's
+            ``engine.optimizer``; see ``wrappers``).
+        scheduler: an LR scheduler stepped after each optimizer step (accelerate's
+            ``AcceleratedScheduler`` too), or None.
         group: the process group to reduce over (default: DDP's, else the world).
         registry: a prometheus_client registry to export into (default: a fresh one).
         **config: any ``Config`` field; overrides ``TORCHVITALS_*`` variables.

@@ -225,6 +225,43 @@ DCP_METADATA_FILE = ".metadata"
 """DCP's metadata file in a checkpoint folder (one writer: the coordinator)."""
 
 
+# ---------------------------------------------------------------- DeepSpeed ZeRO-1/2
+
+ZERO_PARTITIONED_GRADS = "averaged_gradients"
+"""DeepSpeed ZeRO-1/2 optimizer: each param group's gradient partition of this rank, from the
+end of the backward pass until its ``step`` consumes it."""
+
+
+def is_zero_optimizer(obj: Any) -> bool:
+    """DeepSpeed's ZeRO stage 1/2 optimizer (it keeps the gradients in its own partitions)."""
+    return (type(obj).__module__ == "deepspeed.runtime.zero.stage_1_and_2" and
+            hasattr(obj, ZERO_PARTITIONED_GRADS) and hasattr(obj, "bit16_groups"))
+
+
+def zero_loss_scaled(optimizer: Any) -> bool:
+    """DeepSpeed's ZeRO-1/2 optimizer trains in fp16: its partitions hold loss-scaled gradients."""
+    return getattr(optimizer, "dtype", None) == torch.float16
+
+
+def zero_model_params(optimizer: Any) -> list[list[torch.Tensor]]:
+    """The model parameters DeepSpeed's ZeRO-1/2 optimizer steps, per param group (its torch
+    optimizer holds flat partitions instead)."""
+    return [list(group) for group in optimizer.bit16_groups]
+
+
+def zero_grad_fragment(param: torch.Tensor) -> torch.Tensor | None:
+    """This rank's fragment of ``param``'s gradient under DeepSpeed ZeRO-1/2, or None when this
+    rank holds none of it (the fragments of the ranks are disjoint and cover the gradient) or
+    when the optimizer holds no gradient now (before a backward pass, after its step)."""
+    mapping = getattr(param, "_hp_mapping", None)
+    if mapping is None:
+        return None
+    try:
+        return mapping.get_lp_grad_fragment(param._index_in_param_group)
+    except ValueError:        # "Gradients are only available ... before engine step"
+        return None
+
+
 def check() -> None:
     """Raise ``CompatError`` listing every private name that does not hold (see ``problems``)."""
     found = problems()

@@ -54,10 +54,13 @@ class StepGuard:
         run: ``run(closure_loss)`` runs the agent's step (it calls ``real_step`` to step).
         watched: the parameters whose gradients tell one backward pass from the next.
         patches: the agent's patches; the guard installs itself as ``optimizer.step`` there.
+        stepper: the object whose ``step`` is replaced, when not ``optimizer`` (DeepSpeed's ZeRO
+            optimizer, which steps ``optimizer`` once per param group: see ``wrappers``).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, run: Callable[[Any], Any],
-                 watched: list[torch.nn.Parameter], patches: PatchSet) -> None:
+                 watched: list[torch.nn.Parameter], patches: PatchSet,
+                 stepper: Any = None) -> None:
         if isinstance(optimizer, torch.optim.LBFGS):
             raise TorchvitalsError("torchvitals cannot guard LBFGS: it re-evaluates its closure "
                                    "many times per step, and the agent measures one gradient")
@@ -70,7 +73,8 @@ class StepGuard:
         self._probes = sorted(watched, key=lambda p: p.numel())[:4]
         # A bound method, like the one it replaces: torch's LR schedulers wrap ``step.__func__``,
         # and skip (and do not warn) when it says it tells them it stepped, which real_step does.
-        self._patch = patches.replace_step(optimizer, self.guarded_step)
+        self._stepper = optimizer if stepper is None else stepper
+        self._patch = patches.replace_step(self._stepper, self.guarded_step)
         self._original = self._patch.wrapped     # e.g. an LR scheduler's wrapper
         self._hook = optimizer.register_step_pre_hook(self._pre_hook)
 
@@ -120,7 +124,7 @@ class StepGuard:
             self._inside = True
             mark_optimizer_stepped(self.optimizer)
             if through_attribute:
-                self.optimizer.step()
+                self._stepper.step()
             else:
                 self._original()
         finally:
@@ -140,12 +144,16 @@ class StepGuard:
     def _mark(self) -> list[tuple[torch.Tensor, int]]:
         return [(g, tensor_version(g)) for g in (p.grad for p in self._probes) if g is not None]
 
-    def _check_new_gradients(self) -> None:
+    def has_new_gradients(self) -> bool:
+        """A backward pass reached the model since the last step (its probes' gradients are
+        new tensors, or were changed in place)."""
         marks = self._mark()
-        if marks and self._marks and all(
-                new is old and version == seen
-                for (new, version), (old, seen) in zip(marks, self._marks)) \
-                and len(marks) == len(self._marks):
+        return bool(marks) and not (self._marks and len(marks) == len(self._marks) and all(
+            new is old and version == seen
+            for (new, version), (old, seen) in zip(marks, self._marks)))
+
+    def _check_new_gradients(self) -> None:
+        if self._mark() and not self.has_new_gradients():
             raise DoubleStepError(
                 "optimizer.step() was called again with no backward pass since the last step: "
                 "the same gradients would be applied twice. With torchvitals.watch() the "

@@ -3,6 +3,7 @@
     patches = PatchSet()
     patches.close_when_collected(agent)          # undone if the agent is dropped without close()
     patches.replace_step(optimizer, guard.guarded_step)         # optimizer.step (this instance)
+    patches.before_zero_grad(optimizer, agent.settle_skipped)    # optimizer.zero_grad (this instance)
     patches.route_scaler_step(optimizer, agent._scaler_step)    # GradScaler.step (the class)
     patches.capture_clipping(agent.capture_gradients, params)   # clip_grad's scaling (module)
     ...
@@ -29,6 +30,7 @@ section on the same thread. Private torch names come from ``compat``.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import types
 import warnings
@@ -40,6 +42,9 @@ import torch
 
 from ..errors import TorchvitalsError
 from .compat import CLIP_SCALE, GradScaler, clip_grad, mark_step_wrapped
+
+DEEPSPEED_ENGINE = "deepspeed.runtime.engine"
+"""The module whose ``clip_grad_norm_`` global DeepSpeed's engine clips through (ZeRO off)."""
 
 _lock = threading.RLock()
 _MISSING = object()
@@ -286,8 +291,9 @@ class ClippingPatch(SharedPatch):
     replacing that global reaches every caller of ``clip_grad_norm_``, however it was imported
     (Lightning's precision plugins, accelerate, nanoGPT, a name imported before ``watch``).
     torchtitan-style code that calls ``torch.nn.utils.clip_grads_with_norm_`` itself is reached
-    through that attribute. Clipping by any other means is not seen (``guard.ClipWatch`` flags
-    what that hides).
+    through that attribute, DeepSpeed's engine (ZeRO off) through its module's ``clip_grad_norm_``
+    (under ZeRO-1/2 the agent's step runs before DeepSpeed's, which clips its partitions).
+    Clipping by any other means is not seen (``guard.ClipWatch`` flags what that hides).
     """
 
     def __init__(self) -> None:
@@ -341,8 +347,14 @@ class ClippingPatch(SharedPatch):
             made[id(original)] = _clip_grads_with_norm_
             return _clip_grads_with_norm_
 
-        return [AttributePatch(clip_grad, CLIP_SCALE, wrap),
-                AttributePatch(torch.nn.utils, "clip_grads_with_norm_", wrap)]
+        patches = [AttributePatch(clip_grad, CLIP_SCALE, wrap),
+                   AttributePatch(torch.nn.utils, "clip_grads_with_norm_", wrap)]
+        # DeepSpeed's engine clips with its own clip_grad_norm_ (ZeRO off), imported by name
+        # into its module: measured before it too, when DeepSpeed is loaded (watch(engine, ...)).
+        engine = sys.modules.get(DEEPSPEED_ENGINE)
+        if engine is not None and callable(getattr(engine, "clip_grad_norm_", None)):
+            patches.append(AttributePatch(engine, "clip_grad_norm_", wrap))
+        return patches
 
 
 SCALER_STEP = ScalerStepPatch()
@@ -388,6 +400,33 @@ class PatchSet:
         mark_step_wrapped(method)
         patch = AttributePatch(optimizer, "step",
                                lambda _original: types.MethodType(method, optimizer))
+        patch.install()
+        self._steps.append(weakref.ref(patch))
+        return patch
+
+    def before_zero_grad(self, optimizer: torch.optim.Optimizer,
+                         fn: Callable[[], None]) -> AttributePatch:
+        """Call ``fn()`` before ``optimizer.zero_grad()`` clears the gradients (this instance).
+
+        Args:
+            optimizer: the optimizer.
+            fn: a bound method (held weakly: once its object is gone, the call passes through).
+
+        Returns:
+            The patch (the set holds it weakly, the optimizer holds it as its ``zero_grad``).
+        """
+        ref = _WeakBound(fn)
+
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def zero_grad(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+                before = ref()
+                if before is not None:
+                    before()
+                return original(*args, **kwargs)
+            return types.MethodType(zero_grad, optimizer)
+
+        patch = AttributePatch(optimizer, "zero_grad", wrap)
         patch.install()
         self._steps.append(weakref.ref(patch))
         return patch

@@ -59,6 +59,9 @@ class StepInput:
     through_attribute: bool = False
     """The real step goes through the optimizer's current ``step`` attribute (a scaler's step:
     a framework's wrapper around it must see it)."""
+    skipped_by_framework: bool = False
+    """The framework skipped ``optimizer.step()`` itself (it cleared the gradients without
+    one): the step is measured and reported as that step's skip, never stepped or rolled back."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +190,9 @@ class Steps:
             laps.lap("detect")
 
         # decide and act: the same action on every rank
-        decision = decide(report, watchdog=a.watchdog is not None,
-                          skip_nonfinite=a.config.skip_nonfinite)
+        decision = (Decision(SKIP) if inp.skipped_by_framework else
+                    decide(report, watchdog=a.watchdog is not None,
+                           skip_nonfinite=a.config.skip_nonfinite))
         if decision.action == ROLLBACK:
             self._rollback(report, decision.reason)
         elif decision.action == SKIP:

@@ -42,6 +42,11 @@ class LossBook:
         value = local(loss.detach()).reshape(()) if isinstance(loss, torch.Tensor) else float(loss)
         (self._shares if share else self._means).append(value)
 
+    @property
+    def pending(self) -> bool:
+        """Losses were recorded since the last step took them."""
+        return bool(self._means or self._shares)
+
     def capture_output(self, module: nn.Module, args: Any, kwargs: dict[str, Any],
                        output: Any) -> None:
         """Forward hook: record the ``loss`` of a training forward's output (HF models)."""

@@ -13,6 +13,8 @@ SUM all-reduce turns into exact global values:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
@@ -90,16 +92,26 @@ class _Measured:
 
 
 class GradStats:
-    """Per-block sums of squared gradient norms over this rank's share of the gradients."""
+    """Per-block sums of squared gradient norms over this rank's share of the gradients.
 
-    def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool):
+    ``source``: where a parameter's gradient lives when not in ``.grad`` (DeepSpeed ZeRO-1/2
+    keeps this rank's disjoint fragment of it in its partitions: every block is measured, and
+    the SUM of the fragments' squares is the whole's, as for FSDP2's shards).
+    """
+
+    def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool,
+                 source: Callable[[torch.Tensor], torch.Tensor | None] | None = None):
+        if source is not None:
+            owned, split = [True] * len(blocks), True      # disjoint fragments: weight 1
         self._measured = _Measured(blocks, owned, world_size, split)
+        self._source = source
 
     def grads(self) -> tuple[list[torch.Tensor], list[int]]:
         tensors, positions = [], []
         for i, (p, _, _) in enumerate(self._measured.entries):
-            if p.grad is not None:
-                tensors.append(local(p.grad))
+            g = p.grad if self._source is None else self._source(p)
+            if g is not None and g.numel():
+                tensors.append(local(g))
                 positions.append(i)
         return tensors, positions
 

@@ -1,0 +1,73 @@
+"""A raw DeepSpeed loop with torchvitals: one line, ``watch(engine, engine.optimizer)``.
+
+    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 examples/deepspeed_train.py --stage 2
+
+(``deepspeed --num_gpus 2 examples/deepspeed_train.py`` on GPUs.) Under ZeRO-1/2 the gradients
+live in DeepSpeed's partitioned buffers, not in ``param.grad``: torchvitals reads each rank's
+fragment of every parameter's gradient there, and one SUM gives the exact per-block norms, before
+DeepSpeed clips them (``gradient_clipping``). The agent's step runs around the ZeRO optimizer's
+own: every rank steps, skips or rolls back together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import OrderedDict
+
+import deepspeed
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torchvitals  # noqa: E402
+
+BLOCKS = ["inp", "hid", "out"]
+
+
+def build() -> torch.nn.Module:
+    """The same initial weights on every rank."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(OrderedDict(
+        inp=torch.nn.Linear(8, 32), act=torch.nn.Tanh(), hid=torch.nn.Linear(32, 32),
+        act2=torch.nn.Tanh(), out=torch.nn.Linear(32, 1)))
+
+
+def config(stage: int, accumulate: int, clip: float) -> dict:
+    return {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": accumulate,
+            "zero_optimization": {"stage": stage}, "gradient_clipping": clip,
+            "steps_per_print": 10 ** 9}
+
+
+def micro_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(16, 8, generator=gen)
+    return x, torch.sin(x.sum(1, keepdim=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stage", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    model = build()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                   config=config(args.stage, 2, 1.0))
+    agent = torchvitals.watch(engine, engine.optimizer, blocks=BLOCKS, metrics_port=0)
+    gen = torch.Generator().manual_seed(engine.global_rank)
+    for _ in range(args.steps * engine.gradient_accumulation_steps()):
+        x, y = micro_batch(gen)
+        loss = torch.nn.functional.mse_loss(engine(x.to(engine.device)), y.to(engine.device))
+        agent.record_loss(loss.detach())
+        engine.backward(loss)
+        engine.step()             # at the accumulation boundary: the agent's step, then ZeRO's
+    report = agent.last_report
+    if engine.global_rank == 0:
+        print(f"step {report.step} {report.action} loss {report.loss:.4f} grad_norm "
+              f"{report.grad_norm_total:.4f} deepspeed {float(engine.get_global_grad_norm()):.4f}")
+    agent.close()
+
+
+if __name__ == "__main__":
+    main()

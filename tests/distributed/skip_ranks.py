@@ -1,0 +1,49 @@
+"""Rank functions for test_framework_skip.py: a DDP loop that skips ``optimizer.step()`` itself
+when the reduced gradients are not finite (as DeepSpeed or a GradScaler does on an overflow),
+with a NaN loss on rank 1 at one step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+import torchvitals
+
+FAULT = 4
+
+
+def loop_that_skips_by_itself(rank: int, world: int, steps: int) -> dict:
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    real = []
+    opt.register_step_pre_hook(lambda *_: real.append(1))
+    agent = torchvitals.watch(model, opt, log_dir="", metrics_port=0)
+    gen = torch.Generator().manual_seed(rank)
+    reports, losses, skipped_by_loop = [], [], []
+    for step in range(1, steps + 1):
+        x = torch.randn(8, 4, generator=gen)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        losses.append(loss.item())
+        if rank == 1 and step == FAULT:
+            loss = loss * float("nan")
+        agent.record_loss(loss)
+        loss.backward()
+        # The framework's own test, on the all-reduced gradients: every rank agrees.
+        norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters()))
+        before = agent.last_report
+        if math.isfinite(norm):
+            opt.step()
+        else:
+            skipped_by_loop.append(step)
+        opt.zero_grad(set_to_none=True)
+        assert agent.last_report is not before, f"step {step} went unreported"
+        r = agent.last_report
+        reports.append({"step": r.step, "action": r.action, "loss": r.loss,
+                        "nonfinite_loss": r.nonfinite_loss, "grad_norm_total": r.grad_norm_total})
+    agent.close()
+    return {"reports": reports, "losses": losses, "real": len(real),
+            "skipped_by_loop": skipped_by_loop, "step_count": agent.step_count}
