@@ -22,15 +22,14 @@ from accelerate import Accelerator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torchvitals  # noqa: E402
+from torchvitals.agent.tools.demo.regression import micro_batches, mlp  # noqa: E402
 
 ACCUMULATE, CLIP = 2, 0.5
 
 
 def build(lr: float = 0.05) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The model (the same initial weights on every rank), AdamW and a warmup schedule."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
-                                torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    model = mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))
     return model, optimizer, scheduler
@@ -38,12 +37,7 @@ def build(lr: float = 0.05) -> tuple[torch.nn.Module, torch.optim.Optimizer, tor
 
 def batches(n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n`` micro-batches of a smooth regression task (each rank its own seed)."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x = torch.randn(16, 8, generator=gen)
-        out.append((x, torch.sin(x.sum(1, keepdim=True))))
-    return out
+    return micro_batches(n, seed)
 
 
 def main() -> None:

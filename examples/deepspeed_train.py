@@ -14,34 +14,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections import OrderedDict
 
 import deepspeed
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torchvitals  # noqa: E402
-
-BLOCKS = ["inp", "hid", "out"]
-
+from torchvitals.agent.tools.demo.regression import BLOCKS, micro_batch, mlp  # noqa: E402,F401
 
 def build() -> torch.nn.Module:
     """The same initial weights on every rank."""
-    torch.manual_seed(0)
-    return torch.nn.Sequential(OrderedDict(
-        inp=torch.nn.Linear(8, 32), act=torch.nn.Tanh(), hid=torch.nn.Linear(32, 32),
-        act2=torch.nn.Tanh(), out=torch.nn.Linear(32, 1)))
+    return mlp(named=True)
 
 
 def config(stage: int, accumulate: int, clip: float) -> dict:
     return {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": accumulate,
             "zero_optimization": {"stage": stage}, "gradient_clipping": clip,
             "steps_per_print": 10 ** 9}
-
-
-def micro_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(16, 8, generator=gen)
-    return x, torch.sin(x.sum(1, keepdim=True))
 
 
 def main() -> None:

@@ -20,9 +20,20 @@ import torch
 from accelerate import Accelerator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "examples")]
+sys.path[:0] = [HERE]          # real_steps
 import torchvitals  # noqa: E402
-from accelerate_loop import ACCUMULATE, CLIP, batches, build  # noqa: E402
+from torchvitals.agent.tools.demo.regression import micro_batches as batches, mlp  # noqa: E402
+
+ACCUMULATE, CLIP = 2, 0.5
+"""As examples/accelerate_loop.py trains."""
+
+
+def build() -> tuple:
+    """examples/accelerate_loop.py's model, AdamW and warmup schedule."""
+    model = mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / 10))
 from real_steps import describe, record_real_steps  # noqa: E402
 
 

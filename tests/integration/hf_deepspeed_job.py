@@ -17,9 +17,9 @@ import sys
 from transformers import Trainer, TrainerCallback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "examples")]
+sys.path[:0] = [HERE, os.path.dirname(HERE)]          # real_steps, and tests/: the support package
 import torchvitals  # noqa: E402
-from hf_trainer import Arithmetic, arguments, tiny_gpt2  # noqa: E402
+from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2  # noqa: E402
 from real_steps import describe  # noqa: E402
 
 CLIP = 0.1

@@ -26,8 +26,7 @@ ROOT = HERE.parents[1]
 
 def _torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHVITALS_", "ACCELERATE_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "examples"),
-                                                                env.get("PYTHONPATH", "")]))
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=env.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", str(script), *args],
                           cwd=out, env=env, capture_output=True, text=True, timeout=timeout)

@@ -27,7 +27,7 @@ def _torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> subpro
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), env.get("PYTHONPATH", "")]))
+               PYTHONPATH=env.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", str(script), *args],
                           cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
