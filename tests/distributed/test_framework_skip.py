@@ -10,7 +10,7 @@ import math
 import pytest
 
 from skip_ranks import FAULT, loop_that_skips_by_itself
-from tvsupport import run_world
+from support.world import run_world
 
 
 def test_a_step_the_loop_skipped_is_reported_as_its_own_skip_and_the_next_one_steps():
