@@ -123,9 +123,11 @@ class BlockNorms(Rule):
         self.diverging: str | None = None
 
     def leader(self) -> str | None:
-        """The block whose grad norm rose most over its own median at the last step."""
+        """The block whose grad norm rose most over its own median at the last step ("other",
+        the small leftovers such as final norms, only when no named block has a ratio)."""
         finite = {b: r for b, r in self.ratios.items() if math.isfinite(r)}
-        return max(finite, key=finite.get) if finite else None
+        named = {b: r for b, r in finite.items() if b != OTHER} or finite
+        return max(named, key=named.get) if named else None
 
     def observe(self, report, seen):
         total = report.grad_norm_total
