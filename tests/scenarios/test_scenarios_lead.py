@@ -1,9 +1,9 @@
 """The hot-learning-rate scenario, read for what came first: the spike's verdict names a
-transformer block (not "other"), and the diagnosis is the learning rate.
+named block (not "other"), and the diagnosis is the learning rate.
 
-Measured (seed 0): hot_lr in blocks.0/blocks.1/lm_head at step 110, loss_spike from step 121;
-(the spike named tok_emb, whose grad norm rose most at step 121); before this was fixed it named "other" (the final LayerNorm, whose grad norm rose most)
-and the fix text opened with the init scale.
+Measured (seed 0): hot_lr in blocks.0/blocks.1/lm_head at step 110, loss_spike from step 121 in
+tok_emb (the named block whose grad norm rose most); before the fix it named "other" (the final
+LayerNorm) and the fix text opened with the init scale.
 """
 
 from __future__ import annotations
