@@ -18,17 +18,17 @@ class FusedQKV(nn.Module):
         super().__init__()
         self.dim = dim
         self.wqkv = nn.Linear(dim, 3 * dim, bias=False)
-        self._register_state_dict_hook(FusedQKV._split)
-        self._register_load_state_dict_pre_hook(FusedQKV._fuse)
+        self.register_state_dict_post_hook(FusedQKV._split)
+        self.register_load_state_dict_pre_hook(FusedQKV._fuse)
 
     @staticmethod
     def _split(module, state, prefix, local_metadata):
         fused = state.pop(prefix + "wqkv.weight")
         for name, part in zip(("wq", "wk", "wv"), fused.chunk(3, dim=0)):
             state[prefix + name + ".weight"] = part
-        return state
 
-    def _fuse(self, state, prefix, *args):
+    @staticmethod
+    def _fuse(module, state, prefix, *args):
         names = [prefix + n + ".weight" for n in ("wq", "wk", "wv")]
         if all(n in state for n in names):
             state[prefix + "wqkv.weight"] = torch.cat([state.pop(n) for n in names], dim=0)

@@ -33,13 +33,13 @@ from typing import Any, Callable, Iterator, NoReturn
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ...errors import TorchvitalsError
 from ..report import json_safe
 from .durable import fsync_dir, sha256_file, write_json
 from .rng import rng_state, set_rng_state
 from .snapshot import Restored, Snapshot, live_tensors
+from .state import get_states, set_states
 
 log = logging.getLogger(__name__)
 
@@ -237,12 +237,12 @@ class CheckpointStore:
         state = json.loads((folder / STATE).read_text())
         if scheduler is not None and state["scheduler"] is None:
             raise CheckpointError(f"{folder} holds no scheduler state, but a scheduler was passed")
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_states(model, optimizer)
         tensors = {"model": model_sd, "optim": optim_sd}
         with _quiet_single_process():
             dcp.load(tensors, storage_reader=dcp.FileSystemReader(folder), process_group=self._group,
                      no_dist=not self._distributed)
-        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
+        set_states(model, optimizer, tensors["model"], tensors["optim"])
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
         rng = folder / f"rng-rank-{self._rank:05d}.json"
