@@ -60,6 +60,7 @@ from .signals.replicas import Replicas
 from .signals.scaler import Scaler
 from .signals.timing import Timing
 from .signals.update import UpdateRatios
+from .optimizers import resolve
 from .step import StepInput, Steps
 
 F64 = torch.float64
@@ -73,6 +74,7 @@ class Agent:
                  *, config: Config | None = None, group: dist.ProcessGroup | None = None,
                  registry: Any = None, clock: Callable[[], float] = time.perf_counter):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.optimizers = resolve(optimizer)   # a container's real optimizers (or a clear error)
         self.config = config or Config.from_env()
         self.clock = clock
         distributed = dist.is_available() and dist.is_initialized()
@@ -87,7 +89,7 @@ class Agent:
         self.reducer = Reducer(self.group, self.world_size)
         self.detector = Detector(self.blocks.names, self.blocks.kinds,
                                  Thresholds.from_overrides(self.config.detect),
-                                 static=wiring_verdicts(self.blocks, optimizer))
+                                 static=wiring_verdicts(self.blocks, self.optimizers))
         self.loss_book = LossBook()
         """Where each step's loss comes from (``record_loss``, the model's outputs)."""
         self._wait = DataWait(clock)
@@ -141,7 +143,7 @@ class Agent:
         self._patches = PatchSet()          # undone by close(), or when the agent is collected
         built.callback(self._patches.close)
         self._patches.close_when_collected(self)
-        self.guard = StepGuard(optimizer, self._guarded_step, self.params, self._patches)
+        self.guard = StepGuard(self.optimizers, self._guarded_step, self.params, self._patches)
         built.callback(self.guard.close)
         self.signals = self._signals()
         for signal in self.signals:
@@ -341,8 +343,11 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = N
 
     Args:
         model: a plain module, a DDP-wrapped module, or a ``fully_shard``-ed (FSDP2) module.
-        optimizer: the optimizer ``agent.step`` steps.
-        scheduler: an LR scheduler stepped after each optimizer step, or None.
+        optimizer: the optimizer ``agent.step`` steps, or a container of optimizers shaped like
+            torchtitan's ``OptimizersContainer`` (its ``step`` is guarded, the back-off applies
+            to every optimizer inside it, their state is checkpointed).
+        scheduler: an LR scheduler stepped after each optimizer step (or a container of them,
+            like torchtitan's ``LRSchedulersContainer``), or None.
         group: the process group to reduce over (default: DDP's, else the world).
         registry: a prometheus_client registry to export into (default: a fresh one).
         **config: any ``Config`` field; overrides ``TORCHVITALS_*`` variables.

@@ -32,6 +32,7 @@ import torch
 
 from ..errors import TorchvitalsError
 from .compat import mark_optimizer_stepped, tensor_version
+from .optimizers import Optimizers, resolve
 from .patches import PatchSet
 
 T = TypeVar("T")
@@ -50,15 +51,18 @@ class StepGuard:
     """Installs itself as ``optimizer.step`` and routes every call to ``run``.
 
     Args:
-        optimizer: the torch optimizer.
+        optimizer: the torch optimizer, or a container of them (``optimizers.resolve``): the
+            container's own ``step`` is guarded, the optimizers inside it hold the LRs.
         run: ``run(closure_loss)`` runs the agent's step (it calls ``real_step`` to step).
         watched: the parameters whose gradients tell one backward pass from the next.
         patches: the agent's patches; the guard installs itself as ``optimizer.step`` there.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, run: Callable[[Any], Any],
+    def __init__(self, optimizer: torch.optim.Optimizer | Optimizers, run: Callable[[Any], Any],
                  watched: list[torch.nn.Parameter], patches: PatchSet) -> None:
-        if isinstance(optimizer, torch.optim.LBFGS):
+        self.optimizers = resolve(optimizer)
+        optimizer = self.optimizers.stepped
+        if any(isinstance(o, torch.optim.LBFGS) for o in self.optimizers.torch_optimizers):
             raise TorchvitalsError("torchvitals cannot guard LBFGS: it re-evaluates its closure "
                                    "many times per step, and the agent measures one gradient")
         self.optimizer, self._run = optimizer, run
@@ -111,14 +115,15 @@ class StepGuard:
         takes the real step. Otherwise the caller's ``optimizer.step()`` already went through
         any such wrapper, and the original step is called.
         """
-        groups = self.optimizer.param_groups
+        groups = self.optimizers.param_groups
         intended = [g["lr"] for g in groups]
         try:
             if lr_scale != 1.0:
                 for g, lr in zip(groups, intended):
                     g["lr"] = lr * lr_scale
             self._inside = True
-            mark_optimizer_stepped(self.optimizer)
+            for inner in self.optimizers.torch_optimizers:
+                mark_optimizer_stepped(inner)
             if through_attribute:
                 self.optimizer.step()
             else:
@@ -130,7 +135,7 @@ class StepGuard:
 
     def effective_lr(self, lr_scale: float) -> list[float]:
         """The learning rate of each param group as a step would apply it now."""
-        return [_host_float(g["lr"]) * lr_scale for g in self.optimizer.param_groups]
+        return [_host_float(g["lr"]) * lr_scale for g in self.optimizers.param_groups]
 
     def probe_grads(self) -> list[Any]:
         """The probe parameters' gradient tensors: a backward pass after ``zero_grad()`` makes

@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict, get_state_dict,
-                                                     set_optimizer_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                     get_state_dict, set_optimizer_state_dict,
+                                                     set_state_dict)
 
 from ..compat import WRAPPER_PREFIXES
 from ..measure.blocks import unwrap
@@ -34,24 +35,38 @@ def get_states(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], 
     Returns:
         (model state dict, optimizer state dict).
     """
-    optims = resolve(optimizer).state_target()
+    optims, options = _target(optimizer)
     inner = unwrap(model)
     own = inner.state_dict()
     if not _renamed(inner, own):
-        return get_state_dict(model, optims)
-    return own, get_optimizer_state_dict(model, optims)
+        return get_state_dict(model, optims, options=options)
+    return own, get_optimizer_state_dict(model, optims, options=options)
 
 
 def set_states(model: torch.nn.Module, optimizer: Any, model_sd: dict[str, Any],
                optim_sd: dict[str, Any]) -> None:
     """Load ``model_sd`` and ``optim_sd`` (shaped as ``get_states`` returns them) in place."""
-    optims = resolve(optimizer).state_target()
+    optims, options = _target(optimizer)
     inner = unwrap(model)
     if not _renamed(inner, model_sd):
-        set_state_dict(model, optims, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        set_state_dict(model, optims, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=options)
         return
     inner.load_state_dict(model_sd, strict=True)
-    set_optimizer_state_dict(model, optims, optim_sd)
+    set_optimizer_state_dict(model, optims, optim_sd, options=options)
+
+
+def _target(optimizer: Any) -> tuple[Any, StateDictOptions | None]:
+    """The optimizers as DCP takes them, and its options.
+
+    Several optimizers are flattened (one key per parameter and state, as torchtitan stores
+    them): DCP's nested form gives each optimizer the whole dict back when no optimizer holds
+    state yet (plain SGD), and the first one then refuses the other's param groups.
+    """
+    optimizers = resolve(optimizer)
+    if not optimizers.is_container:
+        return optimizers.state_target(), None
+    return optimizers.state_target(), StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _renamed(model: torch.nn.Module, state: dict[str, Any]) -> bool:
