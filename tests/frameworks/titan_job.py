@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ def main() -> None:
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--checkpoint-dir", default="")
     parser.add_argument("--checkpoint-every", type=int, default=5)
+    parser.add_argument("--resume", action="store_true", help="continue the checkpoint_dir's run")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = titan_harness.debug_llama3(args.out, steps=args.steps)
@@ -64,11 +64,14 @@ def main() -> None:
 
     extra = {"checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
              "healthy_window": 0} if args.checkpoint_dir else {}
+    if args.resume:
+        extra["resume"] = "auto"
     agent = torchvitals.watch_torchtitan(trainer, metrics_port=0, log_dir="", **extra)
     reports = []
     orig_step = trainer.train_step
 
     def recording(it):
+        scheduled = trainer.lr_schedulers.schedulers[0].get_last_lr()   # this step's, before it
         try:
             return orig_step(it)
         finally:
@@ -78,9 +81,8 @@ def main() -> None:
                                 "grad_norm_total": r.grad_norm_total, "lr": list(r.lr),
                                 "rollback": r.rollback,
                                 "titan_step": trainer.step,
-                                "sched_lr": trainer.lr_schedulers.schedulers[0].get_last_lr()})
+                                "scheduled_lr": scheduled})
     trainer.train_step = recording
-    code = 0
     try:
         trainer.train()
     finally:
@@ -100,7 +102,6 @@ def main() -> None:
         (args.out / f"rank{me}.json").write_text(json.dumps(result, default=str))
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    sys.exit(code)
 
 
 if __name__ == "__main__":
