@@ -41,8 +41,11 @@ def main() -> None:
     titan_norm: dict[int, float] = {}
     log = trainer.metrics_processor.log
 
+    titan_log: list[tuple[int, float, float]] = []      # in order (a rolled-back step repeats)
+
     def logged(step, loss, max_loss, grad_norm, *a, **k):
         titan_loss[step], titan_norm[step] = float(loss), float(grad_norm)
+        titan_log.append((step, float(loss), float(grad_norm)))
         return log(step, loss, max_loss, grad_norm, *a, **k)
     trainer.metrics_processor.log = logged
 
@@ -89,6 +92,7 @@ def main() -> None:
         result = {
             "blocks": agent.blocks.names, "kinds": agent.blocks.kinds,
             "reports": reports, "titan_loss": titan_loss, "titan_norm": titan_norm,
+            "titan_log": titan_log,
             "stepped_lr": stepped_lr, "final_step": trainer.step,
             "agent_step": agent.step_count, "absorbed": agent.adapter.absorbed,
             "verdicts": [str(v) for v in agent.detector.history if v.severity != "info"],
