@@ -41,6 +41,7 @@ from typing import Any
 
 from ...errors import TorchvitalsError
 from ..agent import Agent, watch
+from ..patches import AttributePatch
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,13 @@ class TorchtitanAdapter:
         ranks is torchtitan's global loss (the loss mesh's size)."""
         self.absorbed: list[int] = []
         """The steps whose non-finite loss check was absorbed (rolled back or skipped)."""
-        self._loss_fn, self._train_step = trainer.loss_fn, trainer.train_step
-        self._owned = {name: name in vars(trainer) for name in ("loss_fn", "train_step")}
-        trainer.loss_fn = self.loss_fn
-        trainer.train_step = self.train_step
+        self._patches = [AttributePatch(trainer, "loss_fn", lambda _: self.loss_fn),
+                         AttributePatch(trainer, "train_step", lambda _: self.train_step)]
+        for patch in self._patches:
+            patch.install()
+        self._loss_fn, self._train_step = (p.wrapped for p in self._patches)
         if agent.resumed_from is not None:
-            trainer.step = agent.resumed_from
-        self.closed = False
+            self._set_step(agent.resumed_from)
 
     def loss_fn(self, *args: Any, **kwargs: Any) -> Any:
         """torchtitan's loss function, recording each micro-batch's share of the step's loss."""
@@ -95,21 +96,18 @@ class TorchtitanAdapter:
                      "rolled back" if report.action == "rollback" else "skipped")
             return None
         finally:
-            self.trainer.step = self.agent.step_count
+            self._set_step(self.agent.step_count)
+
+    def _set_step(self, step: int) -> None:
+        """``trainer.step`` through the trainer's own train state (what its checkpoints save)."""
+        state = self.trainer.state_dict()
+        if state.get("step") != step:
+            self.trainer.load_state_dict({**state, "step": step})
 
     def close(self) -> None:
         """Put the trainer's own ``loss_fn`` and ``train_step`` back (if still ours); idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        for name, original, mine in (("loss_fn", self._loss_fn, self.loss_fn),
-                                     ("train_step", self._train_step, self.train_step)):
-            if vars(self.trainer).get(name) != mine:
-                continue            # someone wrapped ours since: theirs stays
-            if self._owned[name]:
-                setattr(self.trainer, name, original)
-            else:
-                delattr(self.trainer, name)     # the class's method shows through again
+        for patch in reversed(self._patches):
+            patch.uninstall()
 
 
 def watch_torchtitan(trainer: Any, **config: Any) -> Agent:

@@ -111,3 +111,17 @@ def test_a_restart_resumes_from_the_torchvitals_checkpoint_with_the_back_off(tmp
         for r in reports:
             assert r["lr"] == [pytest.approx(0.5 * x, rel=1e-9) for x in r["scheduled_lr"]]
         assert rank["stepped_lr"][-6] == [pytest.approx(0.5 * reports[0]["scheduled_lr"][0])]
+
+
+def test_the_example_trains_torchtitan_under_the_agent(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
+    env.update(OMP_NUM_THREADS="1", TORCHVITALS_METRICS_PORT="0", TORCHVITALS_LOG_DIR=str(tmp_path / "runs"))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", str(HERE / "titan_example_job.py"),
+                           str(tmp_path), "3"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    events = list((tmp_path / "runs").glob("*/events.jsonl"))
+    assert events, "the agent wrote no event log"
+    steps = [json.loads(line).get("step") for line in events[0].read_text().splitlines()]
+    assert [s for s in steps if s is not None][-1] == 3
