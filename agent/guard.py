@@ -76,7 +76,9 @@ class StepGuard:
         # and skip (and do not warn) when it says it tells them it stepped, which real_step does.
         self._patch = patches.replace_step(optimizer, self.guarded_step)
         self._original = self._patch.wrapped     # e.g. an LR scheduler's wrapper
-        self._hook = optimizer.register_step_pre_hook(self._pre_hook)
+        # A container that is not a torch Optimizer has no step hooks: nothing to bypass there.
+        register = getattr(optimizer, "register_step_pre_hook", None)
+        self._hook = register(self._pre_hook) if register is not None else None
 
     def guarded_step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """What ``optimizer.step()`` now does: the agent's step (and, inside it, the real one)."""
@@ -168,7 +170,8 @@ class StepGuard:
         """Give the optimizer its own ``step`` back (unless a wrapper was put around the guard
         since: it stays, and reaches the real step); idempotent."""
         self.closed = True
-        self._hook.remove()
+        if self._hook is not None:
+            self._hook.remove()
         self._patch.uninstall()
 
 

@@ -180,3 +180,37 @@ def test_a_restart_resumes_both_optimizers_from_the_disk_with_the_back_off(tmp_p
     finally:
         again.close()
     assert momenta and len(opt2.optimizers[0].state) == len(momenta)
+
+
+class PlainContainer:
+    """A container that is no torch Optimizer: only iteration, step and zero_grad."""
+
+    def __init__(self, optimizers):
+        self.optimizers = list(optimizers)
+
+    def __iter__(self):
+        return iter(self.optimizers)
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+
+def test_a_container_that_is_not_an_optimizer_is_guarded_too():
+    model, opt = two_parts()
+    plain = PlainContainer(opt.optimizers)
+    agent = watch(model, plain)
+    try:
+        for s in range(1, 4):
+            loss_of(model, s).backward()
+            agent.record_loss(loss_of(model, s))
+            plain.step()
+            plain.zero_grad()
+            assert agent.last_report.step == s and agent.last_report.lr == [0.02, 0.01]
+    finally:
+        agent.close()
+    assert "step" not in vars(plain)          # its own step is back
