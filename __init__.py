@@ -36,6 +36,7 @@ _EXPORTS = {
     "TrainingAborted": ".agent.recover.watchdog",
     "LightningCallback": ".agent.integrations.lightning",
     "TransformersCallback": ".agent.integrations.transformers",
+    "watch_torchtitan": ".agent.integrations.torchtitan",
 }
 __all__ = sorted([*_EXPORTS, "TorchvitalsError"])
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from .agent.detect.thresholds import Thresholds
     from .agent.detect.verdict import Verdict
     from .agent.integrations.lightning import LightningCallback
+    from .agent.integrations.torchtitan import watch_torchtitan
     from .agent.integrations.transformers import TransformersCallback
     from .agent.measure.attention import record_attention
     from .agent.recover.watchdog import TrainingAborted

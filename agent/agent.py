@@ -60,6 +60,7 @@ from .signals.replicas import Replicas
 from .signals.scaler import Scaler
 from .signals.timing import Timing
 from .signals.update import UpdateRatios
+from .optimizers import resolve
 from .step import StepInput, Steps
 from .wrappers import (check_checkpointable, grad_source, step_owner, stepped_params,
                        unwrap_all)
@@ -77,6 +78,7 @@ class Agent:
         self._stepper = step_owner(optimizer)       # what the guard steps: see wrappers.py
         optimizer, scheduler = unwrap_all(optimizer, scheduler, log)   # accelerate, DeepSpeed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.optimizers = resolve(optimizer)   # a container's real optimizers (or a clear error)
         self.config = config or Config.from_env()
         check_checkpointable(self._stepper, self.config.checkpoint_dir)
         self.clock = clock
@@ -92,8 +94,8 @@ class Agent:
         self.reducer = Reducer(self.group, self.world_size)
         self.detector = Detector(self.blocks.names, self.blocks.kinds,
                                  Thresholds.from_overrides(self.config.detect),
-                                 static=wiring_verdicts(self.blocks,
-                                                        stepped_params(self._stepper, optimizer)))
+                                 static=wiring_verdicts(
+                                     self.blocks, stepped_params(self._stepper, self.optimizers)))
         self.loss_book = LossBook()
         """Where each step's loss comes from (``record_loss``, the model's outputs)."""
         self._wait = DataWait(clock)
@@ -147,7 +149,7 @@ class Agent:
         self._patches = PatchSet()          # undone by close(), or when the agent is collected
         built.callback(self._patches.close)
         self._patches.close_when_collected(self)
-        self.guard = StepGuard(optimizer, self._guarded_step, self.params, self._patches,
+        self.guard = StepGuard(self.optimizers, self._guarded_step, self.params, self._patches,
                                stepper=self._stepper)
         built.callback(self.guard.close)
         self.signals = self._signals()
@@ -361,11 +363,14 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = N
     Args:
         model: a plain module, a DDP-wrapped module, a ``fully_shard``-ed (FSDP2) module, or a
             DeepSpeed engine.
-        optimizer: the optimizer ``agent.step`` steps: a torch optimizer, or a wrapper holding
+        optimizer: the optimizer ``agent.step`` steps: a torch optimizer, a wrapper holding
             one as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``, DeepSpeed's
-            ``engine.optimizer``; see ``wrappers``).
+            ``engine.optimizer``; see ``wrappers``), or a container of optimizers shaped like
+            torchtitan's ``OptimizersContainer`` (its ``step`` is guarded, the back-off applies
+            to every optimizer inside it, their state is checkpointed; see ``optimizers``).
         scheduler: an LR scheduler stepped after each optimizer step (accelerate's
-            ``AcceleratedScheduler`` too), or None.
+            ``AcceleratedScheduler``, or a container like torchtitan's
+            ``LRSchedulersContainer``), or None.
         group: the process group to reduce over (default: DDP's, else the world).
         registry: a prometheus_client registry to export into (default: a fresh one).
         **config: any ``Config`` field; overrides ``TORCHVITALS_*`` variables.

@@ -32,6 +32,7 @@ import torch
 
 from ..errors import TorchvitalsError
 from .compat import mark_optimizer_stepped, tensor_version
+from .optimizers import Optimizers, resolve
 from .patches import PatchSet
 
 T = TypeVar("T")
@@ -50,7 +51,8 @@ class StepGuard:
     """Installs itself as ``optimizer.step`` and routes every call to ``run``.
 
     Args:
-        optimizer: the torch optimizer.
+        optimizer: the torch optimizer, or a container of them (``optimizers.resolve``): the
+            container's own ``step`` is guarded, the optimizers inside it hold the LRs.
         run: ``run(closure_loss)`` runs the agent's step (it calls ``real_step`` to step).
         watched: the parameters whose gradients tell one backward pass from the next.
         patches: the agent's patches; the guard installs itself as ``optimizer.step`` there.
@@ -58,10 +60,12 @@ class StepGuard:
             optimizer, which steps ``optimizer`` once per param group: see ``wrappers``).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, run: Callable[[Any], Any],
+    def __init__(self, optimizer: torch.optim.Optimizer | Optimizers, run: Callable[[Any], Any],
                  watched: list[torch.nn.Parameter], patches: PatchSet,
                  stepper: Any = None) -> None:
-        if isinstance(optimizer, torch.optim.LBFGS):
+        self.optimizers = resolve(optimizer)
+        optimizer = self.optimizers.stepped
+        if any(isinstance(o, torch.optim.LBFGS) for o in self.optimizers.torch_optimizers):
             raise TorchvitalsError("torchvitals cannot guard LBFGS: it re-evaluates its closure "
                                    "many times per step, and the agent measures one gradient")
         self.optimizer, self._run = optimizer, run
@@ -76,7 +80,9 @@ class StepGuard:
         self._stepper = optimizer if stepper is None else stepper
         self._patch = patches.replace_step(self._stepper, self.guarded_step)
         self._original = self._patch.wrapped     # e.g. an LR scheduler's wrapper
-        self._hook = optimizer.register_step_pre_hook(self._pre_hook)
+        # A container that is not a torch Optimizer has no step hooks: nothing to bypass there.
+        register = getattr(optimizer, "register_step_pre_hook", None)
+        self._hook = register(self._pre_hook) if register is not None else None
 
     def guarded_step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """What ``optimizer.step()`` now does: the agent's step (and, inside it, the real one)."""
@@ -115,14 +121,15 @@ class StepGuard:
         takes the real step. Otherwise the caller's ``optimizer.step()`` already went through
         any such wrapper, and the original step is called.
         """
-        groups = self.optimizer.param_groups
+        groups = self.optimizers.param_groups
         intended = [g["lr"] for g in groups]
         try:
             if lr_scale != 1.0:
                 for g, lr in zip(groups, intended):
                     g["lr"] = lr * lr_scale
             self._inside = True
-            mark_optimizer_stepped(self.optimizer)
+            for inner in self.optimizers.torch_optimizers:
+                mark_optimizer_stepped(inner)
             if through_attribute:
                 self._stepper.step()
             else:
@@ -134,7 +141,7 @@ class StepGuard:
 
     def effective_lr(self, lr_scale: float) -> list[float]:
         """The learning rate of each param group as a step would apply it now."""
-        return [_host_float(g["lr"]) * lr_scale for g in self.optimizer.param_groups]
+        return [_host_float(g["lr"]) * lr_scale for g in self.optimizers.param_groups]
 
     def probe_grads(self) -> list[Any]:
         """The probe parameters' gradient tensors: a backward pass after ``zero_grad()`` makes
@@ -171,7 +178,8 @@ class StepGuard:
         """Give the optimizer its own ``step`` back (unless a wrapper was put around the guard
         since: it stays, and reaches the real step); idempotent."""
         self.closed = True
-        self._hook.remove()
+        if self._hook is not None:
+            self._hook.remove()
         self._patch.uninstall()
 
 

@@ -123,9 +123,11 @@ class BlockNorms(Rule):
         self.diverging: str | None = None
 
     def leader(self) -> str | None:
-        """The block whose grad norm rose most over its own median at the last step."""
+        """The block whose grad norm rose most over its own median at the last step ("other",
+        the small leftovers such as final norms, only when no named block has a ratio)."""
         finite = {b: r for b, r in self.ratios.items() if math.isfinite(r)}
-        return max(finite, key=finite.get) if finite else None
+        named = {b: r for b, r in finite.items() if b != OTHER} or finite
+        return max(named, key=named.get) if named else None
 
     def observe(self, report, seen):
         total = report.grad_norm_total
@@ -207,15 +209,18 @@ class UpdateRatios(Rule):
 
 
 class Vanishing(Rule):
-    """Last-layer over first-layer gradient norm beyond ~100x for a few steps."""
+    """Last-layer over first-layer gradient norm beyond ~100x for a few steps.
+
+    Only the repeated layers are compared: an embedding's gradient is sparse and a head's is
+    the loss's own, so their ratio is large on healthy runs (measured 166x on torchtitan's
+    debug llama3); with fewer than two layers there is no depth to vanish across.
+    """
 
     patterns = (VANISHING_GRADIENTS,)
 
     def __init__(self, t: Thresholds, names: list[str], kinds: list[str]):
         self.t = t
         layers = [n for n, k in zip(names, kinds) if k == LAYER]
-        if len(layers) < 2:
-            layers = [n for n, k in zip(names, kinds) if k != OTHER]
         self.first, self.last = (layers[0], layers[-1]) if len(layers) >= 2 else (None, None)
         self.run = 0
 

@@ -1,9 +1,11 @@
 """What a block is: the groups of parameters and the modules whose outputs the agent measures.
 
 Automatic discovery follows how models are written: the layers are the children of the
-ModuleList/Sequential that holds most of the parameters (one block per child that has
+ModuleList/Sequential/ModuleDict that holds most of the parameters (one block per child that has
 parameters; parameter-free children such as an activation function join the block before them,
-whose output is then measured after them), every embedding is its own block, the last Linear
+whose output is then measured after them; a ModuleDict counts only when its parameterised
+children are all of one class, since a dict of different heads is not a stack of layers, while
+torchtitan keeps its repeated layers in one), every embedding is its own block, the last Linear
 outside the layers is the head, and every other parameter belongs to "other".
 """
 
@@ -168,13 +170,16 @@ def _auto_spec(root: nn.Module) -> dict[str, tuple[list[str], str | None, str]]:
 
 
 def _layers_container(root: nn.Module) -> tuple[str, nn.Module] | None:
-    """The ModuleList/Sequential whose parameterised children hold the most parameters."""
+    """The ModuleList/Sequential/ModuleDict whose parameterised children hold the most parameters
+    (a ModuleDict only when those children are repeated layers: all of one class)."""
     best, best_size = None, 0
     for path, mod in root.named_modules():
-        if not isinstance(mod, nn.ModuleList | nn.Sequential):
+        if not isinstance(mod, nn.ModuleList | nn.Sequential | nn.ModuleDict):
             continue
         children = [c for c in mod.children() if _has_params(c)]
         if len(children) < 2:
+            continue
+        if isinstance(mod, nn.ModuleDict) and len({type(c) for c in children}) > 1:
             continue
         size = sum(_full_numel(p) for c in children for p in c.parameters())
         if size > best_size:

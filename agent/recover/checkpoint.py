@@ -39,13 +39,13 @@ from typing import Any, Callable, Iterator, NoReturn
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ...errors import TorchvitalsError
 from ..report import json_safe
 from .durable import fsync_dir, sha256_file, write_json
 from .rng import rng_state, set_rng_state
 from .snapshot import Restored, Snapshot, live_tensors
+from .state import get_states, set_states
 from .trust import (CheckpointKey, SafeReader, TensorsOnlyPlanner, UntrustedCheckpoint,
                     merge_plain, split_plain)
 
@@ -305,14 +305,13 @@ class CheckpointStore:
             raise CheckpointError(f"{folder} has no plain-rank-*.json: written by a torchvitals "
                                   "that pickled the non-tensor state into DCP's shards, which "
                                   "this one does not unpickle")
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_states(model, optimizer)
         tensors, _ = split_plain({"model": model_sd, "optim": optim_sd})
         with _quiet_single_process():
             dcp.load(tensors, storage_reader=SafeReader(folder), planner=TensorsOnlyPlanner(),
                      process_group=self._group, no_dist=not self._distributed)
         full = merge_plain(tensors, json.loads(plain_file.read_text()))
-        set_state_dict(model, optimizer, model_state_dict=full["model"],
-                       optim_state_dict=full["optim"])
+        set_states(model, optimizer, full["model"], full["optim"])
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
         rng = folder / f"rng-rank-{self._rank:05d}.json"

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from ..compat import copy_state_dict, create_cpu_state_dict
 from .rng import rng_state, set_rng_state
+from .state import get_states, set_states
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Restored:
 
 def live_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``{"model", "optim"}`` state dicts whose tensors are the live ones (no copy)."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_states(model, optimizer)
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -138,8 +138,7 @@ def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optim
     restored = copy_state_dict(snap.tensors, live, non_blocking=on_device)
     if on_device:
         torch.cuda.synchronize()
-    set_state_dict(model, optimizer, model_state_dict=restored["model"],
-                   optim_state_dict=restored["optim"])
+    set_states(model, optimizer, restored["model"], restored["optim"])
     if scheduler is not None and snap.scheduler is not None:
         scheduler.load_state_dict(copy.deepcopy(snap.scheduler))
     set_rng_state(snap.rng)

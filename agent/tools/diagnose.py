@@ -90,6 +90,14 @@ FIXES = {
 }
 
 
+HOT_LR_FIX = ("Lower the learning rate or lengthen warmup: the update ratio ran hot in {block} "
+              "before the gradients and the loss followed; clip gradients (watch(..., "
+              "clip_grad_norm=1.0)); if a spike ruined the run, restart from the last healthy "
+              "checkpoint with a lower LR and skip the offending batch. Suspect the init scale of "
+              "{block} only if the spike returns at a lower learning rate.")
+"""The explosion's fix when the update ratio moved first: the learning rate, not the init."""
+
+
 @dataclass
 class Diagnosis:
     """The most likely root cause of a run's trouble and what to do about it."""
@@ -161,9 +169,10 @@ def diagnose(verdicts: Iterable[Verdict | Mapping[str, Any]], losses: Iterable[t
     related = [v for v in found if v["pattern"] in CLASSES[cause]]
     if cause in (EXPLOSION, VANISHING) and crash is not None:
         related.append(crash)
+    fix = HOT_LR_FIX if cause == EXPLOSION and lead["pattern"] == P.HOT_LR else FIXES[cause]
     return Diagnosis(cause, _summary(cause, lead, crash), _evidence(related),
-                     FIXES[cause].format(block=f"block {lead['block']}" if lead.get("block")
-                                         else "the first layers"),
+                     fix.format(block=f"block {lead['block']}" if lead.get("block")
+                                else "the first layers"),
                      lead["step"], lead.get("block"),
                      [f"{c} from step {v['step']}" for c, v in seen.items()
                       if c != cause and not (c == NUMERICAL and cause in (EXPLOSION, VANISHING))])
@@ -256,7 +265,9 @@ def _summary(cause: str, lead: dict[str, Any], crash: dict[str, Any] | None) -> 
     text = {
         NUMERICAL: f"The run went non-finite ({lead['pattern']}) at {at} with no earlier explosion "
                    f"or vanishing signal, pointing at an overflow in log/exp, a division or the precision",
-        EXPLOSION: f"Gradients exploded, first seen as {lead['pattern']} at {at}{crashed}",
+        EXPLOSION: (f"The learning rate is too high: the update ratio ran hot (hot_lr) at {at} "
+                    f"ahead of the gradients and the loss{crashed}" if lead["pattern"] == P.HOT_LR else
+                    f"Gradients exploded, first seen as {lead['pattern']} at {at}{crashed}"),
         # A NaN after vanishing gradients is the saturated units' log-softmax overflowing.
         VANISHING: ("Dead ReLUs starve the gradients" if lead["pattern"] == P.DEAD_RELU and crash is None
                     else "Saturation-driven vanishing gradients"

@@ -1,0 +1,151 @@
+"""torchvitals in torchtitan: one line after the ``Trainer`` is built.
+
+    trainer = config.build()                                     # torchtitan's train.py main()
+    agent = torchvitals.watch_torchtitan(trainer, checkpoint_dir="/ckpt/torchvitals")
+    trainer.train()
+
+torchtitan's ``train_step`` clips the gradients and calls ``trainer.optimizers.step()`` then
+``trainer.lr_schedulers.step()``; the guard takes the container's step (one agent step per
+training step, the back-off applied to every optimizer inside it) and the clipping capture
+measures the gradients before ``clip_grads_with_norm_`` scales them, so the report's total grad
+norm is torchtitan's clip norm. What this adapter adds is what only the trainer knows:
+
+- the loss: torchtitan's loss function returns the local token sum over the global token count
+  (``global_valid_tokens``), and its logged loss is the SUM of those over the loss mesh and the
+  micro-batches; each micro-batch's value is recorded as a share scaled by the loss mesh's size,
+  so the agent's mean over the ranks is that same number;
+- the step counter: after a rollback ``trainer.step`` is set to the restored step, so the run
+  trains ``training.steps`` model steps and torchtitan's schedulers, its step counter and the
+  restored state agree; a restart that resumes from a torchvitals checkpoint starts the trainer
+  at that step;
+- the non-finite check: a step torchvitals rolled back or skipped on every rank already had its
+  NaN dealt with, so torchtitan's ``Loss is not finite ... Stopping training`` for that very
+  step is absorbed (logged, not raised); any other non-finite loss still stops the run.
+
+Checkpoint authority: torchvitals' healthy checkpoints (``checkpoint_dir``, with their ledger
+of back-offs and skipped batches) are the ones a rollback and a restart read. torchtitan's own
+``CheckpointManager`` keeps working as configured and, because ``trainer.step`` follows the
+rollback, its step, scheduler and weights agree with each other; it does not record the
+back-off, so restart a torchvitals-watched job from ``checkpoint_dir`` (torchtitan's checkpoint
+loading left off), not from torchtitan's folder.
+
+One model part is watched: pipeline parallelism (several model parts per rank) is refused with
+a clear error. The adapter patches two attributes of the trainer instance (``loss_fn``,
+``train_step``) and puts them back when the agent closes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ...errors import TorchvitalsError
+from ..agent import Agent, watch
+from ..patches import AttributePatch
+
+log = logging.getLogger(__name__)
+
+NONFINITE_MESSAGE = "Loss is not finite"
+"""How torchtitan's ``train_step`` words the error it raises for a non-finite logged loss."""
+
+
+class TorchtitanAdapter:
+    """The trainer-side half of ``watch_torchtitan``: the loss, the step counter, the NaN check.
+
+    Args:
+        trainer: torchtitan's built ``Trainer``.
+        agent: the agent watching its model part and optimizer container.
+    """
+
+    def __init__(self, trainer: Any, agent: Agent) -> None:
+        self.trainer, self.agent = trainer, agent
+        self.loss_scale = float(_loss_mesh_size(trainer))
+        """What one rank's ``local sum / global tokens`` is multiplied by so the mean over the
+        ranks is torchtitan's global loss (the loss mesh's size)."""
+        self.absorbed: list[int] = []
+        """The steps whose non-finite loss check was absorbed (rolled back or skipped)."""
+        self._patches = [AttributePatch(trainer, "loss_fn", lambda _: self.loss_fn),
+                         AttributePatch(trainer, "train_step", lambda _: self.train_step)]
+        for patch in self._patches:
+            patch.install()
+        self._loss_fn, self._train_step = (p.wrapped for p in self._patches)
+        if agent.resumed_from is not None:
+            self._set_step(agent.resumed_from)
+
+    def loss_fn(self, *args: Any, **kwargs: Any) -> Any:
+        """torchtitan's loss function, recording each micro-batch's share of the step's loss."""
+        out = self._loss_fn(*args, **kwargs)
+        loss = out[0] if isinstance(out, tuple) else out
+        self.agent.loss_book.record(loss * self.loss_scale, share=True)
+        return out
+
+    def train_step(self, data_iterator: Any) -> Any:
+        """torchtitan's ``train_step``, then ``trainer.step`` set to the agent's model step."""
+        before = self.agent.last_report
+        try:
+            return self._train_step(data_iterator)
+        except RuntimeError as error:
+            report = self.agent.last_report
+            dealt = (report is not None and report is not before
+                     and report.action in ("rollback", "skip"))
+            if not (dealt and NONFINITE_MESSAGE in str(error)):
+                raise
+            self.absorbed.append(report.step)
+            log.info("torchvitals: step %d was %s by torchvitals; torchtitan's non-finite loss "
+                     "check for it is absorbed", report.step,
+                     "rolled back" if report.action == "rollback" else "skipped")
+            return None
+        finally:
+            self._set_step(self.agent.step_count)
+
+    def _set_step(self, step: int) -> None:
+        """``trainer.step`` through the trainer's own train state (what its checkpoints save)."""
+        state = self.trainer.state_dict()
+        if state.get("step") != step:
+            self.trainer.load_state_dict({**state, "step": step})
+
+    def close(self) -> None:
+        """Put the trainer's own ``loss_fn`` and ``train_step`` back (if still ours); idempotent."""
+        for patch in reversed(self._patches):
+            patch.uninstall()
+
+
+def watch_torchtitan(trainer: Any, **config: Any) -> Agent:
+    """Watch a built torchtitan ``Trainer`` on this rank (call it on every rank).
+
+    Args:
+        trainer: torchtitan's ``Trainer`` after ``config.build()``, before ``trainer.train()``.
+        **config: any ``torchvitals.Config`` field; ``TORCHVITALS_*`` variables fill in the rest.
+
+    Returns:
+        The Agent; ``agent.adapter`` is the ``TorchtitanAdapter``. ``agent.close()`` after
+        training puts the trainer's attributes back.
+
+    Raises:
+        TorchvitalsError: the trainer has several model parts (pipeline parallelism).
+    """
+    parts = list(trainer.model_parts)
+    if len(parts) != 1:
+        raise TorchvitalsError(
+            f"watch_torchtitan watches one model part per rank; this trainer has {len(parts)} "
+            f"(pipeline parallelism): run without pipeline parallelism, or watch a stage with "
+            f"torchvitals.watch(trainer.model_parts[i], optimizer) yourself")
+    agent = watch(parts[0], trainer.optimizers, trainer.lr_schedulers, **config)
+    try:
+        adapter = TorchtitanAdapter(trainer, agent)
+    except BaseException:
+        agent.close()
+        raise
+    agent.adapter = adapter
+    agent._closing.callback(adapter.close)
+    return agent
+
+
+def _loss_mesh_size(trainer: Any) -> int:
+    """The size of the mesh torchtitan sums its logged loss over (1 without data parallelism)."""
+    dims = trainer.parallel_dims
+    if not getattr(dims, "dp_cp_enabled", False):
+        return 1
+    mesh = dims.get_optional_mesh("loss")
+    return mesh.size() if mesh is not None else 1
+
