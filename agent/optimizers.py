@@ -76,6 +76,11 @@ def resolve(optimizer: Any) -> Optimizers:
     return Optimizers(optimizer, (optimizer,))
 
 
+def is_container(optimizer: Any) -> bool:
+    """Whether ``optimizer`` holds the real optimizers (torchtitan's container shape)."""
+    return bool(_inner(optimizer))
+
+
 def _inner(optimizer: Any) -> list[torch.optim.Optimizer]:
     """The optimizers a container holds ([] for a plain optimizer or anything else)."""
     if isinstance(optimizer, torch.optim.Optimizer) and all(

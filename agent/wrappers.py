@@ -24,6 +24,7 @@ import torch
 
 from ..errors import TorchvitalsError
 from .compat import is_zero_optimizer, zero_grad_fragment, zero_loss_scaled, zero_model_params
+from .optimizers import is_container
 
 MAX_DEPTH = 4
 """Wrappers peeled at most (accelerate around DeepSpeed around torch is three)."""
@@ -57,14 +58,16 @@ def unwrap_optimizer(obj: Any) -> Unwrapped:
     """
     chain, inner = [], obj
     # Peeled whenever it holds one: accelerate's wrapper subclasses torch.optim.Optimizer
-    # without being initialised as one (no hooks, no state of its own).
-    while not _is_torch_optimizer(inner):
+    # without being initialised as one (no hooks, no state of its own). A container of
+    # optimizers (torchtitan's shape) is kept whole: ``optimizers.resolve`` opens it.
+    while not (_is_torch_optimizer(inner) or is_container(inner)):
         nested = getattr(inner, "optimizer", None)
         if nested is None or nested is inner or len(chain) >= MAX_DEPTH:
             raise TorchvitalsError(
-                f"torchvitals.watch() needs a torch.optim.Optimizer, or a wrapper that holds one "
-                f"as .optimizer (accelerate's AcceleratedOptimizer, DeepSpeed's ZeRO optimizer); "
-                f"got {_name(obj)}"
+                f"torchvitals.watch() needs a torch.optim.Optimizer, a wrapper that holds one "
+                f"as .optimizer (accelerate's AcceleratedOptimizer, DeepSpeed's ZeRO optimizer), "
+                f"or a container of them (torchtitan's OptimizersContainer; for its Trainer use "
+                f"torchvitals.watch_torchtitan(trainer)); got {_name(obj)}"
                 + (f" (through {' -> '.join(_name(c) for c in chain[1:] + [inner])})"
                    if chain else "")
                 + ", which holds no torch optimizer. Pass the optimizer that steps the model.")

@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from llamalike import LlamaLike
+from support.llamalike import LlamaLike
 from torchvitals.agent.measure.blocks import EMBEDDING, HEAD, LAYER, OTHER, discover
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from llamalike import LlamaLike
+from support.llamalike import LlamaLike
 from torchvitals.agent.recover.checkpoint import CheckpointStore
 from torchvitals.agent.recover.snapshot import restore, stage
 

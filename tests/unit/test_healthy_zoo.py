@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchvitals
-from llamalike import LlamaLike
-from tinygpt import TinyGPT, random_batches
+from support.llamalike import LlamaLike
+from support.models import TinyGPT, random_batches
 from torchvitals.agent.detect import CRITICAL, WARNING
 
 VOCAB, SEQ, BATCH, STEPS = 64, 16, 8, 60

@@ -2,7 +2,7 @@
 0.3.0's shape (``model_parts``, an optimizer container, a scheduler container, ``loss_fn``
 returning the local token sum over the global token count, and a ``train_step`` that clips,
 steps, schedules, then raises "Loss is not finite" for a non-finite logged loss). The real
-Trainer under torchrun: tests/frameworks/test_torchtitan.py."""
+Trainer under torchrun: tests/integration/test_torchtitan.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import torchvitals
-from llamalike import LlamaLike
+from support.llamalike import LlamaLike
 from torchvitals.errors import TorchvitalsError
 
 VOCAB = 64

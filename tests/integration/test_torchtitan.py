@@ -2,7 +2,7 @@
 default metrics), 2 gloo ranks on CPU under torchrun, with ``watch_torchtitan(trainer)`` as the
 only line added to torchtitan's ``main()`` (the CPU harness: titan_harness.py).
 
-    cd <repo> && python -m pytest tests/frameworks/test_torchtitan.py
+    cd <repo> && python -m pytest tests/integration/test_torchtitan.py
 
 Measured (seed 0, 20 steps): the report's loss equals torchtitan's logged global loss within
 6e-8 relative (float32 vs the report's float64), the total grad norm equals torchtitan's clip
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torchtitan")
+import torchtitan  # noqa: E402,F401  (a missing torchtitan fails here, never skips)
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "titan_job.py"

@@ -2,7 +2,7 @@
 parser returns the harness's debug llama3 (a synthetic loader cannot be named by a flag).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        tests/frameworks/titan_example_job.py OUT STEPS
+        tests/integration/titan_example_job.py OUT STEPS
 """
 
 from __future__ import annotations

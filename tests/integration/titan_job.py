@@ -1,6 +1,6 @@
 """torchtitan's own Trainer under torchvitals, one rank of a 2-rank gloo job on CPU.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/frameworks/titan_job.py \
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/integration/titan_job.py \
         --out /tmp/titan --steps 20 [--fault-step 12 --fault-rank 1] [--checkpoint-dir DIR]
 
 Writes ``rank<r>.json``: torchtitan's own logged loss and grad norm per step, the agent's
