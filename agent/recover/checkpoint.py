@@ -76,12 +76,16 @@ class CheckpointStore:
             used); None signs nothing and checks no signature.
         trust_unsigned: load a folder whose manifest is unsigned or signed under another key.
         allowed: the folder names a load may take (the ledger's); None: any committed one.
+        on_commit: told ``(step, final folder)`` on rank 0 just before the rename that commits
+            a save (the ledger records it there: a crash after the rename leaves it recorded,
+            so the allow-list never loses a committed checkpoint).
     """
 
     def __init__(self, root: str | os.PathLike, *, keep: int = 3, group: dist.ProcessGroup | None = None,
                  clock: Callable[[], float] = time.perf_counter, key: CheckpointKey | None = None,
                  trust_unsigned: bool = False,
-                 allowed: Callable[[], set[str]] | None = None) -> None:
+                 allowed: Callable[[], set[str]] | None = None,
+                 on_commit: Callable[[int, Path], None] | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
@@ -89,6 +93,7 @@ class CheckpointStore:
         self._group = group
         self._clock = clock
         self.key, self.trust_unsigned, self._allowed = key, trust_unsigned, allowed
+        self.on_commit = on_commit
         self.last_save_seconds: float | None = None
         """Duration of the last successful save, every phase included."""
 
@@ -210,6 +215,8 @@ class CheckpointStore:
                 manifest["signature"] = self.key.sign(manifest)
             write_json(tmp / MANIFEST, manifest)
             fsync_dir(tmp)
+            if self.on_commit is not None:
+                self.on_commit(step, final)
             replaced = self.root / f".tmp-replaced-{name}"
             if final.exists():      # a step saved again after a rollback: the new one wins
                 os.rename(final, replaced)

@@ -18,6 +18,7 @@ import bisect
 import json
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -100,6 +101,7 @@ class Ledger:
         """Batch index ranges ``[start, stop)`` never to be consumed (shared with the batches)."""
         self.entries: list[dict[str, Any]] = []
         """Every event, oldest first."""
+        self._lock = threading.RLock()
         self.job_id: str | None = None
         """The job the folder belongs to (``jobid.job_identity``), written with the next event;
         None in a ledger older than job ids, or of a job without one."""
@@ -139,8 +141,14 @@ class Ledger:
         return index in self.skipped
 
     def record_checkpoint(self, step: int, path: str | os.PathLike) -> None:
-        """A healthy checkpoint of ``step`` was committed at ``path``."""
-        self._append({"event": "checkpoint", "step": step, "path": str(path)})
+        """A healthy checkpoint of ``step`` was committed at ``path``; recording it again (the
+        store records it just before its commit, the watchdog once it settled) is a no-op."""
+        with self._lock:
+            last = self.last_checkpoint
+            if last is not None and last["step"] == step and last["path"] == str(path) and \
+                    not any(e["event"] != "checkpoint" for e in self.entries[self.entries.index(last):]):
+                return
+            self._append({"event": "checkpoint", "step": step, "path": str(path)})
 
     def record_rollback(self, step: int, *, to_step: int, reason: str, lr_scale: float,
                         skipped: tuple[int, int] | None,
@@ -182,9 +190,12 @@ class Ledger:
         return document
 
     def _append(self, entry: dict[str, Any]) -> None:
-        self.entries.append({**entry, "time": self._clock()})
-        if self.writer:
-            self._write()
+        # A background checkpoint commits from its writer thread; the training thread records
+        # rollbacks: one document, written by one of them at a time.
+        with self._lock:
+            self.entries.append({**entry, "time": self._clock()})
+            if self.writer:
+                self._write()
 
     def _write(self) -> None:
         replace_json(self.path, self.to_dict(), indent=1)

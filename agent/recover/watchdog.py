@@ -116,7 +116,8 @@ class Watchdog:
         key = CheckpointKey.from_env(key_file=config.checkpoint_key_file) if rank0 else None
         store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group,
                                 key=key, trust_unsigned=config.trust_unsigned_checkpoints,
-                                allowed=ledger.checkpoint_names)
+                                allowed=ledger.checkpoint_names,
+                                on_commit=ledger.record_checkpoint if rank0 else None)
         store.probe()
         saver = (StagedSaves(store, config.snapshot_max_bytes) if config.snapshot_max_bytes
                  else SyncSaver(store))

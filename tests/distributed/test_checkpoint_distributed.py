@@ -19,6 +19,7 @@ def test_save_train_load_restores_every_rank_exactly(kind, tmp_path):
         assert r["seconds"] > 0
     files = sorted(p.name for p in (tmp_path / "step-00000002").iterdir())
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json",
+                     "plain-rank-00000.json", "plain-rank-00001.json",
                      "rng-rank-00000.json", "rng-rank-00001.json", "state.json"]
 
 
