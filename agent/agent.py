@@ -118,11 +118,12 @@ class Agent:
         if self.watchdog is not None:
             built.callback(self.watchdog.close)
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
-        self._poller = (DirectivePoller(config.collector_url, config.collector_job,
+        self.poller = (DirectivePoller(config.collector_url, config.collector_job,
                                         config.collector_poll_seconds, token=token)
                         if config.collector_url and self.rank == 0 else None)
-        if self._poller is not None:
-            built.callback(self._poller.close)
+        """Global rank 0's collector poller (None on the other ranks and without a collector)."""
+        if self.poller is not None:
+            built.callback(self.poller.close)
         self.outputs = Outputs(config, self.blocks.names, rank=self.rank,
                                world_size=self.world_size, registry=registry)
         built.callback(self.outputs.close)
@@ -185,7 +186,7 @@ class Agent:
             Memory(MemorySample(self.device)),
             self._replicas(),
             CheckpointSettlement(self.watchdog) if self.watchdog is not None else None,
-            Directives(self._poller) if config.collector_url else None]
+            Directives(self.poller) if config.collector_url else None]
         return [s for s in signals if s is not None]
 
     def _replicas(self) -> Replicas | None:
