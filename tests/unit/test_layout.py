@@ -365,3 +365,14 @@ def test_private_torch_names_are_read_only_through_compat():
              if module != "torchvitals.agent.compat"
              and (found := private_reads(path.read_text(), private))}
     assert not wrong, wrong
+
+
+def test_every_package_folder_is_in_the_distribution():
+    """A non-editable install (the Docker image's ``pip install .``) ships only the packages
+    pyproject.toml lists: a new folder left off would import in the checkout and fail there."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(("torchvitals", *p.parent.relative_to(ROOT).parts))
+             for p in ROOT.rglob("__init__.py")
+             if p.relative_to(ROOT).parts[0] not in ("tests", "build", ".git")}
+    assert found == listed, (sorted(found - listed), sorted(listed - found))
