@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torchvitals  # noqa: E402
-from torchvitals.agent.tools.demo.regression import BLOCKS, micro_batch, mlp  # noqa: E402,F401
+from torchvitals.agent.tools.demo.regression import BLOCKS, deepspeed_config, micro_batch, mlp  # noqa: E402,F401
 
 def build() -> torch.nn.Module:
     """The same initial weights on every rank."""
@@ -28,9 +28,7 @@ def build() -> torch.nn.Module:
 
 
 def config(stage: int, accumulate: int, clip: float) -> dict:
-    return {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": accumulate,
-            "zero_optimization": {"stage": stage}, "gradient_clipping": clip,
-            "steps_per_print": 10 ** 9}
+    return deepspeed_config(stage, accumulate, clip)
 
 
 def main() -> None:

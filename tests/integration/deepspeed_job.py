@@ -23,7 +23,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE]          # real_steps
 import torchvitals  # noqa: E402
-from torchvitals.agent.tools.demo.regression import BLOCKS, micro_batch, mlp  # noqa: E402
+from real_steps import describe  # noqa: E402
+from torchvitals.agent.tools.demo.regression import BLOCKS, deepspeed_config, micro_batch, mlp  # noqa: E402
 
 
 def build() -> torch.nn.Module:
@@ -31,11 +32,8 @@ def build() -> torch.nn.Module:
 
 
 def config(stage: int, accumulate: int, clip: float) -> dict:
-    """examples/deepspeed_train.py's engine configuration."""
-    return {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": accumulate,
-            "zero_optimization": {"stage": stage}, "gradient_clipping": clip,
-            "steps_per_print": 10 ** 9}
-from real_steps import describe  # noqa: E402
+    return deepspeed_config(stage, accumulate, clip)
+
 
 ACCUMULATE, CLIP = 2, 0.5
 

@@ -38,3 +38,10 @@ def micro_batches(n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n`` micro-batches (each rank its own seed)."""
     gen = torch.Generator().manual_seed(seed)
     return [micro_batch(gen) for _ in range(n)]
+
+
+def deepspeed_config(stage: int, accumulate: int, clip: float) -> dict:
+    """A DeepSpeed engine configuration for this task: 16 samples per micro-batch per rank."""
+    return {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": accumulate,
+            "zero_optimization": {"stage": stage}, "gradient_clipping": clip,
+            "steps_per_print": 10 ** 9}
