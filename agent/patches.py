@@ -179,7 +179,8 @@ class SharedPatch:
         return self._generation is not None
 
     def _make(self, generation: _Generation) -> list[AttributePatch]:
-        raise NotImplementedError
+        """The attribute patches of one installation (each shared patch says which)."""
+        raise NotImplementedError(f"{type(self).__name__} must say what it patches")
 
     def _acquire(self) -> None:
         with _lock:
