@@ -62,8 +62,7 @@ from .signals.timing import Timing
 from .signals.update import UpdateRatios
 from .optimizers import resolve
 from .step import StepInput, Steps
-from .wrappers import (check_checkpointable, grad_source, step_owner, stepped_params,
-                       unwrap_all)
+from .wrappers import grad_source, state_holder, step_owner, stepped_params, unwrap_all
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -79,8 +78,9 @@ class Agent:
         optimizer, scheduler = unwrap_all(optimizer, scheduler, log)   # accelerate, DeepSpeed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.optimizers = resolve(optimizer)   # a container's real optimizers (or a clear error)
+        self.state_holder = state_holder(self._stepper, optimizer)
+        """What checkpoints and rollbacks save and restore the optimizer state of."""
         self.config = config or Config.from_env()
-        check_checkpointable(self._stepper, self.config.checkpoint_dir)
         self.clock = clock
         distributed = dist.is_available() and dist.is_initialized()
         if group is None and isinstance(model, DistributedDataParallel):
@@ -136,7 +136,7 @@ class Agent:
             self.watchdog.on_phase = lambda phase: self.heartbeat.beat(phase=phase)
         if self.heartbeat is not None:
             self.heartbeat.beat(0, CHECKPOINT if self.watchdog is not None else TRAIN)
-        self.resumed_from = (self.watchdog.resume(model, optimizer, self.scheduler)
+        self.resumed_from = (self.watchdog.resume(model, self.state_holder, self.scheduler)
                              if self.watchdog is not None else None)
         if self.resumed_from is not None:
             self.steps.step_count = self.resumed_from

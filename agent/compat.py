@@ -28,6 +28,7 @@ import torch.nn.utils.clip_grad
 import torch.optim.lr_scheduler
 from torch.amp import grad_scaler
 from torch.distributed import _state_dict_utils
+from torch.distributed.checkpoint import state_dict as _dcp_state_dict
 from torch.nn.modules import batchnorm, dropout
 
 from ..errors import TorchvitalsError
@@ -80,6 +81,11 @@ copy_state_dict = _bind(_state_dict_utils, "_copy_state_dict",
 create_cpu_state_dict = _bind(_state_dict_utils, "_create_cpu_state_dict",
                               "torch.distributed._state_dict_utils")
 """What torch's own async checkpointing stages with (pinned host copies, one pass)."""
+
+init_optim_state = _bind(_dcp_state_dict, "_init_optim_state",
+                         "torch.distributed.checkpoint.state_dict")
+"""Gives an optimizer with no state yet its state tensors (one step at learning rate 0 with zero
+gradients), so a checkpoint loads into them: what DCP's own optimizer state dict does first."""
 
 BatchNorm = _bind(batchnorm, "_BatchNorm", "torch.nn.modules.batchnorm")
 DropoutNd = _bind(dropout, "_DropoutNd", "torch.nn.modules.dropout")
@@ -247,6 +253,24 @@ def zero_model_params(optimizer: Any) -> list[list[torch.Tensor]]:
     """The model parameters DeepSpeed's ZeRO-1/2 optimizer steps, per param group (its torch
     optimizer holds flat partitions instead)."""
     return [list(group) for group in optimizer.bit16_groups]
+
+
+ZERO_MASTER_PARTITIONS = "single_partition_of_fp32_groups"
+"""DeepSpeed ZeRO-1/2 optimizer: this rank's fp32 master partition of each param group, the
+flat tensor its torch optimizer steps (and holds the state of)."""
+
+
+def zero_partitions(optimizer: Any) -> list[torch.Tensor]:
+    """This rank's fp32 master partition of each param group of DeepSpeed's ZeRO-1/2 optimizer,
+    in the order of its torch optimizer's param groups."""
+    return list(getattr(optimizer, ZERO_MASTER_PARTITIONS))
+
+
+def zero_partition_rank(optimizer: Any) -> tuple[int, int]:
+    """``(this rank's partition, how many)`` of DeepSpeed's ZeRO-1/2 optimizer (its data-parallel
+    group's rank and size)."""
+    group = optimizer.dp_process_group
+    return torch.distributed.get_rank(group=group), torch.distributed.get_world_size(group=group)
 
 
 def zero_grad_fragment(param: torch.Tensor) -> torch.Tensor | None:

@@ -264,7 +264,7 @@ class Steps:
         if a.watchdog is None:
             return
         report.checkpointed = a.watchdog.maybe_save(
-            report.step, a.model, a.optimizer, a.scheduler, a.detector,
+            report.step, a.model, a.state_holder, a.scheduler, a.detector,
             scheduler_step_due=not inp.owns_scheduler and self.scheduler_follows_step)
         if report.checkpointed:
             self.detector_at[report.step] = a.detector.snapshot()   # kept: committed + new
@@ -275,7 +275,7 @@ class Steps:
         """Every rank, same step: back to the last healthy checkpoint, or skip without one."""
         a = self.a
         try:
-            rolled = a.watchdog.rollback(report.step, self.ticks, reason, a.model, a.optimizer,
+            rolled = a.watchdog.rollback(report.step, self.ticks, reason, a.model, a.state_holder,
                                          a.scheduler)
         except TrainingAborted as aborted:
             self._abort(report, aborted, Verdict(ROLLBACK_LOOP, CRITICAL, report.step, None, {

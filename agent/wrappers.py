@@ -173,19 +173,11 @@ def step_owner(obj: Any) -> Any:
     return unwrap_optimizer(obj).obj
 
 
-def check_checkpointable(owner: Any, checkpoint_dir: str | None) -> None:
-    """Refuse, at ``watch()``, a watchdog this optimizer's state cannot go through.
-
-    Raises:
-        TorchvitalsError: DeepSpeed ZeRO-1/2 with ``checkpoint_dir``: its optimizer state is
-            partitioned in flat buffers that torchvitals' checkpoints do not map yet.
-    """
-    if checkpoint_dir and is_zero_optimizer(owner):
-        raise TorchvitalsError(
-            "torchvitals cannot checkpoint or roll back DeepSpeed ZeRO-1/2's partitioned "
-            "optimizer state yet: watch(engine, engine.optimizer) without checkpoint_dir (a "
-            "non-finite step is then skipped on every rank), and checkpoint with DeepSpeed's "
-            "engine.save_checkpoint. ZeRO stage 0 checkpoints and rolls back as usual")
+def state_holder(owner: Any, optimizer: Any) -> Any:
+    """What checkpoints and rollbacks read the optimizer state from and write it back to:
+    DeepSpeed's ZeRO-1/2 optimizer (its partitions and its torch optimizer's state over them,
+    see ``recover/zero_state.py``), otherwise the torch optimizer (or container) ``optimizer``."""
+    return owner if is_zero_optimizer(owner) else optimizer
 
 
 def grad_source(owner: Any) -> Callable[[torch.Tensor], torch.Tensor | None] | None:

@@ -6,7 +6,8 @@
 live in DeepSpeed's partitioned buffers, not in ``param.grad``: torchvitals reads each rank's
 fragment of every parameter's gradient there, and one SUM gives the exact per-block norms, before
 DeepSpeed clips them (``gradient_clipping``). The agent's step runs around the ZeRO optimizer's
-own: every rank steps, skips or rolls back together.
+own: every rank steps, skips or rolls back together; with ``checkpoint_dir`` each rank's
+partition of the optimizer state is checkpointed and restored with the model.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ saved as separate ``wq``/``wk``/``wv``: "object has no attribute 'wq'"). Such a 
 ``state_dict()``/``load_state_dict()`` run its hooks both ways, which is how torchtitan's own
 checkpointer saves it; the optimizer state is keyed by parameter name and does not care.
 Every other model keeps the DCP path (wrapper prefixes stripped, FSDP2 shards as DTensors).
+DeepSpeed's ZeRO-1/2 optimizer (passed as the optimizer) holds flat partitions no parameter name
+maps to: ``zero_state`` keeps its state per partition.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optim
                                                      get_state_dict, set_optimizer_state_dict,
                                                      set_state_dict)
 
-from ..compat import WRAPPER_PREFIXES
+from ..compat import WRAPPER_PREFIXES, is_zero_optimizer
 from ..measure.blocks import unwrap
 from ..optimizers import resolve
+from .zero_state import set_zero_states, zero_states
 
 
 def get_states(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -30,11 +33,14 @@ def get_states(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], 
 
     Args:
         model: the (possibly wrapped or sharded) model.
-        optimizer: its optimizer, or a container of optimizers (see ``optimizers.resolve``).
+        optimizer: its optimizer, a container of optimizers (see ``optimizers.resolve``), or
+            DeepSpeed's ZeRO-1/2 optimizer.
 
     Returns:
         (model state dict, optimizer state dict).
     """
+    if is_zero_optimizer(optimizer):
+        return zero_states(model, optimizer)
     optims, options = _target(optimizer)
     inner = unwrap(model)
     own = inner.state_dict()
@@ -46,6 +52,9 @@ def get_states(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], 
 def set_states(model: torch.nn.Module, optimizer: Any, model_sd: dict[str, Any],
                optim_sd: dict[str, Any]) -> None:
     """Load ``model_sd`` and ``optim_sd`` (shaped as ``get_states`` returns them) in place."""
+    if is_zero_optimizer(optimizer):
+        set_zero_states(model, optimizer, model_sd, optim_sd)
+        return
     optims, options = _target(optimizer)
     inner = unwrap(model)
     if not _renamed(inner, model_sd):

@@ -35,6 +35,22 @@ def config(stage: int, accumulate: int, clip: float) -> dict:
     return deepspeed_config(stage, accumulate, clip)
 
 
+def partition_digest(engine) -> list[list[float]]:
+    """This rank's optimizer state, summed per param group: the ZeRO-1/2 fp32 master partition
+    and Adam's moments and step over it (stage 0: the torch optimizer's, over the parameters)."""
+    zero = engine.optimizer
+    if hasattr(zero, "single_partition_of_fp32_groups"):
+        pairs = zip(zero.single_partition_of_fp32_groups, [zero.optimizer.state] * 9)
+    else:
+        pairs = ((p, zero.state) for g in zero.param_groups for p in g["params"])
+    out = []
+    for master, state in pairs:
+        st = state.get(master, {})
+        out.append([float(master.double().sum())] + [
+            float(st[k].double().sum()) for k in ("exp_avg", "exp_avg_sq", "step") if k in st])
+    return out
+
+
 ACCUMULATE, CLIP = 2, 0.5
 
 
@@ -60,6 +76,9 @@ def main() -> None:
                      checkpoint_every=args.checkpoint_every) if args.checkpoint_every else {})
     agent = torchvitals.watch(engine, engine.optimizer, blocks=BLOCKS, log_dir="", metrics_port=0,
                               **watchdog)
+    resumed = {"step": agent.resumed_from, "digest": partition_digest(engine),
+               "lr": [g["lr"] for g in engine.optimizer.param_groups]}
+    digests = {}
     real: list[float] = []      # the gradient norm each real step of the torch optimizer saw
     optimizer.register_step_pre_hook(lambda opt, *_: real.append(math.sqrt(sum(
         float(p.grad.double().pow(2).sum()) for g in opt.param_groups for p in g["params"]
@@ -87,6 +106,10 @@ def main() -> None:
             engine.backward(loss)
             engine.step()
         assert agent.last_report is not before, f"step {step} went unreported"
+        if agent.last_report.checkpointed:
+            digests[agent.last_report.step] = partition_digest(engine)
+        if agent.last_report.action == "rollback":
+            digests["rolled back"] = partition_digest(engine)
         norm = engine.get_global_grad_norm()
         ref_norms = {b: math.sqrt(sum(float(p.grad.pow(2).sum())
                                       for p in getattr(ref, b).parameters())) for b in BLOCKS}
@@ -96,7 +119,7 @@ def main() -> None:
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump({"reports": out, "params": flat.tolist(), "step_count": agent.step_count,
-                   "real": real,
+                   "real": real, "resumed": resumed, "digests": digests,
                    "clip": CLIP}, f)
     agent.close()
 

@@ -54,9 +54,12 @@ def main() -> None:
     parser.add_argument("--stage", type=int, default=2)
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--checkpoint-every", type=int, default=0)
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
-    vitals = torchvitals.TransformersCallback(log_dir="", metrics_port=0)
+    watchdog = (dict(checkpoint_dir=os.path.join(args.out, "ckpt"),
+                     checkpoint_every=args.checkpoint_every) if args.checkpoint_every else {})
+    vitals = torchvitals.TransformersCallback(log_dir="", metrics_port=0, **watchdog)
     model = tiny_gpt2()
     record = Record(vitals, model, rank, args.fault_step)
     ds = {"zero_optimization": {"stage": args.stage}, "train_micro_batch_size_per_gpu": "auto",

@@ -4,7 +4,9 @@ gradients live in DeepSpeed's partitions (``param.grad`` is None): the per-block
 them are exact against an fp64 reference, the total equals the engine's own
 ``get_global_grad_norm()`` (before its clipping), a NaN on one rank is skipped by both ranks in
 that step, and the next step is a healthy one. With ZeRO off (stage 0) the engine clips with
-its own ``clip_grad_norm_``: the norms are still the ones before it."""
+its own ``clip_grad_norm_``: the norms are still the ones before it. With ``checkpoint_dir``
+(ZeRO-0/1/2, raw and through the Trainer) a NaN rolls both ranks back and a restart resumes:
+each rank's own partition of the optimizer state comes back exactly."""
 
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def _torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+def _torchrun(script: Path, out: Path, *args: str, timeout: int = 400,
+              job_id: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
+    if job_id is not None:      # a restart continues the folder of the same job only
+        env["TORCHVITALS_JOB_ID"] = job_id
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=env.get("PYTHONPATH", ""))
@@ -100,12 +105,16 @@ def test_the_trainer_with_a_deepspeed_config_is_watched_by_the_callback_unchange
     assert any(r["grad_norm_total"] > ranks[0]["clip"] for r in reports), "not the pre-clip norm"
 
 
-def test_zero_off_rolls_both_ranks_back_and_zero_checkpoints_are_refused_at_watch(tmp_path):
-    (tmp_path / "s0").mkdir()
-    done = _torchrun(HERE / "deepspeed_job.py", tmp_path / "s0", str(tmp_path / "s0"), "--stage",
-                     "0", "--fault-step", "7", "--steps", "10", "--checkpoint-every", "3")
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_nan_rolls_both_ranks_back_and_a_restart_resumes_the_partitioned_optimizer_state(
+        tmp_path, stage):
+    """ZeRO-1/2 keeps each rank's partition of the optimizer (its fp32 master slice, Adam's
+    moments over it) apart: a rollback and a restart bring back each rank's own, exactly."""
+    done = _torchrun(HERE / "deepspeed_job.py", tmp_path, str(tmp_path), "--stage", str(stage),
+                     "--fault-step", "7", "--steps", "10", "--checkpoint-every", "3",
+                     job_id=f"zero-{stage}")
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    ranks = [json.loads((tmp_path / "s0" / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     reports = ranks[0]["reports"]
     assert [(r["step"], r["action"]) for r in reports] == \
         [(r["step"], r["action"]) for r in ranks[1]["reports"]]
@@ -115,9 +124,43 @@ def test_zero_off_rolls_both_ranks_back_and_zero_checkpoints_are_refused_at_watc
     after = reports[reports.index(rollbacks[0]) + 1:]
     assert after and all(r["action"] == "step" and r["lr"][0] == pytest.approx(1.5e-3)
                          for r in after)
+    assert all(math.isfinite(r["loss"]) for r in after)
     assert ranks[0]["params"] == ranks[1]["params"]
-    (tmp_path / "s2").mkdir()
-    refused = _torchrun(HERE / "deepspeed_job.py", tmp_path / "s2", str(tmp_path / "s2"),
-                        "--stage", "2", "--steps", "2", "--checkpoint-every", "1")
-    assert refused.returncode != 0
-    assert "cannot checkpoint or roll back DeepSpeed ZeRO-1/2" in refused.stdout + refused.stderr
+    for rank in ranks:      # the rollback brought back each rank's own step-6 state exactly
+        assert rank["digests"]["rolled back"] == rank["digests"]["6"]
+    if stage:       # each rank holds its own partition: the states differ, and are not empty
+        assert ranks[0]["digests"]["6"] != ranks[1]["digests"]["6"]
+    # The same job started again: each rank resumes its own partition of the newest healthy
+    # checkpoint (the state it had right after that step), with the back-off kept.
+    again = _torchrun(HERE / "deepspeed_job.py", tmp_path, str(tmp_path), "--stage", str(stage),
+                      "--steps", "2", "--checkpoint-every", "3", job_id=f"zero-{stage}")
+    assert again.returncode == 0, (again.stdout + again.stderr)[-6000:]
+    for r in range(2):
+        first, second = ranks[r], json.loads((tmp_path / f"rank{r}.json").read_text())
+        resumed = second["resumed"]
+        newest = max(int(s) for s in first["digests"] if s.isdigit())
+        assert resumed["step"] == newest
+        assert resumed["digest"] == first["digests"][str(newest)], f"rank {r}'s partition"
+        assert all(lr == pytest.approx(1.5e-3) for lr in second["reports"][0]["lr"])
+        assert all(rep["action"] == "step" for rep in second["reports"])
+
+
+
+def test_the_trainer_with_deepspeed_zero2_rolls_both_ranks_back_to_its_own_partitions(tmp_path):
+    """The Trainer's ZeRO-2 run with ``checkpoint_dir``: the NaN at one micro-batch of one rank
+    rolls both ranks back to the last healthy checkpoint, and the Trainer's scheduler goes on
+    from the restored step at half the learning rate."""
+    done = _torchrun(HERE / "hf_deepspeed_job.py", tmp_path, str(tmp_path), "--stage", "2",
+                     "--fault-step", "5", "--steps", "10", "--checkpoint-every", "2", timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["reports"] == ranks[1]["reports"], "the ranks decided or measured differently"
+    reports = ranks[0]["reports"]
+    actions = [(r["step"], r["action"]) for r in reports]
+    assert actions == [(s, "step") for s in range(1, 6)] + [(6, "rollback")] + \
+        [(s, "step") for s in range(5, 9)]
+    assert reports[5]["rollback"]["to_step"] == 4 and reports[5]["rollback"]["lr_scale"] == 0.5
+    lr_at = {r["step"]: r["lr"][0] for r in reports[:5]}
+    for report, engine in zip(reports[6:], ranks[0]["engine_norms"][6:]):
+        assert math.isfinite(report["loss"]) and report["grad_norm_total"] == pytest.approx(engine, rel=1e-6)
+    assert reports[6]["lr"][0] == pytest.approx(0.5 * lr_at[5], rel=1e-6)

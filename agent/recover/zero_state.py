@@ -1,0 +1,93 @@
+"""DeepSpeed ZeRO-1/2's partitioned optimizer state, as checkpoints and snapshots see it.
+
+    model_sd, optim_sd = zero_states(engine, zero_optimizer)     # the live tensors (no copy)
+    set_zero_states(engine, zero_optimizer, model_sd, optim_sd)  # loaded back in place
+
+Under ZeRO-1/2 every rank holds the whole model (its parameters are views into DeepSpeed's flat
+buffers) but only its own partition of the optimizer: the fp32 master copy of its slice of each
+param group's flat buffer, and the torch optimizer's state (Adam's moments, its step) over that
+slice. DCP's optimizer state dict cannot map those flat slices to parameter names, so they are
+saved under a key of this rank's partition::
+
+    {"zero-rank-00001-of-00002": {"group-0": {"master": <flat fp32 slice>,
+                                              "state": {"exp_avg": ..., "step": ...},
+                                              "hparams": {"lr": ..., "betas": ...}}, ...}}
+
+Each rank writes and reads only its own key (DCP writes a key held by one rank once, by that
+rank), so the checkpoint loads into the same number of partitions only: another world size
+finds no key for its partitions and the folder is refused with DCP's "missing key" naming it.
+The model's state goes through DCP's model state dict as for any other model. A restore
+copies in place, so DeepSpeed's own references (its flat buffers, its torch optimizer's param
+groups, the views the model's parameters are) stay valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+from ..compat import init_optim_state, zero_partition_rank, zero_partitions
+
+
+def partition_key(owner: Any) -> str:
+    """The optimizer-state key of this rank's partition (names the world size too)."""
+    rank, world = zero_partition_rank(owner)
+    return f"zero-rank-{rank:05d}-of-{world:05d}"
+
+
+def zero_states(model: torch.nn.Module, owner: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's state dict and this rank's ZeRO partition state, holding the live tensors.
+
+    Args:
+        model: the DeepSpeed engine (or the module it wraps).
+        owner: DeepSpeed's ZeRO-1/2 optimizer (``engine.optimizer``).
+
+    Returns:
+        (model state dict, ``{partition key: {"group-<i>": ...}}``).
+    """
+    inner = owner.optimizer
+    # A checkpoint loads into the state tensors, so they must exist (a resume before any step).
+    init_optim_state(inner)
+    groups: dict[str, Any] = {}
+    for i, (group, master) in enumerate(zip(inner.param_groups, zero_partitions(owner), strict=True)):
+        flat = group["params"]
+        if len(flat) != 1 or flat[0] is not master:
+            raise RuntimeError(f"DeepSpeed's ZeRO param group {i} does not hold its master "
+                               "partition alone: a layout torchvitals does not checkpoint")
+        groups[f"group-{i}"] = {"master": master, "state": dict(inner.state.get(master, {})),
+                                "hparams": {k: v for k, v in group.items() if k != "params"}}
+    return get_model_state_dict(model), {partition_key(owner): groups}
+
+
+def set_zero_states(model: torch.nn.Module, owner: Any, model_sd: dict[str, Any],
+                    optim_sd: dict[str, Any]) -> None:
+    """Load ``model_sd`` and ``optim_sd`` (shaped as ``zero_states`` returns them) in place.
+
+    Raises:
+        KeyError: ``optim_sd`` holds no state for this rank's partition (another world size).
+    """
+    set_model_state_dict(model, model_sd)
+    key = partition_key(owner)
+    if key not in optim_sd:
+        raise KeyError(f"no DeepSpeed ZeRO optimizer state for {key} (saved: "
+                       f"{', '.join(sorted(optim_sd)) or 'none'}): a ZeRO checkpoint loads "
+                       "into the same number of partitions only")
+    saved, inner = optim_sd[key], owner.optimizer
+    for i, (group, master) in enumerate(zip(inner.param_groups, zero_partitions(owner), strict=True)):
+        mine = saved[f"group-{i}"]
+        _copy(master, mine["master"])
+        live = inner.state.setdefault(master, {})
+        for name, value in mine["state"].items():
+            if isinstance(value, torch.Tensor) and isinstance(live.get(name), torch.Tensor):
+                _copy(live[name], value)
+            else:
+                live[name] = value
+        group.update(mine["hparams"])
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if dst is not src:
+        with torch.no_grad():
+            dst.copy_(src)
