@@ -26,7 +26,7 @@ ROOT = HERE.parents[1]
 
 
 def _torchrun(script: Path, out: Path, *args: str, timeout: int = 400,
-              job_id: str | None = None) -> subprocess.CompletedProcess:
+              job_id: str | None = None, nproc: int = 2) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
     if job_id is not None:      # a restart continues the folder of the same job only
         env["TORCHVITALS_JOB_ID"] = job_id
@@ -34,7 +34,7 @@ def _torchrun(script: Path, out: Path, *args: str, timeout: int = 400,
                TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=env.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", str(script), *args],
+                           "--nproc-per-node", str(nproc), str(script), *args],
                           cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -143,6 +143,13 @@ def test_a_nan_rolls_both_ranks_back_and_a_restart_resumes_the_partitioned_optim
         assert resumed["digest"] == first["digests"][str(newest)], f"rank {r}'s partition"
         assert all(lr == pytest.approx(1.5e-3) for lr in second["reports"][0]["lr"])
         assert all(rep["action"] == "step" for rep in second["reports"])
+    if stage:       # one rank cannot take two ranks' partitions: refused, never half-loaded
+        alone = _torchrun(HERE / "deepspeed_job.py", tmp_path, str(tmp_path), "--stage",
+                          str(stage), "--steps", "1", "--checkpoint-every", "3",
+                          job_id=f"zero-{stage}", nproc=1)
+        assert alone.returncode != 0
+        assert "Missing key in checkpoint state_dict: optim.zero-rank-00000-of-00001" in \
+            alone.stdout + alone.stderr
 
 
 
