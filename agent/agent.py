@@ -40,6 +40,7 @@ from .measure.fingerprint import Fingerprint
 from .measure.host import MemorySample
 from .measure.loss import LossBook
 from .measure.reduce import Reducer
+from .measure.stages import agree
 from .measure.stats import GradStats, UpdateRatio, local
 from .outputs.sinks import Outputs
 from .patches import PatchSet
@@ -88,14 +89,15 @@ class Agent:
         self.group = group if distributed else None
         self.world_size = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
-        self.blocks: Blocks = discover(model, self.config.blocks)
+        self.layout = agree(*self._discover(model), self.group, self.rank, self.world_size)
+        """The blocks every rank packs (the union over the ranks' pipeline stages, if any)."""
+        self.blocks: Blocks = self.layout.blocks
         self.params = [p for ps in self.blocks.params for _, p in ps]
         self.device = local(self.params[0]).device
         self.reducer = Reducer(self.group, self.world_size)
         self.detector = Detector(self.blocks.names, self.blocks.kinds,
                                  Thresholds.from_overrides(self.config.detect),
-                                 static=wiring_verdicts(
-                                     self.blocks, stepped_params(self._stepper, self.optimizers)))
+                                 static=self.layout.static)
         self.loss_book = LossBook()
         """Where each step's loss comes from (``record_loss``, the model's outputs)."""
         self._wait = DataWait(clock)
@@ -106,6 +108,11 @@ class Agent:
         with contextlib.ExitStack() as built:
             self._build(optimizer, registry, built)
             self._closing = built.pop_all()
+
+    def _discover(self, model: nn.Module) -> tuple[Blocks, list[Any]]:
+        """This rank's blocks and their wiring verdicts (before the ranks agree on them)."""
+        blocks = discover(model, self.config.blocks)
+        return blocks, wiring_verdicts(blocks, stepped_params(self._stepper, self.optimizers))
 
     def _build(self, optimizer: torch.optim.Optimizer, registry: Any,
                built: contextlib.ExitStack) -> None:
@@ -167,7 +174,9 @@ class Agent:
         config, blocks, n = self.config, self.blocks, len(self.blocks)
         sharded = any(isinstance(p, DTensor) for p in self.params)
         split = config.split_ddp_work and self.world_size > 1 and not sharded
-        owned = [(b % self.world_size == self.rank) if split else True for b in range(n)]
+        # Under DDP each block's replicas split the work: one of them measures it.
+        owned = [bool(h) and h[b % len(h)] == self.rank if split else True
+                 for b, h in enumerate(blocks.holders)]
         self.grads = GradNorms(GradStats(blocks, owned, self.world_size, split,
                                          grad_source(self._stepper)), blocks.names,
                                self.device, self.guard.probe_grads,
@@ -181,8 +190,10 @@ class Agent:
                             if config.activations else None)
         signals: list[Signal | None] = [
             Loss(), self.grads, Scaler(), self.update, self.activations,
-            DataWaitSignal(self._wait), Timing(RankTiming(self.detector.thresholds, self.rank,
-                                                          self.world_size)),
+            DataWaitSignal(self._wait),
+            Timing(RankTiming(self.detector.thresholds, self.rank,
+                              self.layout.stage_sizes[self.layout.stage]),
+                   self.layout.stage, len(self.layout.stage_sizes)),
             Memory(MemorySample(self.device)),
             self._replicas(),
             CheckpointSettlement(self.watchdog) if self.watchdog is not None else None,

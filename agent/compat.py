@@ -153,6 +153,13 @@ def clear_accelerate_overflow(optimizer: Any) -> None:
 # ---------------------------------------------------------------- the check
 
 
+PIPELINE_LOSS = "_compute_loss"
+"""The method a ``torch.distributed.pipelining`` schedule computes each microbatch's loss with on
+the last stage (through the loss function it was built with: torchtitan's, captured at build
+time). Its metadata inference on the first step calls that loss function directly on stand-in
+outputs, not through this method, so only real microbatch losses pass here."""
+
+
 def problems() -> list[str]:
     """Each private name that does not hold in the installed torch (and accelerate, when it is
     installed), as a sentence naming it; empty when all hold."""
@@ -183,6 +190,10 @@ def problems() -> list[str]:
 
     expect(f"{CLIP_SCALE}(" in inspect.getsource(clip_grad.clip_grad_norm_),
            "torch.nn.utils.clip_grad.clip_grad_norm_", f"calling {CLIP_SCALE}")
+    from torch.distributed.pipelining import schedules
+    expect(f"self.{PIPELINE_LOSS}(" in inspect.getsource(
+        schedules._PipelineSchedule._maybe_compute_loss), "torch.distributed.pipelining.schedules",
+        f"_PipelineSchedule.{PIPELINE_LOSS}")
     from torch._dynamo.eval_frame import OptimizedModule
     expect("self._orig_mod" in inspect.getsource(OptimizedModule.__init__),
            "torch._dynamo.eval_frame.OptimizedModule", "_orig_mod")

@@ -35,7 +35,7 @@ class RankTiming:
     Args:
         t: the detection thresholds (``straggler_*``).
         rank: this rank in the reduction's group.
-        world_size: ranks in the group.
+        world_size: ranks it is judged among (the group, or its pipeline stage's ranks).
     """
 
     def __init__(self, t: Thresholds, rank: int, world_size: int):
@@ -52,7 +52,7 @@ class RankTiming:
 
         Args:
             own_seconds: this rank's compute time of the step.
-            total_seconds: the sum over every rank (from the reduction).
+            total_seconds: the sum over the ranks it is judged among (from the reduction).
             data_wait: this rank's wait for its batch in the step (part of its compute time).
         """
         if self.world_size < 2:

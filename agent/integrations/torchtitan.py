@@ -29,8 +29,11 @@ rollback, its step, scheduler and weights agree with each other; it does not rec
 back-off, so restart a torchvitals-watched job from ``checkpoint_dir`` (torchtitan's checkpoint
 loading left off), not from torchtitan's folder.
 
-One model part is watched: pipeline parallelism (several model parts per rank) is refused with
-a clear error. The adapter patches two attributes of the trainer instance (``loss_fn``,
+Pipeline parallelism with one stage per rank (``1F1B``, ``GPipe``) is watched like any run: each
+rank watches its stage, the ranks agree on the union of their blocks (``measure/stages.py``),
+the loss comes from the last stage's ranks, and the rollback and the checkpoints cover every
+stage. Schedules with several stages per rank (interleaved, several model parts) are refused
+with a clear error. The adapter patches two attributes of the trainer instance (``loss_fn``,
 ``train_step``) and puts them back when the agent closes.
 """
 
@@ -41,6 +44,7 @@ from typing import Any
 
 from ...errors import TorchvitalsError
 from ..agent import Agent, watch
+from ..compat import PIPELINE_LOSS
 from ..patches import AttributePatch
 
 log = logging.getLogger(__name__)
@@ -64,7 +68,12 @@ class TorchtitanAdapter:
         ranks is torchtitan's global loss (the loss mesh's size)."""
         self.absorbed: list[int] = []
         """The steps whose non-finite loss check was absorbed (rolled back or skipped)."""
-        self._patches = [AttributePatch(trainer, "loss_fn", lambda _: self.loss_fn),
+        # Under pipeline parallelism the last stage's schedule calls the loss function it was
+        # built with, not the trainer's attribute: each microbatch's loss is taken there.
+        schedule = getattr(trainer, "pp_schedule", None)
+        self._patches = [AttributePatch(trainer, "loss_fn", lambda _: self.loss_fn)
+                         if schedule is None else
+                         AttributePatch(schedule, PIPELINE_LOSS, lambda _: self.loss_fn),
                          AttributePatch(trainer, "train_step", lambda _: self.train_step)]
         for patch in self._patches:
             patch.install()
@@ -73,7 +82,8 @@ class TorchtitanAdapter:
             self._set_step(agent.resumed_from)
 
     def loss_fn(self, *args: Any, **kwargs: Any) -> Any:
-        """torchtitan's loss function, recording each micro-batch's share of the step's loss."""
+        """torchtitan's loss function (or, under pipeline parallelism, the last stage's schedule's),
+        recording each micro-batch's share of the step's loss."""
         out = self._loss_fn(*args, **kwargs)
         loss = out[0] if isinstance(out, tuple) else out
         self.agent.loss_book.record(loss * self.loss_scale, share=True)
@@ -122,14 +132,16 @@ def watch_torchtitan(trainer: Any, **config: Any) -> Agent:
         training puts the trainer's attributes back.
 
     Raises:
-        TorchvitalsError: the trainer has several model parts (pipeline parallelism).
+        TorchvitalsError: the trainer has several model parts on this rank (an interleaved
+            pipeline schedule).
     """
     parts = list(trainer.model_parts)
     if len(parts) != 1:
         raise TorchvitalsError(
-            f"watch_torchtitan watches one model part per rank; this trainer has {len(parts)} "
-            f"(pipeline parallelism): run without pipeline parallelism, or watch a stage with "
-            f"torchvitals.watch(trainer.model_parts[i], optimizer) yourself")
+            f"watch_torchtitan watches one pipeline stage per rank; this trainer has "
+            f"{len(parts)} model parts on this rank (pipeline parallelism with an interleaved "
+            f"schedule): use a schedule with one stage per rank "
+            f"(parallelism.pipeline_parallel_schedule 1F1B or GPipe)")
     agent = watch(parts[0], trainer.optimizers, trainer.lr_schedulers, **config)
     try:
         adapter = TorchtitanAdapter(trainer, agent)

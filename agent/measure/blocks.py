@@ -40,6 +40,10 @@ class Blocks:
     """Per block, the module paths it covers (empty for "other")."""
     numels: list[int] = field(default_factory=list)
     """Per block, the number of elements of its full (unsharded) parameters."""
+    holders: list[list[int]] = field(default_factory=list)
+    """Per block, the ranks holding the same parameters of it as this rank (its replicas, this
+    rank included; empty where this rank holds none of it), set when the ranks agree on their
+    blocks (``stages.agree``); empty before: every rank holds every block."""
 
     def __post_init__(self) -> None:
         self.numels = [sum(_full_numel(p) for _, p in ps) for ps in self.params]

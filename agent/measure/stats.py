@@ -47,9 +47,12 @@ class _Measured:
     def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool):
         self.entries: list[tuple[nn.Parameter, int, float]] = []
         for b, params in enumerate(blocks.params):
+            # The ranks holding identical copies of this block: every rank under DDP, a
+            # stage's data-parallel ranks under pipeline parallelism.
+            copies = len(blocks.holders[b]) if blocks.holders else world_size
             for _, p in params:
                 if isinstance(p, DTensor) or owned[b]:
-                    self.entries.append((p, b, 1.0 / replicas(p, world_size, split)))
+                    self.entries.append((p, b, 1.0 / replicas(p, copies, split)))
         self.num_blocks = len(blocks)
         self._key: tuple[int, ...] | None = None
         self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor | None]] = {}

@@ -1,8 +1,10 @@
 """Step and compute times: the ranks' means, and stragglers named without a world-sized payload.
 
-Two host floats a step (this rank's step and compute time) give every rank the means; each rank
-judges itself against the others' mean and its flag rides the next step's SUM
-(``detect/straggler.py`` explains the encoding). O(1) in the world size.
+Host floats a step (this rank's step time, and its compute time in its stage's slot: one slot
+without pipeline parallelism) give every rank the means; each rank judges itself against the
+mean of the others of its stage (a pipeline's stages differ in compute by design) and its flag
+rides the next step's SUM (``detect/straggler.py`` explains the encoding). O(1) in the world
+size.
 """
 
 from __future__ import annotations
@@ -28,17 +30,19 @@ class Timing(Signal):
     rules = ("Straggler",)
     metrics = ("torchvitals_step_duration_seconds", "torchvitals_compute_duration_seconds")
 
-    def __init__(self, timing: RankTiming) -> None:
-        self.timing = timing
+    def __init__(self, timing: RankTiming, stage: int = 0, stages: int = 1) -> None:
+        self.timing, self.stage, self.stages = timing, stage, stages
 
     def pack(self, ctx: StepContext, packer: Packer) -> TimingSlots:
-        return TimingSlots(packer.add_host_sum([ctx.step_seconds, ctx.compute_seconds]),
-                           packer.add_host_sum(self.timing.flags()))
+        seconds = [ctx.step_seconds] + [0.0] * self.stages
+        seconds[1 + self.stage] = ctx.compute_seconds
+        return TimingSlots(packer.add_host_sum(seconds), packer.add_host_sum(self.timing.flags()))
 
     def unpack(self, ctx: StepContext, handle: TimingSlots, reduced: Reduced, report: Report,
                seen: Observed) -> None:
-        step_sum, compute_sum = reduced[handle.seconds]
+        step_sum, *compute_sums = reduced[handle.seconds]
         report.mean_step_seconds = step_sum / ctx.world_size
-        report.mean_compute_seconds = compute_sum / ctx.world_size
+        report.mean_compute_seconds = sum(compute_sums) / ctx.world_size
         seen.straggler_flags = reduced[handle.flags]
-        self.timing.observe(ctx.compute_seconds, compute_sum, report.local_data_wait_seconds)
+        self.timing.observe(ctx.compute_seconds, compute_sums[self.stage],
+                            report.local_data_wait_seconds)

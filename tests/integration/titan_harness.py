@@ -16,7 +16,10 @@
 - gloo has no PREMUL_SUM (FSDP2's reduce-scatter divides in the collective by default): the
   gradient divide factor is applied before the collective instead;
 - torch 2.13's ``torch.distributed`` has no ``set_timeout``: torchtitan's post-first-step
-  timeout change is skipped.
+  timeout change is skipped;
+- torchtitan's pipeline path hands its schedule microbatches already split
+  (``step(arg_mbs=..., kwarg_mbs=..., target_mbs=...)``), which torch 2.13's schedules take only
+  through their ``_step_microbatches``: ``step`` is given that form.
 """
 
 from __future__ import annotations
@@ -94,6 +97,29 @@ def _causal_sdpa(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, score_mo
 
 FlexAttention.forward = _causal_sdpa
 
+from torch.distributed.pipelining import schedules as _schedules  # noqa: E402
+
+
+def _presplit_step(step):
+    """A schedule's ``step`` that also takes the microbatches already split (torchtitan 0.3.0)."""
+    def run(self, *args, arg_mbs=None, kwarg_mbs=None, target_mbs=None, losses=None,
+            return_outputs=True, loss_kwargs=None, **kwargs):
+        if arg_mbs is None and kwarg_mbs is None and target_mbs is None:
+            return step(self, *args, losses=losses, return_outputs=return_outputs,
+                        loss_kwargs=loss_kwargs, **kwargs)
+        stages = getattr(self, "_stages", None) or [self._stage]
+        for stage in stages:
+            stage.has_backward = self._has_backward
+            stage.clear_runtime_states()
+        self._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs,
+                                loss_kwargs=loss_kwargs)
+        return None
+    return run
+
+
+for _schedule in (_schedules.PipelineScheduleSingle, _schedules.PipelineScheduleMulti):
+    _schedule.step = _presplit_step(_schedule.step)
+
 VOCAB = 2048
 
 
@@ -141,8 +167,10 @@ def tokenizer_folder(root: Path) -> Path:
     return folder
 
 
-def debug_llama3(root: Path, *, steps: int, seq_len: int = 32, batch: int = 2, seed: int = 0):
-    """torchtitan's llama3 debug config, sized for CPU, everything else its defaults."""
+def debug_llama3(root: Path, *, steps: int, seq_len: int = 32, batch: int = 2, seed: int = 0,
+                 pipeline: int = 1, schedule: str = "1F1B"):
+    """torchtitan's llama3 debug config, sized for CPU, everything else its defaults;
+    ``pipeline`` > 1: that many pipeline stages over the ranks (``schedule``)."""
     config = llama3_debugmodel()
     config.model_spec = model_registry("debugmodel")
     config.hf_assets_path = str(tokenizer_folder(root))
@@ -155,6 +183,10 @@ def debug_llama3(root: Path, *, steps: int, seq_len: int = 32, batch: int = 2, s
     # the spmd_types default's plain-tensor parameters on CPU.
     config.parallelism.spmd_backend = "partial_dtensor"
     config.dump_folder = str(root / "titan")
+    if pipeline > 1:
+        config.parallelism.pipeline_parallel_degree = pipeline
+        config.parallelism.pipeline_parallel_schedule = schedule
+        config.training.disable_cuda_graphs = True     # torchtitan requires it with pipelines
     return config
 
 

@@ -32,9 +32,10 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", default="")
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--resume", action="store_true", help="continue the checkpoint_dir's run")
+    parser.add_argument("--pipeline", type=int, default=1, help="pipeline stages (1F1B)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = titan_harness.debug_llama3(args.out, steps=args.steps)
+    config = titan_harness.debug_llama3(args.out, steps=args.steps, pipeline=args.pipeline)
     trainer = config.build()
     me = titan_harness.rank()
     titan_loss: dict[int, float] = {}
@@ -58,7 +59,18 @@ def main() -> None:
             injected.append(trainer.step)
             loss = loss * float("nan")
         return loss, rest
-    trainer.loss_fn = faulty
+    if args.pipeline > 1:       # the last stage's schedule computes the loss (its own closure)
+        loss_of = trainer.pp_schedule._compute_loss
+
+        def faulty_stage(*a, **k):
+            loss = loss_of(*a, **k)
+            if trainer.step == args.fault_step and me == args.fault_rank and not injected:
+                injected.append(trainer.step)
+                loss = loss * float("nan")
+            return loss
+        trainer.pp_schedule._compute_loss = faulty_stage
+    else:
+        trainer.loss_fn = faulty
 
     stepped_lr: list[list[float]] = []
     for opt in trainer.optimizers.optimizers:
