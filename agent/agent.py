@@ -165,6 +165,7 @@ class Agent:
             built.callback(signal.close)
         self._patches.route_scaler_step(optimizer, self._scaler_step)
         self._zero_grad = self._patches.before_zero_grad(optimizer, self.settle_skipped)
+        self._patches.before_model_zero_grad(model, self.settle_skipped)
         self._patches.capture_clipping(self.capture_gradients, self.params)
         if self.steps.sampled(self.steps.step_count + 1):
             self.steps.arm()
@@ -239,11 +240,17 @@ class Agent:
         self._run(StepInput(scaler=scaler, through_attribute=True))
 
     def settle_skipped(self) -> None:
-        """``optimizer.zero_grad()`` from the loop or a framework: gradients and losses of a
+        """``optimizer.zero_grad()`` or ``model.zero_grad()`` (the watched model, a module inside
+        it or a wrapper around it) from the loop or a framework: gradients and losses of a
         backward pass that no step took are a step the framework skipped by itself (DeepSpeed's
         overflow, a GradScaler's, a loop's own test). That step is measured and reported as its
         own skip on every rank (the frameworks' skip is agreed), so its losses never reach the
-        next step."""
+        next step. Whichever door a rank clears through, the first settles and the step's marks
+        make any later one a no-op, so every rank runs the one collective at the same point.
+        A loop that clears the gradients itself (``p.grad = None``) calls nothing: by the next
+        step its skipped gradients are gone and its losses are not told from the new ones, so
+        that step is not settled (telling them apart would take a hook on every backward, and
+        the settled step could only report its gradients as unmeasured)."""
         if self.steps.aborted is None and self.loss_book.pending and \
                 self.guard.has_new_gradients() and not self.guard.closed:
             self._run(StepInput(skipped_by_framework=True))

@@ -139,6 +139,13 @@ def compiled_inner(model: Any) -> Any:
     return getattr(model, "_orig_mod", None)
 
 
+def wrapped_module(model: Any) -> Any:
+    """The module a wrapper holds (DDP's, FSDP1's, DeepSpeed's engine's ``.module``,
+    ``torch.compile``'s original), or None for a module that wraps nothing."""
+    inner = getattr(model, "module", None) or compiled_inner(model)
+    return inner if isinstance(inner, torch.nn.Module) else None
+
+
 def accelerate_overflow(optimizer: Any) -> bool:
     """Whether accelerate's ``AcceleratedOptimizer`` marked its last step an fp16 overflow (it
     then leaves the Trainer's scheduler alone)."""

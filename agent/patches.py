@@ -4,14 +4,16 @@
     patches.close_when_collected(agent)          # undone if the agent is dropped without close()
     patches.replace_step(optimizer, guard.guarded_step)         # optimizer.step (this instance)
     patches.before_zero_grad(optimizer, agent.settle_skipped)    # optimizer.zero_grad (this instance)
+    patches.before_model_zero_grad(model, agent.settle_skipped)  # Module.zero_grad (the class)
     patches.route_scaler_step(optimizer, agent._scaler_step)    # GradScaler.step (the class)
     patches.capture_clipping(agent.capture_gradients, params)   # clip_grad's scaling (module)
     ...
     patches.close()                              # idempotent
 
-Three scopes: the optimizer instance's ``step`` (one agent's), the class attribute
-``GradScaler.step`` and the module globals that ``clip_grad_norm_`` scales through (shared by
-every agent in the process: installed by the first, reference-counted, put back by the last).
+Three scopes: the optimizer instance's ``step`` and ``zero_grad`` (one agent's), the class
+attributes ``GradScaler.step`` and ``Module.zero_grad`` and the module globals that
+``clip_grad_norm_`` scales through (shared by every agent in the process: installed by the first,
+reference-counted, put back by the last).
 Each patch installs under one lock and puts back the value it found only while the attribute
 still holds its own replacement. When something replaced it since (a profiler's wrapper, a
 user's, a framework's), it warns (``ForeignPatchWarning``) and leaves that one in place; the
@@ -41,10 +43,13 @@ from typing import Any, Callable
 import torch
 
 from ..errors import TorchvitalsError
-from .compat import CLIP_SCALE, GradScaler, clip_grad, mark_step_wrapped
+from .compat import CLIP_SCALE, GradScaler, clip_grad, mark_step_wrapped, wrapped_module
 
 DEEPSPEED_ENGINE = "deepspeed.runtime.engine"
 """The module whose ``clip_grad_norm_`` global DeepSpeed's engine clips through (ZeRO off)."""
+MAX_WRAPPERS = 4
+"""Module wrappers looked through from a ``zero_grad()`` call (accelerate's DDP around a
+compiled model is two)."""
 
 _lock = threading.RLock()
 _MISSING = object()
@@ -358,10 +363,77 @@ class ClippingPatch(SharedPatch):
         return patches
 
 
+class ZeroGradPatch(SharedPatch):
+    """``module.zero_grad()`` runs the handler routed for that module, or for one it wraps, first.
+
+    Loops and frameworks clear the gradients through the model as often as through the
+    optimizer: the Hugging Face Trainer calls ``model.zero_grad()`` on the DDP wrapper accelerate
+    built around the model it hands its callbacks, nanoGPT-style loops call it on the raw model.
+    The class attribute is replaced, so a wrapper made after ``watch`` (and not known to the
+    agent) is reached: a call is routed when the module, or a module it wraps (``.module`` of DDP,
+    FSDP1 and DeepSpeed's engine, ``torch.compile``'s original), holds a route. Any other module
+    takes torch's own path after a dictionary lookup per wrapper.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._routes: dict[int, tuple[Any, Any]] = {}
+
+    def route(self, module: torch.nn.Module, handler: Callable[[], None]) -> Lease:
+        """Call ``handler()`` before ``module.zero_grad()`` (or a wrapper's) until the lease is
+        released.
+
+        Args:
+            module: a watched module (held weakly).
+            handler: a bound method (held weakly).
+
+        Returns:
+            The lease; its release removes the route (and, the last one, the patch).
+        """
+        entry = (weakref.ref(module), _WeakBound(handler))
+        key = id(module)
+        with _lock:
+            self._acquire()
+            self._routes[key] = entry
+
+        def release() -> None:
+            with _lock:
+                if self._routes.get(key) is entry:
+                    del self._routes[key]
+                self._release()
+
+        return Lease(release)
+
+    def handler_for(self, module: Any) -> Callable[[], None] | None:
+        """The live handler routed for ``module`` or the first routed module inside it, or None."""
+        for _ in range(MAX_WRAPPERS + 1):
+            entry = self._routes.get(id(module))
+            if entry is not None and entry[0]() is module:
+                return entry[1]()
+            module = wrapped_module(module)
+            if module is None:
+                return None
+        return None
+
+    def _make(self, generation: _Generation) -> list[AttributePatch]:
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def zero_grad(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+                handler = self.handler_for(module) if generation.live and self._routes else None
+                if handler is not None:
+                    handler()
+                return original(module, *args, **kwargs)
+            return zero_grad
+
+        return [AttributePatch(torch.nn.Module, "zero_grad", wrap)]
+
+
 SCALER_STEP = ScalerStepPatch()
 """The process's ``GradScaler.step`` patch."""
 CLIPPING = ClippingPatch()
 """The process's gradient clipping patch."""
+ZERO_GRAD = ZeroGradPatch()
+"""The process's ``Module.zero_grad`` patch."""
 
 
 # ---------------------------------------------------------------- one agent's patches
@@ -405,12 +477,11 @@ class PatchSet:
         self._steps.append(weakref.ref(patch))
         return patch
 
-    def before_zero_grad(self, optimizer: torch.optim.Optimizer,
-                         fn: Callable[[], None]) -> AttributePatch:
+    def before_zero_grad(self, optimizer: Any, fn: Callable[[], None]) -> AttributePatch:
         """Call ``fn()`` before ``optimizer.zero_grad()`` clears the gradients (this instance).
 
         Args:
-            optimizer: the optimizer.
+            optimizer: the optimizer (or any object with a ``zero_grad`` method).
             fn: a bound method (held weakly: once its object is gone, the call passes through).
 
         Returns:
@@ -420,7 +491,7 @@ class PatchSet:
 
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
-            def zero_grad(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            def zero_grad(opt: Any, *args: Any, **kwargs: Any) -> Any:
                 before = ref()
                 if before is not None:
                     before()
@@ -431,6 +502,25 @@ class PatchSet:
         patch.install()
         self._steps.append(weakref.ref(patch))
         return patch
+
+    def before_model_zero_grad(self, model: torch.nn.Module, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` before ``zero_grad()`` of ``model``, of a module inside it (DDP's
+        ``.module``) or of a wrapper around it (see ``ZeroGradPatch``). A module whose class has
+        a ``zero_grad`` of its own (DeepSpeed's engine sets the gradients to None itself) is
+        patched on the instance as well.
+
+        Args:
+            model: the watched model.
+            fn: a bound method (held weakly).
+        """
+        module: torch.nn.Module | None = model
+        for _ in range(MAX_WRAPPERS + 1):
+            if module is None:
+                break
+            self._leases.append(ZERO_GRAD.route(module, fn))
+            if type(module).zero_grad is not torch.nn.Module.zero_grad:
+                self.before_zero_grad(module, fn)
+            module = wrapped_module(module)
 
     def route_scaler_step(self, optimizer: torch.optim.Optimizer,
                           handler: Callable[[Any], Any]) -> None:

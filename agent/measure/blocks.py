@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from ..compat import WRAPPER_PREFIXES, compiled_inner
+from ..compat import WRAPPER_PREFIXES, wrapped_module
 
 OTHER = "other"
 LAYER, EMBEDDING, HEAD, NAMED = "layer", "embedding", "head", "named"
@@ -65,11 +65,10 @@ class Blocks:
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside DDP / torch.compile wrappers (FSDP2 wraps in place)."""
     while True:
-        inner = getattr(model, "module", None) or compiled_inner(model)
-        if isinstance(inner, nn.Module):
-            model = inner
-        else:
+        inner = wrapped_module(model)
+        if inner is None:
             return model
+        model = inner
 
 
 def discover(model: nn.Module, named: Mapping[str, Any] | list[str] | None = None) -> Blocks:

@@ -1,6 +1,7 @@
 """Rank functions for test_framework_skip.py: a DDP loop that skips ``optimizer.step()`` itself
 when the reduced gradients are not finite (as DeepSpeed or a GradScaler does on an overflow),
-with a NaN loss on rank 1 at one step."""
+with a NaN loss on rank 1 at one step, and one whose GradScaler skips it, clearing the gradients
+through the model or the optimizer."""
 
 from __future__ import annotations
 
@@ -47,3 +48,51 @@ def loop_that_skips_by_itself(rank: int, world: int, steps: int) -> dict:
     agent.close()
     return {"reports": reports, "losses": losses, "real": len(real),
             "skipped_by_loop": skipped_by_loop, "step_count": agent.step_count}
+
+
+CLEAR = {"model": lambda model, opt: model.zero_grad(),          # the DDP wrapper
+         "inner": lambda model, opt: model.module.zero_grad(),    # the module inside it
+         "optimizer": lambda model, opt: opt.zero_grad()}
+"""The ways a loop or framework clears the gradients after a step."""
+
+
+def loop_with_a_scaler(rank: int, world: int, steps: int, clears: list[list[str]],
+                       routed: bool) -> dict:
+    """A DDP loop stepping through a CPU GradScaler, rank 1's loss Inf at FAULT (the scaler skips
+    the step on every rank: the all-reduced gradients are Inf everywhere), each rank clearing
+    the gradients its own way (``clears[rank]``, in order). ``routed``: ``scaler.step(opt)`` as
+    usual (the agent's route sees the overflow); else the scaler's ``step`` bound before
+    ``watch()``, as a framework holding it since its setup does: the skip never reaches the agent
+    and is seen only when the gradients are cleared."""
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    bound_before_watch = scaler.step
+    real: list[float] = []
+    opt.register_step_pre_hook(lambda o, *_: real.append(math.sqrt(sum(
+        float(p.grad.double().pow(2).sum()) for p in model.parameters()))))
+    agent = torchvitals.watch(model, opt, log_dir="", metrics_port=0)
+    gen = torch.Generator().manual_seed(rank)
+    reports, losses = [], []
+    for step in range(1, steps + 1):
+        x = torch.randn(8, 4, generator=gen)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        losses.append(loss.item())
+        if rank == 1 and step == FAULT:
+            loss = loss * float("inf")
+        agent.record_loss(loss)
+        scaler.scale(loss).backward()
+        (scaler.step if routed else bound_before_watch)(opt)
+        scaler.update()
+        for clear in clears[rank]:
+            CLEAR[clear](model, opt)
+        r = agent.last_report
+        reports.append({"step": r.step, "action": r.action, "loss": r.loss,
+                        "nonfinite_loss": r.nonfinite_loss, "grad_norm_total": r.grad_norm_total})
+    count = agent.step_count
+    agent.close()
+    return {"reports": reports, "losses": losses, "real": real, "step_count": count,
+            "patched_after_close": "zero_grad" in vars(opt)
+            or hasattr(torch.nn.Module.zero_grad, "__wrapped__")}

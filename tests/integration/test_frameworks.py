@@ -95,6 +95,35 @@ def test_hf_trainer_rolls_back_every_rank_and_keeps_its_scheduler_and_clipping(t
         assert report["loss"] == pytest.approx(total, rel=1e-5), i
 
 
+@pytest.mark.distributed
+def test_hf_trainer_step_its_optimizer_skipped_is_that_steps_skip_on_both_ranks(tmp_path):
+    """The Trainer's optimizer skips the step itself on non-finite gradients (rank 1's loss is
+    NaN at one micro-batch; DDP spreads it to both ranks) and the Trainer then clears the
+    gradients with ``model.zero_grad()`` on accelerate's DDP wrapper: that step is reported as
+    its own skip on both ranks, the next one reports its own loss and the Trainer's own pre-clip
+    gradient norm, and no healthy step is lost (no rollback, every other step stepped)."""
+    fault_step, steps = 12, 30
+    ranks = torchrun(HERE / "hf_job.py", tmp_path, "--fault-step", str(fault_step),
+                     "--steps", str(steps), "--framework-skip")
+    actions = [[(r["step"], r["action"]) for r in rank["reports"]] for rank in ranks]
+    assert actions[0] == actions[1], "the ranks took different decisions"
+    assert actions[0] == [(s, "skip" if s == fault_step + 1 else "step")
+                          for s in range(1, steps + 1)]
+    reports = ranks[0]["reports"]
+    assert {"nonfinite_loss", "nonfinite_grad"} <= set(reports[fault_step]["verdicts"])
+    k = ranks[0]["accumulate"]
+    for i, report in enumerate(reports):
+        if report["action"] != "step":
+            continue
+        total = sum(sum(rank["micro_losses"][k * i:k * i + k]) for rank in ranks)
+        assert report["loss"] == pytest.approx(total, rel=1e-5), i
+        trainers = ranks[0]["trainer_grad_norm"][str(report["step"])]
+        assert report["grad_norm_total"] == pytest.approx(trainers, rel=1e-5), i
+    for rank in ranks:
+        assert rank["skipped_by_optimizer"] == 1
+        assert len(rank["real"]) == steps - 1 and rank["global_step"] == steps
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_healthy_runs_in_both_frameworks_raise_nothing(tmp_path, seed):

@@ -21,6 +21,7 @@ from torchvitals.agent import patches
 
 SCALER_STEP = torch.amp.GradScaler.step
 SCALE_GRADS = clip_grad._clip_grads_with_norm_
+MODULE_ZERO_GRAD = nn.Module.zero_grad
 
 
 class Boom(RuntimeError):
@@ -30,6 +31,7 @@ class Boom(RuntimeError):
 def restored() -> bool:
     return (torch.amp.GradScaler.step is SCALER_STEP and clip_grad._clip_grads_with_norm_ is
             SCALE_GRADS and torch.nn.utils.clip_grads_with_norm_ is SCALE_GRADS
+            and nn.Module.zero_grad is MODULE_ZERO_GRAD and patches.ZERO_GRAD._leases == 0
             and patches.SCALER_STEP._leases == 0 and patches.CLIPPING._leases == 0)
 
 

@@ -1,5 +1,6 @@
-"""The three patches an agent installs (the optimizer's ``step``, ``GradScaler.step``, the
-function ``clip_grad_norm_`` scales through) are in place while it watches, gone after
+"""The patches an agent installs (the optimizer's ``step`` and ``zero_grad``,
+``GradScaler.step``, ``Module.zero_grad``, the function ``clip_grad_norm_`` scales through) are in
+place while it watches, gone after
 ``close()`` and after the agent is dropped without it, never clobber a wrapper someone installed
 after them, and are shared by two agents in one process. The private torch names they and the
 rest of the package rely on hold in the installed torch."""
@@ -22,12 +23,14 @@ from torchvitals.agent.patches import AttributePatch, ForeignPatchWarning, Patch
 SCALER_STEP = torch.amp.GradScaler.step
 SCALE_GRADS = clip_grad._clip_grads_with_norm_
 PUBLIC_SCALE_GRADS = torch.nn.utils.clip_grads_with_norm_
+MODULE_ZERO_GRAD = nn.Module.zero_grad
 
 
 def restored() -> bool:
     """Every process-wide patch is torch's own again."""
     return (torch.amp.GradScaler.step is SCALER_STEP and clip_grad._clip_grads_with_norm_ is
-            SCALE_GRADS and torch.nn.utils.clip_grads_with_norm_ is PUBLIC_SCALE_GRADS)
+            SCALE_GRADS and torch.nn.utils.clip_grads_with_norm_ is PUBLIC_SCALE_GRADS
+            and nn.Module.zero_grad is MODULE_ZERO_GRAD)
 
 
 @pytest.fixture(autouse=True)
@@ -37,6 +40,7 @@ def torch_as_found():
     torch.amp.GradScaler.step = SCALER_STEP
     clip_grad._clip_grads_with_norm_ = SCALE_GRADS
     torch.nn.utils.clip_grads_with_norm_ = PUBLIC_SCALE_GRADS
+    nn.Module.zero_grad = MODULE_ZERO_GRAD
 
 
 def mlp(seed: int = 0) -> nn.Module:
@@ -74,6 +78,7 @@ def test_each_patch_is_installed_while_the_agent_watches_and_gone_after_close():
     assert torch.amp.GradScaler.step.__wrapped__ is SCALER_STEP
     assert clip_grad._clip_grads_with_norm_ is torch.nn.utils.clip_grads_with_norm_
     assert clip_grad._clip_grads_with_norm_.__wrapped__ is SCALE_GRADS
+    assert "zero_grad" in vars(opt) and nn.Module.zero_grad.__wrapped__ is MODULE_ZERO_GRAD
     # Each acts: the step runs the agent, the clipping is measured before it clips, the
     # scaler's step is the agent's.
     backward(model, 0)
@@ -89,7 +94,8 @@ def test_each_patch_is_installed_while_the_agent_watches_and_gone_after_close():
     scaler.update()
     assert agent.step_count == 2 and agent.last_report.loss_scale == 2.0 ** 4
     agent.close()
-    assert "step" not in vars(opt) and restored()
+    assert "step" not in vars(opt) and "zero_grad" not in vars(opt) and restored()
+    assert patches.ZERO_GRAD._leases == 0
     agent.close()                                   # idempotent
     assert restored()
 
@@ -112,6 +118,7 @@ def test_an_agent_dropped_without_close_is_collected_and_its_patches_undone():
     gc.collect()
     assert gone() is None, [type(r) for r in gc.get_referrers(gone())]
     assert restored() and patches.SCALER_STEP._leases == 0 and patches.CLIPPING._leases == 0
+    assert patches.ZERO_GRAD._leases == 0
 
 
 def test_a_wrapper_installed_on_the_optimizer_after_watch_survives_close_and_still_steps():
