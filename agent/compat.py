@@ -304,6 +304,28 @@ def zero_grad_fragment(param: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+# ---------------------------------------------------------------- torchtitan's CheckpointManager
+
+TITAN_FIND_LOAD_STEP = "_find_load_step"
+TITAN_CHECKPOINT_ID = "_create_checkpoint_id"
+"""torchtitan 0.3.0's ``CheckpointManager``: the newest ``step-N`` of its folder that holds a
+checkpoint (-1: none), and the folder of step N (read only by ``titan_checkpoint_to_load``)."""
+
+
+def titan_checkpoint_to_load(checkpointer: Any, step: int = -1) -> tuple[int, str | None]:
+    """``(step, folder)`` that torchtitan's ``checkpointer.load(step)`` would read from its own
+    folder; ``(-1, None)`` when that folder holds none (torchtitan then starts afresh, or from
+    its ``initial_load_path``)."""
+    for name in (TITAN_FIND_LOAD_STEP, TITAN_CHECKPOINT_ID):
+        if not callable(getattr(checkpointer, name, None)):
+            raise CompatError(f"torchvitals needs torchtitan's CheckpointManager.{name} "
+                              "(torchtitan 0.3.0): it is gone")
+    target = getattr(checkpointer, TITAN_FIND_LOAD_STEP)() if step == -1 else step
+    if target < 0:
+        return -1, None
+    return target, str(getattr(checkpointer, TITAN_CHECKPOINT_ID)(target))
+
+
 def check() -> None:
     """Raise ``CompatError`` listing every private name that does not hold (see ``problems``)."""
     found = problems()

@@ -22,19 +22,23 @@ norm is torchtitan's clip norm. What this adapter adds is what only the trainer 
   NaN dealt with, so torchtitan's ``Loss is not finite ... Stopping training`` for that very
   step is absorbed (logged, not raised); any other non-finite loss still stops the run.
 
-Checkpoint authority: torchvitals' healthy checkpoints (``checkpoint_dir``, with their ledger
-of back-offs and skipped batches) are the ones a rollback and a restart read. torchtitan's own
-``CheckpointManager`` keeps working as configured and, because ``trainer.step`` follows the
-rollback, its step, scheduler and weights agree with each other; it does not record the
-back-off, so restart a torchvitals-watched job from ``checkpoint_dir`` (torchtitan's checkpoint
-loading left off), not from torchtitan's folder.
+Checkpoint authority: both kinds of checkpoint carry the back-off. torchvitals' healthy
+checkpoints (``checkpoint_dir``, with its ledger of back-offs and skipped batches) are the
+rollback target and are resumed from at ``watch_torchtitan``. When torchtitan's own
+``CheckpointManager`` is enabled, each checkpoint it writes also holds torchvitals' state (the
+back-off, the skip list, the rollbacks the loop guard counts: ``torchtitan_checkpoint.py``), and
+because ``trainer.step`` follows the rollback its step, scheduler and weights agree with it; a
+restart from torchtitan's folder (``--checkpoint.enable``, the usual way) resumes with the
+back-off. When both folders hold a checkpoint, the newer step wins (a tie: torchtitan's, which
+also holds its data loader's position).
 
 Pipeline parallelism with one stage per rank (``1F1B``, ``GPipe``) is watched like any run: each
 rank watches its stage, the ranks agree on the union of their blocks (``measure/stages.py``),
-the loss comes from the last stage's ranks, and the rollback and the checkpoints cover every
+the loss comes from the last stage's schedule, and the rollback and the checkpoints cover every
 stage. Schedules with several stages per rank (interleaved, several model parts) are refused
-with a clear error. The adapter patches two attributes of the trainer instance (``loss_fn``,
-``train_step``) and puts them back when the agent closes.
+with a clear error. The adapter patches two attributes of the trainer instance (``loss_fn``, or
+under a pipeline its schedule's loss, and ``train_step``), and with torchtitan's checkpointer
+enabled its ``load`` and one entry of its ``states``, and puts them back when the agent closes.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from ...errors import TorchvitalsError
 from ..agent import Agent, watch
 from ..compat import PIPELINE_LOSS
 from ..patches import AttributePatch
+from .torchtitan_checkpoint import TitanCheckpoints
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,11 @@ class TorchtitanAdapter:
         for patch in self._patches:
             patch.install()
         self._loss_fn, self._train_step = (p.wrapped for p in self._patches)
+        self.checkpoints = (TitanCheckpoints(trainer, agent, self.resume_at)
+                            if getattr(getattr(trainer, "checkpointer", None), "enable", False)
+                            else None)
+        """torchtitan's own checkpoints, carrying torchvitals' state (None: its checkpointer
+        is off)."""
         if agent.resumed_from is not None:
             self._set_step(agent.resumed_from)
 
@@ -108,6 +118,15 @@ class TorchtitanAdapter:
         finally:
             self._set_step(self.agent.step_count)
 
+    def resume_at(self, step: int) -> None:
+        """The run continues after model step ``step`` (torchtitan's checkpoint was loaded):
+        the agent's step count and ``trainer.step`` both at it."""
+        steps = self.agent.steps
+        steps.step_count = step
+        if steps.sampled(step + 1):
+            steps.arm()
+        self._set_step(step)
+
     def _set_step(self, step: int) -> None:
         """``trainer.step`` through the trainer's own train state (what its checkpoints save)."""
         state = self.trainer.state_dict()
@@ -115,7 +134,10 @@ class TorchtitanAdapter:
             self.trainer.load_state_dict({**state, "step": step})
 
     def close(self) -> None:
-        """Put the trainer's own ``loss_fn`` and ``train_step`` back (if still ours); idempotent."""
+        """Put the trainer's own ``loss_fn``, ``train_step`` and checkpointer back (if still
+        ours); idempotent."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
         for patch in reversed(self._patches):
             patch.uninstall()
 

@@ -9,7 +9,8 @@ writes (made once, reused by every agent); ``checkpoint`` writes and verifies he
 committed copy (the in-memory rollback target) and starts the writes that ``async_save`` runs in
 the background and settles in the same step on every rank;
 ``ledger`` is the job's durable record (rollbacks, LR scale, skipped batches; torch-free, the
-supervisor reads it); ``batches`` draws the loader's batches past the skipped ones; ``rng``,
+supervisor reads it); ``carried`` is the watchdog's state a framework's own checkpoint carries
+(torchtitan's); ``batches`` draws the loader's batches past the skipped ones; ``rng``,
 ``durable`` are their pieces; ``heartbeat`` and ``directives`` are the job's side of the
 contracts with the supervisor and the collector. May import ``..measure``, ``..detect``,
 ``..report``, ``..config``; nothing from outputs.

@@ -32,6 +32,8 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "rollback": {"step": (int,), "to_step": (int,), "reason": (str,), "lr_scale": (int, float),
                  "skipped": (list, type(None)), "time": (int, float)},
     "abort": {"step": (int,), "reason": (str,), "time": (int, float)},
+    "adopt": {"step": (int,), "source": (str,), "lr_scale": (int, float),
+              "skipped": (list,), "time": (int, float)},
 }
 
 
@@ -81,7 +83,8 @@ class SkipRanges:
 
 
 class Ledger:
-    """Healthy checkpoints, rollbacks, aborts, the LR scale and the skipped batch ranges.
+    """Healthy checkpoints, rollbacks, adopted states, aborts, the LR scale and the skipped
+    batch ranges.
 
     Args:
         path: the JSON file, normally ``<checkpoint root>/ledger.json``.
@@ -178,6 +181,29 @@ class Ledger:
             entry.update(from_position=positions[0], position=positions[1], margin=positions[2])
         self._append(entry)
 
+    def record_adopted(self, step: int, *, source: str, lr_scale: float,
+                       skipped: Iterable[tuple[int, int]]) -> None:
+        """The run resumed at ``step`` from a checkpoint this folder did not write (a
+        framework's own, ``source``) that carried a back-off or skipped batches the ledger
+        lacked: from now on ``lr_scale``, and ``skipped`` is never consumed either.
+
+        Args:
+            step: the step resumed at.
+            source: where the state came from, for a person reading the ledger.
+            lr_scale: the learning-rate scale from now on, in (0, 1].
+            skipped: the ranges ``[start, stop)`` new to this ledger (each non-empty).
+        """
+        ranges = [(int(a), int(b)) for a, b in skipped]
+        if not all(0 <= a < b for a, b in ranges):
+            raise ValueError(f"need 0 <= start < stop, got {ranges}")
+        if not _scale_ok(lr_scale):
+            raise ValueError(f"need 0 < lr_scale <= 1, got {lr_scale}")
+        self.lr_scale = float(lr_scale)
+        for rng in ranges:
+            self.skipped.add(*rng)
+        self._append({"event": "adopt", "step": step, "source": source,
+                      "lr_scale": self.lr_scale, "skipped": [list(r) for r in ranges]})
+
     def record_abort(self, step: int, reason: str) -> None:
         """The job gave up at ``step`` (the loop guard, or a fault recovery cannot fix)."""
         self._append({"event": "abort", "step": step, "reason": reason})
@@ -222,7 +248,8 @@ class Ledger:
             event = entry.get("event") if isinstance(entry, dict) else None
             fields = _FIELDS.get(event) if isinstance(event, str) else None
             if fields is None:
-                raise self._corrupt(f"entry {i} is not a checkpoint, rollback or abort event")
+                raise self._corrupt(f"entry {i} is not a checkpoint, rollback, adopt or abort "
+                                    "event")
             for key, types in fields.items():
                 if not isinstance(entry.get(key), types) or isinstance(entry.get(key), bool):
                     raise self._corrupt(f"entry {i} ({entry['event']}) has no valid {key!r}")
@@ -240,6 +267,15 @@ class Ledger:
                     raise self._corrupt(f"{where}: path {e['path']!r} is not the folder of "
                                         f"step {e['step']}")
                 saved.add(e["step"])
+            elif e["event"] == "adopt":
+                if not _scale_ok(e["lr_scale"]):
+                    raise self._corrupt(f"{where}: lr_scale {e['lr_scale']!r} is not in (0, 1]")
+                for rng in e["skipped"]:
+                    if not (isinstance(rng, list) and len(rng) == 2
+                            and all(type(x) is int for x in rng) and 0 <= rng[0] < rng[1]):
+                        raise self._corrupt(f"{where}: skipped {rng!r} is not a [start, stop) "
+                                            "batch range")
+                    made.append(list(rng))
             elif e["event"] == "rollback":
                 if not _scale_ok(e["lr_scale"]):
                     raise self._corrupt(f"{where}: lr_scale {e['lr_scale']!r} is not in (0, 1]")
@@ -262,7 +298,8 @@ class Ledger:
                             f"margin {parts[2]})")
         if sorted(made) != sorted(skipped):
             raise self._corrupt(f"skipped {skipped!r} is not the ranges its rollbacks skipped "
-                                f"({sorted(made)!r}): a range no rollback made would drop "
+                                f"({sorted(made)!r}): a range no rollback (or adopted "
+                                f"checkpoint) made would drop "
                                 "batches without a word")
 
     def _corrupt(self, why: str) -> LedgerError:

@@ -68,6 +68,16 @@ class RollbackPolicy:
         """Rollbacks within ``rollback_window`` ticks before ``tick``."""
         return sum(tick - t < self.rollback_window for t in self._ticks)
 
+    def history(self, tick: int) -> list[int]:
+        """How many ticks before ``tick`` each rollback the loop guard still counts was taken
+        (oldest first): what a restart needs to keep counting them (``remember``)."""
+        return [tick - t for t in self._ticks if tick - t < self.rollback_window]
+
+    def remember(self, ago: list[int], tick: int) -> None:
+        """Count rollbacks taken ``ago`` ticks before ``tick`` (an earlier process's, from
+        ``history``) in the loop guard's window; not in ``rollbacks`` (this process's)."""
+        self._ticks = sorted([*(tick - a for a in ago), *self._ticks])
+
     def refusal(self, tick: int, reason: str) -> str | None:
         """Why another rollback at ``tick`` would be a loop (the abort's reason), or None."""
         recent = self.recent(tick)

@@ -326,4 +326,6 @@ def _ledger_detail(entry: dict[str, Any]) -> str:
                 f"batches {a}..{b - 1} skipped")
     if entry["event"] == "checkpoint":
         return os.path.basename(entry["path"])
+    if entry["event"] == "adopt":
+        return f"from {entry['source']}, lr scale {entry['lr_scale']:g}"
     return entry.get("reason", "")

@@ -132,7 +132,7 @@ class SyntheticTokens(BaseDataLoader):
 
     def __init__(self, config: "SyntheticTokens.Config", *, dp_world_size: int, dp_rank: int,
                  tokenizer, seq_len: int, local_batch_size: int, **kwargs) -> None:
-        self.seq_len, self.batch = seq_len, local_batch_size
+        self.seq_len, self.batch, self.dp_rank = seq_len, local_batch_size, dp_rank
         self.generator = torch.Generator().manual_seed(1000 * config.seed + dp_rank)
 
     def __iter__(self):
@@ -142,11 +142,13 @@ class SyntheticTokens(BaseDataLoader):
             seq = (start + stride * torch.arange(self.seq_len + 1)) % VOCAB
             yield {"input": seq[:, :-1]}, seq[:, 1:]
 
+    # Keyed by dp rank, as torchtitan's own loader does: DCP keeps one copy of a non-tensor
+    # value that every rank saves under the same key.
     def state_dict(self):
-        return {"generator": self.generator.get_state().tolist()}
+        return {f"dp_rank_{self.dp_rank}": self.generator.get_state().tolist()}
 
     def load_state_dict(self, state):
-        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+        self.generator.set_state(torch.tensor(state[f"dp_rank_{self.dp_rank}"], dtype=torch.uint8))
 
 
 def tokenizer_folder(root: Path) -> Path:

@@ -1,11 +1,15 @@
 """torchtitan's own Trainer under torchvitals, one rank of a 2-rank gloo job on CPU.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/integration/titan_job.py \
-        --out /tmp/titan --steps 20 [--fault-step 12 --fault-rank 1] [--checkpoint-dir DIR]
+        --out /tmp/titan --steps 20 [--fault-step 12 --fault-rank 1] [--checkpoint-dir DIR] \
+        [--titan-folder DIR --titan-interval 5]
 
 Writes ``rank<r>.json``: torchtitan's own logged loss and grad norm per step, the agent's
-reports, the LR each inner optimizer really stepped with, the scheduler's LR, and the final
-step counters.
+reports, the LR each inner optimizer really stepped with, the scheduler's LR, the final
+step counters and the watchdog's back-off, skip list and ledger. ``--titan-folder`` turns
+torchtitan's own checkpointer on (that folder, every ``--titan-interval`` steps, the last one a
+full checkpoint so a longer run can continue it): the way torchtitan users restart;
+``--stop-after`` ends the run after that step as a crash would, before its last checkpoint.
 """
 
 from __future__ import annotations
@@ -33,10 +37,21 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--resume", action="store_true", help="continue the checkpoint_dir's run")
     parser.add_argument("--pipeline", type=int, default=1, help="pipeline stages (1F1B)")
+    parser.add_argument("--titan-folder", default="")
+    parser.add_argument("--titan-interval", type=int, default=5)
+    parser.add_argument("--stop-after", type=int, default=0,
+                        help="end after this model step, as a crash would (no last checkpoint)")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = titan_harness.debug_llama3(args.out, steps=args.steps, pipeline=args.pipeline)
+    if args.titan_folder:
+        config.checkpoint.enable = True
+        config.checkpoint.folder = args.titan_folder
+        config.checkpoint.interval = args.titan_interval
+        config.checkpoint.last_save_model_only = False
     trainer = config.build()
+    if args.stop_after:
+        trainer.should_continue_training = lambda: trainer.step < args.stop_after
     me = titan_harness.rank()
     titan_loss: dict[int, float] = {}
     titan_norm: dict[int, float] = {}
@@ -101,6 +116,9 @@ def main() -> None:
     try:
         trainer.train()
     finally:
+        watchdog = agent.watchdog
+        checkpoints = agent.adapter.checkpoints
+        adopted = checkpoints.adopted if checkpoints is not None else None
         result = {
             "blocks": agent.blocks.names, "kinds": agent.blocks.kinds,
             "reports": reports, "titan_loss": titan_loss, "titan_norm": titan_norm,
@@ -110,6 +128,12 @@ def main() -> None:
             "verdicts": [str(v) for v in agent.detector.history if v.severity != "info"],
             "injected": injected, "resumed_from": agent.resumed_from,
             "sched_last_epoch": trainer.lr_schedulers.schedulers[0].last_epoch,
+            "lr_scale": watchdog.lr_scale if watchdog else None,
+            "skipped": [list(r) for r in watchdog.ledger.skipped] if watchdog else None,
+            "recent_rollbacks": (watchdog.rollback_policy.recent(agent.steps.ticks)
+                                 if watchdog else None),
+            "ledger": watchdog.ledger.entries if watchdog else None,
+            "adopted": vars(adopted) if adopted is not None else None,
             "finite_params": all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())
                                  for p in trainer.model_parts[0].parameters()),
         }

@@ -35,11 +35,13 @@ class Arithmetic(Dataset):
         return {"input_ids": self.seq[i], "labels": self.seq[i]}
 
 
-def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
+def tiny_gpt2(seed: int = 0, layers: int = 2, dropout: float = 0.0) -> GPT2LMHeadModel:
+    """The example's GPT-2 (2 layers, no dropout), or a deeper one with GPT-2's own dropout."""
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=64, n_layer=2,
-                                      bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
-                                      n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=64,
+                                      n_layer=layers, bos_token_id=VOCAB - 1,
+                                      eos_token_id=VOCAB - 1, n_head=4, resid_pdrop=dropout,
+                                      embd_pdrop=dropout, attn_pdrop=dropout))
 
 
 def arguments(out: str, steps: int, seed: int = 0, **overrides) -> TrainingArguments:
