@@ -62,8 +62,8 @@ from .signals.timing import Timing
 from .signals.update import UpdateRatios
 from .optimizers import resolve
 from .step import StepInput, Steps
-from .wrappers import (check_checkpointable, grad_source, step_owner, stepped_params,
-                       unwrap_all)
+from .wrappers import (check_checkpointable, grad_source, param_source, step_owner,
+                       stepped_params, unwrap_all)
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -173,7 +173,8 @@ class Agent:
                                self.device, self.guard.probe_grads,
                                ClipWatch(log=log if self.rank == 0 else None))
         self.update = (UpdateRatios(UpdateRatio(blocks, owned, self.world_size, split,
-                                                config.update_ratio_max_bytes), blocks.names)
+                                                config.update_ratio_max_bytes,
+                                                param_source(self._stepper)), blocks.names)
                        if config.update_ratio else None)
         self.activations = (Activations(ActivationStats(blocks.output_modules,
                                                         config.saturation_level),

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from ..compat import WRAPPER_PREFIXES, compiled_inner
+from ..compat import WRAPPER_PREFIXES, compiled_inner, full_numel
 
 OTHER = "other"
 LAYER, EMBEDDING, HEAD, NAMED = "layer", "embedding", "head", "named"
@@ -192,8 +192,9 @@ def _has_params(module: nn.Module) -> bool:
 
 
 def _full_numel(p: torch.Tensor) -> int:
-    """Elements of the whole parameter (a DTensor's global shape, not its local shard)."""
-    return p.numel()
+    """Elements of the whole parameter (a DTensor's global shape, not its local shard; a
+    DeepSpeed ZeRO-3 parameter's, not its empty placeholder)."""
+    return full_numel(p)
 
 
 def _strip(path: str) -> str:

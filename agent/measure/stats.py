@@ -127,13 +127,20 @@ class UpdateRatio:
     before ``optimizer.step()`` to just after it, on sampled steps only. Under DDP with the split
     that is this rank's owned blocks; under FSDP2 the local shards. ``max_bytes`` bounds it: when
     the blocks do not fit, successive sampled steps take turns over them.
+
+    ``source``: where this rank's values of a parameter are when the parameter is partitioned
+    outside forward (DeepSpeed ZeRO-3: disjoint partitions, every block measured, weight 1).
     """
 
     def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool,
-                 max_bytes: int):
+                 max_bytes: int, source: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        if source is not None:
+            owned, split = [True] * len(blocks), True      # disjoint partitions: weight 1
         self._blocks = blocks
         self._measured = _Measured(blocks, owned, world_size, split)
-        self._bytes = [sum(p.numel() * p.element_size() // _shards(p) for _, p in ps)
+        self._local = (lambda p: local(p.detach())) if source is None else source
+        self._bytes = [sum(p.numel() * p.element_size() // _shards(p) if source is None
+                           else source(p).numel() * p.element_size() for _, p in ps)
                        for ps in blocks.params]
         self._max_bytes = max_bytes
         self._cursor = 0
@@ -158,7 +165,7 @@ class UpdateRatio:
         tensors, positions = [], []
         for i, (p, b, _) in enumerate(self._measured.entries):
             if chosen[b]:
-                tensors.append(local(p.detach()))
+                tensors.append(self._local(p))
                 positions.append(i)
         # One multi-tensor kernel instead of a clone per parameter; x * 1.0 == x exactly.
         snapshot = foreach_mul(tensors, 1.0) if tensors else []
@@ -175,7 +182,7 @@ class UpdateRatio:
         self._snapshot = None
         w_sq = self._measured.block_sums(snapshot, positions, device)
         if snapshot:
-            current = [local(self._measured.entries[i][0].detach()) for i in positions]
+            current = [self._local(self._measured.entries[i][0]) for i in positions]
             foreach_sub_(snapshot, current)
         d_sq = self._measured.block_sums(snapshot, positions, device)
         return d_sq, w_sq, chosen
