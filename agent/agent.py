@@ -30,7 +30,7 @@ from .config import Config
 from .detect.detector import Detector
 from .detect.straggler import RankTiming
 from .detect.thresholds import Thresholds
-from .detect.wiring import wiring_verdicts
+from .detect.wiring import unstepped, wiring_verdicts
 from .guard import ClipWatch, StepGuard
 from .measure.activations import ActivationStats
 from .measure.attention import AttentionStats
@@ -168,10 +168,14 @@ class Agent:
         sharded = any(isinstance(p, DTensor) for p in self.params)
         split = config.split_ddp_work and self.world_size > 1 and not sharded
         owned = [(b % self.world_size == self.rank) if split else True for b in range(n)]
+        stepped = stepped_params(self._stepper, self.optimizers)
         self.grads = GradNorms(GradStats(blocks, owned, self.world_size, split,
                                          grad_source(self._stepper)), blocks.names,
                                self.device, self.guard.probe_grads,
-                               ClipWatch(log=log if self.rank == 0 else None))
+                               ClipWatch(log=log if self.rank == 0 else None),
+                               expected=[sum(map(len, unstepped(ps, stepped))) < len(ps)
+                                         for ps in blocks.params],
+                               log=log if self.rank == 0 else None)
         self.update = (UpdateRatios(UpdateRatio(blocks, owned, self.world_size, split,
                                                 config.update_ratio_max_bytes,
                                                 param_source(self._stepper)), blocks.names)

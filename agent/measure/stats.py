@@ -53,6 +53,17 @@ class _Measured:
         self.num_blocks = len(blocks)
         self._key: tuple[int, ...] | None = None
         self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._counted: tuple[tuple[int, ...] | None, list[float]] = (None, [])
+
+    def block_counts(self, positions: list[int]) -> list[float]:
+        """How many of the tensors at entry ``positions`` each block has (host values)."""
+        key = tuple(positions)
+        if key != self._counted[0]:
+            counts = [0.0] * self.num_blocks
+            for pos in positions:
+                counts[self.entries[pos][1]] += 1.0
+            self._counted = (key, counts)
+        return self._counted[1]
 
     def block_sums(self, tensors: list[torch.Tensor], positions: list[int],
                    device: torch.device) -> torch.Tensor:
@@ -95,8 +106,9 @@ class GradStats:
     """Per-block sums of squared gradient norms over this rank's share of the gradients.
 
     ``source``: where a parameter's gradient lives when not in ``.grad`` (DeepSpeed ZeRO-1/2
-    keeps this rank's disjoint fragment of it in its partitions: every block is measured, and
-    the SUM of the fragments' squares is the whole's, as for FSDP2's shards).
+    keeps this rank's disjoint fragment of it in its partitions, ZeRO-3 its partition: every
+    block is measured, and the SUM of the fragments' squares is the whole's, as for FSDP2's
+    shards).
     """
 
     def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool,
@@ -105,6 +117,11 @@ class GradStats:
             owned, split = [True] * len(blocks), True      # disjoint fragments: weight 1
         self._measured = _Measured(blocks, owned, world_size, split)
         self._source = source
+
+    @property
+    def partitioned(self) -> bool:
+        """The gradients are read from a framework's partitions, not from ``param.grad``."""
+        return self._source is not None
 
     def grads(self) -> tuple[list[torch.Tensor], list[int]]:
         tensors, positions = [], []
@@ -116,8 +133,14 @@ class GradStats:
         return tensors, positions
 
     def block_sq(self, device: torch.device) -> torch.Tensor:
+        return self.measure(device)[0]
+
+    def measure(self, device: torch.device) -> tuple[torch.Tensor, list[float]]:
+        """Per-block sums of squares (device, float64) and how many gradient tensors of each
+        block this rank read (host floats: a SUM of them that is 0 means no rank read any)."""
         tensors, positions = self.grads()
-        return self._measured.block_sums(tensors, positions, device)
+        return (self._measured.block_sums(tensors, positions, device),
+                self._measured.block_counts(positions))
 
 
 class UpdateRatio:

@@ -7,7 +7,9 @@ tests/integration/test_deepspeed_zero3.py.
 Each rank writes ``OUT/rank<r>.json``: every report, the engine's own global norm, an fp64
 reference of each block's gradient norm computed from every rank's micro-batches, and each
 block's update ratio computed from the whole (gathered) parameters around every step.
-``--checkpoint-every N`` asks for checkpoints (refused at watch() under ZeRO-3).
+``--checkpoint-every N`` asks for checkpoints (refused at watch() under ZeRO-3);
+``--offload`` offloads the optimizer to the CPU, where its gradient partitions are kept in
+buffers torchvitals does not read (reported as missing).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def main() -> None:
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--offload", action="store_true")
     args = parser.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     model = mlp(named=True)
@@ -53,8 +56,11 @@ def main() -> None:
     rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
     optimizer = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}],
                                   lr=3e-3)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                           config=deepspeed_config(3, ACCUMULATE, CLIP))
+    config = deepspeed_config(3, ACCUMULATE, CLIP)
+    if args.offload:        # with the torch optimizer (DeepSpeed's CPU Adam is a compiled op)
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        config["zero_force_ds_cpu_optimizer"] = False
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     rank, world = engine.global_rank, engine.world_size
     watchdog = (dict(checkpoint_dir=os.path.join(args.out, "ckpt"),
                      checkpoint_every=args.checkpoint_every) if args.checkpoint_every else {})
@@ -97,6 +103,7 @@ def main() -> None:
         ref_norms = {b: math.sqrt(sum(float(p.grad.pow(2).sum())
                                       for p in getattr(ref, b).parameters())) for b in BLOCKS}
         out.append({**describe(report), "grad_norm": report.grad_norm,
+                    "missing": report.grad_norm_missing,
                     "update_ratio": report.update_ratio,
                     "update_ratio_step": report.update_ratio_step, "ref_update_ratio": ratio,
                     "engine_norm": None if norm is None else float(norm), "ref": ref_norms,

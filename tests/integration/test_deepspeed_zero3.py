@@ -78,6 +78,32 @@ def test_zero3_gradients_and_updates_are_read_from_the_partitions_exactly(tmp_pa
         assert len(rank["real"]) == (steps - 1) * 2
 
 
+def test_zero3_with_the_optimizer_offloaded_reports_the_norms_missing_said_once(tmp_path):
+    # Offloaded, the gradient partitions live in DeepSpeed's CPU buffers, which torchvitals does
+    # not read: every block is missing (NaN, never 0), said once, and nothing is judged from it;
+    # the loss and the update ratio are still measured (a NaN loss is still that step's skip).
+    fault, steps = 5, 8
+    done = _torchrun(HERE / "deepspeed_zero3_job.py", tmp_path, str(tmp_path), "--offload",
+                     "--fault-step", str(fault), "--steps", str(steps))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    reports = _ranks(tmp_path)[0]["reports"]
+    assert [r["action"] for r in reports] == ["step"] * (fault - 1) + ["skip"] + \
+        ["step"] * (steps - fault)
+    assert [r["verdicts"] for r in reports] == [[]] * (fault - 1) + [["nonfinite_loss"]] + \
+        [[]] * (steps - fault)
+    for report in reports:
+        assert report["missing"] == ["inp", "hid", "out"]
+        assert all(math.isnan(v) for v in report["grad_norm"].values())
+        assert math.isnan(report["grad_norm_total"]) and report["engine_norm"] > 0
+    measured = [r for r in reports if r["update_ratio"]]
+    assert measured and all(
+        r["update_ratio"][b] == pytest.approx(reports[r["update_ratio_step"] - 1]
+                                              ["ref_update_ratio"][b], rel=1e-5)
+        for r in measured for b in r["update_ratio"])
+    said = (done.stdout + done.stderr).count("no rank could read a gradient of block(s) inp, hid, out")
+    assert said == 1, said
+
+
 def test_zero3_checkpoints_are_refused_at_watch_with_the_reason(tmp_path):
     refused = _torchrun(HERE / "deepspeed_zero3_job.py", tmp_path, str(tmp_path), "--steps", "2",
                         "--checkpoint-every", "1")
