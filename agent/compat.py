@@ -309,20 +309,24 @@ class Zero3Partitions:
     """
 
     def __init__(self, optimizer: Any) -> None:
-        import torch.distributed as dist
         self._optimizer = optimizer
-        self._where: dict[int, tuple[int, int, int]] = {}
-        for i, group in enumerate(zero3_model_params(optimizer)):
-            for j, p in enumerate(group):
-                size = p.ds_tensor.ds_numel
-                start = size * dist.get_rank(group=p.ds_process_group)
-                self._where[id(p)] = (i, j, max(0, min(size, p.ds_numel - start)))
+        self._where = {id(p): (i, j) for i, group in enumerate(zero3_model_params(optimizer))
+                       for j, p in enumerate(group)}
+        self._valid: dict[int, int] = {}
+
+    def _length(self, param: torch.Tensor) -> int:
+        """How many of this rank's partition elements are ``param``'s (the rest: padding)."""
+        n = self._valid.get(id(param))
+        if n is None:
+            import torch.distributed as dist
+            size = param.ds_tensor.ds_numel
+            start = size * dist.get_rank(group=param.ds_process_group)
+            n = self._valid[id(param)] = max(0, min(size, param.ds_numel - start))
+        return n
 
     def param(self, param: torch.Tensor) -> torch.Tensor:
         """This rank's values of ``param`` (a view of its partition; possibly empty)."""
-        where = self._where.get(id(param))
-        part = param.ds_tensor.detach()
-        return part if where is None else part.narrow(0, 0, where[2])
+        return param.ds_tensor.detach().narrow(0, 0, self._length(param))
 
     def grad(self, param: torch.Tensor) -> torch.Tensor | None:
         """This rank's part of ``param``'s gradient, or None when the optimizer holds none now
@@ -332,7 +336,7 @@ class Zero3Partitions:
         if where is None:
             return None
         grads = getattr(self._optimizer, ZERO3_GRADS).get(where[0])
-        return None if grads is None else grads[where[1]].narrow(0, 0, where[2])
+        return None if grads is None else grads[where[1]].narrow(0, 0, self._length(param))
 
 
 def _deepspeed_problems() -> list[str]:
@@ -355,7 +359,8 @@ def _deepspeed_problems() -> list[str]:
         out.append(f"{where}: its norm no longer reads {ZERO3_GRADS} per {ZERO3_GROUPS}")
     if "self.dtype = " not in source:
         out.append(f"{where}.dtype is gone")
-    parts = inspect.getsource(importlib.import_module("deepspeed.runtime.zero.partition_parameters"))
+    partitioning = importlib.import_module("deepspeed.runtime.zero.partition_parameters")
+    parts = inspect.getsource(partitioning)
     if not all(line in parts for line in ("param.ds_tensor.ds_numel = partition_size",
                                           "start = partition_size * self._partition_rank(param)")):
         out.append("deepspeed.runtime.zero.partition_parameters: a ZeRO-3 parameter's partition "

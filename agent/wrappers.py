@@ -12,9 +12,9 @@ is due (``accumulate``), so the guard goes on that inner optimizer. DeepSpeed's 
 optimizer clips its partitioned gradients and then steps the inner one once per param group
 (ZeRO-3's once per sub-group), so the guard goes on the ZeRO optimizer's own ``step`` instead,
 and the gradients are read from its partitions (``grad_source``); under ZeRO-3 the parameters
-are partitioned as well, and the update ratio reads this rank's partition (``param_source``). Anything that is neither an optimizer nor a wrapper of one, and
-DeepSpeed optimizers whose gradients cannot be read, are refused at ``watch()`` with what it
-accepts.
+are partitioned as well, and the update ratio reads this rank's partition (``param_source``).
+Anything that is neither an optimizer nor a wrapper of one, and DeepSpeed optimizers whose
+gradients cannot be read, are refused at ``watch()`` with what it accepts.
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ def test_zero3_with_the_optimizer_offloaded_reports_the_norms_missing_said_once(
         r["update_ratio"][b] == pytest.approx(reports[r["update_ratio_step"] - 1]
                                               ["ref_update_ratio"][b], rel=1e-5)
         for r in measured for b in r["update_ratio"])
-    said = (done.stdout + done.stderr).count("no rank could read a gradient of block(s) inp, hid, out")
+    said = (done.stdout + done.stderr).count(
+        "no rank could read a gradient of block(s) inp, hid, out")
     assert said == 1, said
 
 

@@ -4,15 +4,19 @@ gradient is present and exactly zero, a frozen block and a detached graph are ju
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
 import torchvitals
 from support.bypass import LAYER, Bypass, block_norm, train
 from torchvitals.agent.detect import Detector
 from torchvitals.agent.measure.blocks import HEAD, LAYER as LAYER_KIND, OTHER
+from torchvitals.agent.outputs.exporter import Exporter
+from torchvitals.agent.outputs.live import LiveView
 from torchvitals.agent.report import Report
 from torchvitals.agent.signals.grads import unread_blocks
 
@@ -105,3 +109,27 @@ def test_the_rules_judge_nothing_from_a_missing_norm():
         found += control.observe(_report(step, {"layers.0": 0.0, "layers.1": 0.5,
                                                 "layers.2": 0.6, "out": 1.0}, []), None)
     assert "vanishing_gradients" in [v.pattern for v in found]
+
+
+def test_a_missing_norm_is_exported_as_nan_and_the_views_take_it():
+    ex = Exporter(["a", "b"], rank=0, local_rank=0, world_size=1, port=0,
+                  registry=CollectorRegistry())
+    try:
+        ex.update(_report(1, {"a": math.nan, "b": 0.5}, ["a"]))
+        got = {s.labels["block"]: s.value for f in ex.registry.collect()
+               if f.name == "torchvitals_grad_norm" for s in f.samples}
+        total = [s.value for f in ex.registry.collect()
+                 if f.name == "torchvitals_grad_norm_global" for s in f.samples]
+    finally:
+        ex.close()
+    assert math.isnan(got["a"]) and got["b"] == 0.5 and total == [0.5]
+    event = _report(1, {"a": math.nan, "b": 0.5}, ["a"]).to_dict()
+    assert event["grad_norm"] == {"a": "nan", "b": 0.5} and event["grad_norm_missing"] == ["a"]
+    for terminal in (False, True):
+        stream = io.StringIO()
+        view = LiveView(["a", "b"], stream=stream, terminal=terminal, every=1)
+        for step in range(1, 4):
+            view.update(_report(step, {"a": math.nan, "b": 0.5}, ["a"]))
+            view.update(_report(step, dict.fromkeys("ab", math.nan), ["a", "b"]))
+        view.close()
+        assert stream.getvalue()        # drawn, not raised
