@@ -30,7 +30,7 @@ from .config import Config
 from .detect.detector import Detector
 from .detect.straggler import RankTiming
 from .detect.thresholds import Thresholds
-from .detect.wiring import wiring_verdicts
+from .detect.wiring import unstepped, wiring_verdicts
 from .guard import ClipWatch, StepGuard
 from .measure.activations import ActivationStats
 from .measure.attention import AttentionStats
@@ -63,7 +63,8 @@ from .signals.timing import Timing
 from .signals.update import UpdateRatios
 from .optimizers import resolve
 from .step import StepInput, Steps
-from .wrappers import grad_source, state_holder, step_owner, stepped_params, unwrap_all
+from .wrappers import (check_checkpointable, grad_source, param_source, state_holder,
+                       step_owner, stepped_params, unwrap_all)
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class Agent:
         self.state_holder = state_holder(self._stepper, optimizer)
         """What checkpoints and rollbacks save and restore the optimizer state of."""
         self.config = config or Config.from_env()
+        check_checkpointable(self._stepper, self.config.checkpoint_dir)
         self.clock = clock
         distributed = dist.is_available() and dist.is_initialized()
         if group is None and isinstance(model, DistributedDataParallel):
@@ -178,12 +180,17 @@ class Agent:
         # Under DDP each block's replicas split the work: one of them measures it.
         owned = [bool(h) and h[b % len(h)] == self.rank if split else True
                  for b, h in enumerate(blocks.holders)]
+        stepped = stepped_params(self._stepper, self.optimizers)
         self.grads = GradNorms(GradStats(blocks, owned, self.world_size, split,
                                          grad_source(self._stepper)), blocks.names,
                                self.device, self.guard.probe_grads,
-                               ClipWatch(log=log if self.rank == 0 else None))
+                               ClipWatch(log=log if self.rank == 0 else None),
+                               expected=[sum(map(len, unstepped(ps, stepped))) < len(ps)
+                                         for ps in blocks.params],
+                               log=log if self.rank == 0 else None)
         self.update = (UpdateRatios(UpdateRatio(blocks, owned, self.world_size, split,
-                                                config.update_ratio_max_bytes), blocks.names)
+                                                config.update_ratio_max_bytes,
+                                                param_source(self._stepper)), blocks.names)
                        if config.update_ratio else None)
         self.activations = (Activations(ActivationStats(blocks.output_modules,
                                                         config.saturation_level),

@@ -220,7 +220,7 @@ def problems() -> list[str]:
     else:
         expect("self._is_overflow" in inspect.getsource(AcceleratedOptimizer),
                "accelerate.optimizer.AcceleratedOptimizer", "_is_overflow")
-    return out
+    return out + _deepspeed_problems()
 
 
 # ---------------------------------------------------------------- DCP's .metadata
@@ -324,6 +324,112 @@ def titan_checkpoint_to_load(checkpointer: Any, step: int = -1) -> tuple[int, st
     if target < 0:
         return -1, None
     return target, str(getattr(checkpointer, TITAN_CHECKPOINT_ID)(target))
+
+
+# ---------------------------------------------------------------- DeepSpeed ZeRO-3
+
+ZERO3_MODULE = "deepspeed.runtime.zero.stage3"
+"""Where DeepSpeed's ZeRO-3 optimizer, ``DeepSpeedZeroOptimizer_Stage3``, lives."""
+ZERO3_GRADS = "averaged_gradients"
+"""DeepSpeed ZeRO-3 optimizer: per sub-group, the list of this rank's gradient partitions of the
+sub-group's parameters (``fp16_groups[i]``, in order), set after each backward pass and emptied
+by its step. Its own norm (``get_global_grad_norm()``) is computed from exactly these lists."""
+ZERO3_GROUPS = "fp16_groups"
+"""DeepSpeed ZeRO-3 optimizer: the model parameters it steps, per sub-group."""
+
+
+def is_zero3_optimizer(obj: Any) -> bool:
+    """DeepSpeed's ZeRO stage 3 optimizer (parameters, gradients and state all partitioned)."""
+    return (type(obj).__module__ == ZERO3_MODULE and hasattr(obj, ZERO3_GRADS)
+            and hasattr(obj, ZERO3_GROUPS))
+
+
+def zero3_model_params(optimizer: Any) -> list[list[torch.Tensor]]:
+    """The model parameters DeepSpeed's ZeRO-3 optimizer steps, per sub-group."""
+    return [list(group) for group in getattr(optimizer, ZERO3_GROUPS)]
+
+
+def full_numel(param: torch.Tensor) -> int:
+    """Elements of the whole parameter: a ZeRO-3 parameter's ``ds_numel`` (its ``numel()`` is
+    0 while partitioned), any other's ``numel()`` (a DTensor's is its global one)."""
+    numel = getattr(param, "ds_numel", None)
+    return int(numel) if numel is not None else param.numel()
+
+
+class Zero3Partitions:
+    """This rank's partition of each parameter and of its gradient under DeepSpeed ZeRO-3,
+    without the padding (the partitions of the ranks are disjoint and cover the whole).
+
+    A parameter of ``n`` elements is cut into equal partitions of ``ds_tensor.ds_numel``; rank
+    ``r`` of its partition group holds elements ``[r * size, (r + 1) * size)``, and what lies
+    past ``n`` is padding: left uninitialised in the parameter's partition (it would swamp a
+    norm), zero in the gradient's. The gradients are read from the lists the optimizer's own
+    norm reads (``deepspeed.utils.safe_get_local_grad`` returns the same tensor, but waits on
+    DeepSpeed's reduction stream once per parameter, a device sync each, and still returns it
+    after the step consumed it).
+
+    Args:
+        optimizer: the ``DeepSpeedZeroOptimizer_Stage3``.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = optimizer
+        self._where = {id(p): (i, j) for i, group in enumerate(zero3_model_params(optimizer))
+                       for j, p in enumerate(group)}
+        self._valid: dict[int, int] = {}
+
+    def _length(self, param: torch.Tensor) -> int:
+        """How many of this rank's partition elements are ``param``'s (the rest: padding)."""
+        n = self._valid.get(id(param))
+        if n is None:
+            import torch.distributed as dist
+            size = param.ds_tensor.ds_numel
+            start = size * dist.get_rank(group=param.ds_process_group)
+            n = self._valid[id(param)] = max(0, min(size, param.ds_numel - start))
+        return n
+
+    def param(self, param: torch.Tensor) -> torch.Tensor:
+        """This rank's values of ``param`` (a view of its partition; possibly empty)."""
+        return param.ds_tensor.detach().narrow(0, 0, self._length(param))
+
+    def grad(self, param: torch.Tensor) -> torch.Tensor | None:
+        """This rank's part of ``param``'s gradient, or None when the optimizer holds none now
+        (before a backward pass, after its step, or with its optimizer offloaded to the CPU:
+        the partitions then live in the offloaded fp32 buffers instead)."""
+        where = self._where.get(id(param))
+        if where is None:
+            return None
+        grads = getattr(self._optimizer, ZERO3_GRADS).get(where[0])
+        return None if grads is None else grads[where[1]].narrow(0, 0, self._length(param))
+
+
+def _deepspeed_problems() -> list[str]:
+    """The DeepSpeed names above that do not hold in the installed DeepSpeed (none installed:
+    nothing to check)."""
+    import importlib.util
+    if importlib.util.find_spec("deepspeed") is None:
+        return []
+    import importlib
+    stage3 = importlib.import_module(ZERO3_MODULE)
+    cls = getattr(stage3, "DeepSpeedZeroOptimizer_Stage3", None)
+    if cls is None:
+        return [f"{ZERO3_MODULE}.DeepSpeedZeroOptimizer_Stage3 is gone"]
+    # Its methods are wrapped without functools.wraps (NVTX ranges): read the module's source.
+    source, where = inspect.getsource(stage3), f"{ZERO3_MODULE}.DeepSpeedZeroOptimizer_Stage3"
+    out = []
+    if f"self.{ZERO3_GRADS}[i] = [" not in source:
+        out.append(f"{where}: the backward epilogue no longer fills {ZERO3_GRADS}")
+    if f"get_grad_norm_direct(self.{ZERO3_GRADS}[i], self.{ZERO3_GROUPS}[i])" not in source:
+        out.append(f"{where}: its norm no longer reads {ZERO3_GRADS} per {ZERO3_GROUPS}")
+    if "self.dtype = " not in source:
+        out.append(f"{where}.dtype is gone")
+    partitioning = importlib.import_module("deepspeed.runtime.zero.partition_parameters")
+    parts = inspect.getsource(partitioning)
+    if not all(line in parts for line in ("param.ds_tensor.ds_numel = partition_size",
+                                          "start = partition_size * self._partition_rank(param)")):
+        out.append("deepspeed.runtime.zero.partition_parameters: a ZeRO-3 parameter's partition "
+                   "is no longer ds_tensor[:ds_numel - rank * ds_tensor.ds_numel]")
+    return out
 
 
 def check() -> None:

@@ -27,7 +27,8 @@ class Report:
     grad_norm: dict[str, float]
     """Block name -> L2 norm of the block's full (unsharded, synchronized) gradient."""
     grad_norm_total: float
-    """L2 norm over all gradients, as ``clip_grad_norm_`` computes it (before any clipping)."""
+    """L2 norm over all gradients, as ``clip_grad_norm_`` computes it (before any clipping);
+    over the measured blocks when some are missing, NaN when all are."""
     update_ratio: dict[str, float] = field(default_factory=dict)
     """Block name -> ||w_new - w_old|| / ||w_old|| of the optimizer update applied at
     ``update_ratio_step``; empty on steps that carry no measurement."""
@@ -102,6 +103,9 @@ class Report:
     """The DDP replicas' parameter fingerprints were compared at this step (sampled steps)."""
     replica_mismatch: dict[str, list[int]] = field(default_factory=dict)
     """Block -> the ranks whose parameters differ from the others' (``replica_divergence``)."""
+    grad_norm_missing: list[str] = field(default_factory=list)
+    """Blocks none of whose gradients any rank could read this step (``param.grad`` None and
+    no framework partition holding one): their ``grad_norm`` is NaN, unmeasured, never 0."""
 
     @property
     def sampled(self) -> bool:

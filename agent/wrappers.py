@@ -9,11 +9,12 @@
 DeepSpeed's engine holds a ZeRO optimizer. None of them is a working ``torch.optim.Optimizer``,
 but each holds one as ``.optimizer``. Accelerate's forwards its step to it only when a real step
 is due (``accumulate``), so the guard goes on that inner optimizer. DeepSpeed's ZeRO-1/2
-optimizer clips its partitioned gradients and then steps the inner one once per param group, so
-the guard goes on the ZeRO optimizer's own ``step`` instead, and the gradients are read from its
-partitions (``grad_source``). Anything that is neither an optimizer nor a wrapper of one, and
-DeepSpeed optimizers whose gradients cannot be read, are refused at ``watch()`` with what it
-accepts.
+optimizer clips its partitioned gradients and then steps the inner one once per param group
+(ZeRO-3's once per sub-group), so the guard goes on the ZeRO optimizer's own ``step`` instead,
+and the gradients are read from its partitions (``grad_source``); under ZeRO-3 the parameters
+are partitioned as well, and the update ratio reads this rank's partition (``param_source``).
+Anything that is neither an optimizer nor a wrapper of one, and DeepSpeed optimizers whose
+gradients cannot be read, are refused at ``watch()`` with what it accepts.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..errors import TorchvitalsError
-from .compat import is_zero_optimizer, zero_grad_fragment, zero_loss_scaled, zero_model_params
+from .compat import (Zero3Partitions, is_zero3_optimizer, is_zero_optimizer, zero3_model_params,
+                     zero_grad_fragment, zero_loss_scaled, zero_model_params)
 from .optimizers import is_container
 
 MAX_DEPTH = 4
@@ -144,7 +146,7 @@ def unwrap_all(optimizer: Any, scheduler: Any, log: Any) -> tuple[torch.optim.Op
 def step_owner(obj: Any) -> Any:
     """The object whose ``step`` the guard replaces, for the optimizer ``obj`` passed to watch.
 
-    DeepSpeed's ZeRO-1/2 optimizer in ``obj``'s chain: its ``step`` checks for overflow, clips
+    DeepSpeed's ZeRO-1/2/3 optimizer in ``obj``'s chain: its ``step`` checks for overflow, clips
     the partitioned gradients and steps its torch optimizer once per param group, so the agent's
     step runs around all of it (the gradients measured before it clips, one step however many
     groups). Otherwise the torch optimizer itself (accelerate's wrapper forwards its step to it
@@ -152,23 +154,24 @@ def step_owner(obj: Any) -> Any:
     """
     inner = obj
     for _ in range(MAX_DEPTH + 1):
-        if is_zero_optimizer(inner) and zero_loss_scaled(inner):
+        zero = is_zero_optimizer(inner) or is_zero3_optimizer(inner)
+        if zero and zero_loss_scaled(inner):
             # Its partitions hold loss-scaled gradients, and an overflow must reach its step
             # (which backs the scale off): not handled yet, refused rather than misread.
             raise TorchvitalsError(
                 "torchvitals does not support DeepSpeed ZeRO with fp16 yet (its gradients are "
                 "loss-scaled, and its overflow skip must run its own step); use bf16 or fp32")
-        if is_zero_optimizer(inner):
+        if zero:
             return inner
         if _is_torch_optimizer(inner):
             return inner
         if type(inner).__module__.startswith("deepspeed."):
-            # ZeRO-3, DeepSpeed's fp16/bf16 optimizers: the gradients live in buffers this
+            # DeepSpeed's fp16/bf16 optimizers: the gradients live in buffers this
             # version does not read; refused rather than reported as zeros.
             raise TorchvitalsError(
                 f"torchvitals does not support DeepSpeed's {_name(inner)} yet: its gradients "
                 f"live in DeepSpeed's own buffers, which torchvitals cannot read, so every norm "
-                f"would be missing. Supported: ZeRO stage 0 (fp32), 1 and 2")
+                f"would be missing. Supported: ZeRO stage 0 (fp32), 1, 2 and 3")
         inner = getattr(inner, "optimizer", None)
     return unwrap_optimizer(obj).obj
 
@@ -180,10 +183,35 @@ def state_holder(owner: Any, optimizer: Any) -> Any:
     return owner if is_zero_optimizer(owner) else optimizer
 
 
+def check_checkpointable(owner: Any, checkpoint_dir: str | None) -> None:
+    """Refuse, at ``watch()``, a watchdog this optimizer's state cannot go through.
+
+    Raises:
+        TorchvitalsError: DeepSpeed ZeRO-3 with ``checkpoint_dir``: its parameters and optimizer
+            state are partitioned in ways torchvitals' checkpoints do not map yet (ZeRO-1/2's
+            are: ``recover/zero_state.py``).
+    """
+    if checkpoint_dir and is_zero3_optimizer(owner):
+        raise TorchvitalsError(
+            "torchvitals cannot checkpoint or roll back DeepSpeed ZeRO-3 yet: its parameters "
+            "and optimizer state are partitioned across the ranks (param.data is empty outside "
+            "forward). watch(engine, engine.optimizer) without checkpoint_dir (a non-finite "
+            "step is then skipped on every rank), and checkpoint with DeepSpeed's "
+            "engine.save_checkpoint")
+
+
 def grad_source(owner: Any) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
     """Where the gradients are read when they are not in ``param.grad``: this rank's fragment
-    of DeepSpeed ZeRO-1/2's partitions (None: ``param.grad``)."""
+    of DeepSpeed ZeRO-1/2's partitions, or its partition under ZeRO-3 (None: ``param.grad``)."""
+    if is_zero3_optimizer(owner):
+        return Zero3Partitions(owner).grad
     return zero_grad_fragment if is_zero_optimizer(owner) else None
+
+
+def param_source(owner: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """Where this rank's values of a parameter are read when the parameter itself is not
+    whole on every rank: its partition under DeepSpeed ZeRO-3 (None: the parameter)."""
+    return Zero3Partitions(owner).param if is_zero3_optimizer(owner) else None
 
 
 class ParamGroups(NamedTuple):
@@ -194,8 +222,9 @@ class ParamGroups(NamedTuple):
 
 def stepped_params(owner: Any, optimizer: torch.optim.Optimizer) -> Any:
     """What holds the model parameters a step updates, as ``param_groups``: the torch optimizer,
-    or for DeepSpeed's ZeRO-1/2 the model parameters it partitions (its torch optimizer holds
+    or for DeepSpeed's ZeRO-1/2/3 the model parameters it partitions (its torch optimizer holds
     flat partitions, which would make every block look like one no optimizer steps)."""
-    if is_zero_optimizer(owner):
-        return ParamGroups([{"params": group} for group in zero_model_params(owner)])
+    if is_zero_optimizer(owner) or is_zero3_optimizer(owner):
+        groups = zero_model_params(owner) if is_zero_optimizer(owner) else zero3_model_params(owner)
+        return ParamGroups([{"params": group} for group in groups])
     return optimizer

@@ -56,7 +56,8 @@ class NonFinite(Rule):
             found.append(Verdict(NONFINITE_LOSS, CRITICAL, report.step, None,
                                  {"loss": report.loss}))
         if report.nonfinite_grad and not report.overflow:
-            bad = [b for b, v in report.grad_norm.items() if not math.isfinite(v)]
+            bad = [b for b, v in report.grad_norm.items()
+                   if not math.isfinite(v) and b not in report.grad_norm_missing]
             found.append(Verdict(NONFINITE_GRAD, CRITICAL, report.step, bad[0] if bad else None,
                                  {"blocks": bad, "grad_norm_total": report.grad_norm_total}))
         return found
@@ -153,7 +154,8 @@ class BlockNorms(Rule):
         if report.step > self.t.warmup_steps and not found:
             self.totals.append(total)
             for b, v in report.grad_norm.items():
-                self.blocks[b].append(v)
+                if b not in report.grad_norm_missing:      # unmeasured: no history either
+                    self.blocks[b].append(v)
         return found
 
     def _divergence(self, report):
@@ -226,6 +228,9 @@ class Vanishing(Rule):
 
     def observe(self, report, seen):
         if self.first is None or report.nonfinite:
+            return []
+        if self.first in report.grad_norm_missing or self.last in report.grad_norm_missing:
+            self.run = 0        # an unmeasured end is no evidence either way
             return []
         first, last = report.grad_norm[self.first], report.grad_norm[self.last]
         ratio = last / first if first > 0 else (math.inf if last > 0 else 0.0)
@@ -311,6 +316,9 @@ class DeadPipeline(Rule):
     def observe(self, report, seen):
         if not self.live:
             return []
+        if report.grad_norm_missing and not math.isfinite(report.grad_norm_total) \
+                and not report.nonfinite_grad:
+            return []           # no block's gradient could be read: nothing to judge
         self.losses.append(report.loss)
         self.norms.append(report.grad_norm_total)
         zero = all(n == 0 for n in self.norms)

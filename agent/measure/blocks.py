@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from ..compat import WRAPPER_PREFIXES, wrapped_module
+from ..compat import WRAPPER_PREFIXES, full_numel, wrapped_module
 
 OTHER = "other"
 LAYER, EMBEDDING, HEAD, NAMED = "layer", "embedding", "head", "named"
@@ -195,8 +195,9 @@ def _has_params(module: nn.Module) -> bool:
 
 
 def _full_numel(p: torch.Tensor) -> int:
-    """Elements of the whole parameter (a DTensor's global shape, not its local shard)."""
-    return p.numel()
+    """Elements of the whole parameter (a DTensor's global shape, not its local shard; a
+    DeepSpeed ZeRO-3 parameter's, not its empty placeholder)."""
+    return full_numel(p)
 
 
 def _strip(path: str) -> str:

@@ -56,6 +56,17 @@ class _Measured:
         self.num_blocks = len(blocks)
         self._key: tuple[int, ...] | None = None
         self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._counted: tuple[tuple[int, ...] | None, list[float]] = (None, [])
+
+    def block_counts(self, positions: list[int]) -> list[float]:
+        """How many of the tensors at entry ``positions`` each block has (host values)."""
+        key = tuple(positions)
+        if key != self._counted[0]:
+            counts = [0.0] * self.num_blocks
+            for pos in positions:
+                counts[self.entries[pos][1]] += 1.0
+            self._counted = (key, counts)
+        return self._counted[1]
 
     def block_sums(self, tensors: list[torch.Tensor], positions: list[int],
                    device: torch.device) -> torch.Tensor:
@@ -98,8 +109,9 @@ class GradStats:
     """Per-block sums of squared gradient norms over this rank's share of the gradients.
 
     ``source``: where a parameter's gradient lives when not in ``.grad`` (DeepSpeed ZeRO-1/2
-    keeps this rank's disjoint fragment of it in its partitions: every block is measured, and
-    the SUM of the fragments' squares is the whole's, as for FSDP2's shards).
+    keeps this rank's disjoint fragment of it in its partitions, ZeRO-3 its partition: every
+    block is measured, and the SUM of the fragments' squares is the whole's, as for FSDP2's
+    shards).
     """
 
     def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool,
@@ -108,6 +120,11 @@ class GradStats:
             owned, split = [True] * len(blocks), True      # disjoint fragments: weight 1
         self._measured = _Measured(blocks, owned, world_size, split)
         self._source = source
+
+    @property
+    def partitioned(self) -> bool:
+        """The gradients are read from a framework's partitions, not from ``param.grad``."""
+        return self._source is not None
 
     def grads(self) -> tuple[list[torch.Tensor], list[int]]:
         tensors, positions = [], []
@@ -119,8 +136,14 @@ class GradStats:
         return tensors, positions
 
     def block_sq(self, device: torch.device) -> torch.Tensor:
+        return self.measure(device)[0]
+
+    def measure(self, device: torch.device) -> tuple[torch.Tensor, list[float]]:
+        """Per-block sums of squares (device, float64) and how many gradient tensors of each
+        block this rank read (host floats: a SUM of them that is 0 means no rank read any)."""
         tensors, positions = self.grads()
-        return self._measured.block_sums(tensors, positions, device)
+        return (self._measured.block_sums(tensors, positions, device),
+                self._measured.block_counts(positions))
 
 
 class UpdateRatio:
@@ -130,13 +153,20 @@ class UpdateRatio:
     before ``optimizer.step()`` to just after it, on sampled steps only. Under DDP with the split
     that is this rank's owned blocks; under FSDP2 the local shards. ``max_bytes`` bounds it: when
     the blocks do not fit, successive sampled steps take turns over them.
+
+    ``source``: where this rank's values of a parameter are when the parameter is partitioned
+    outside forward (DeepSpeed ZeRO-3: disjoint partitions, every block measured, weight 1).
     """
 
     def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool,
-                 max_bytes: int):
+                 max_bytes: int, source: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        if source is not None:
+            owned, split = [True] * len(blocks), True      # disjoint partitions: weight 1
         self._blocks = blocks
         self._measured = _Measured(blocks, owned, world_size, split)
-        self._bytes = [sum(p.numel() * p.element_size() // _shards(p) for _, p in ps)
+        self._local = (lambda p: local(p.detach())) if source is None else source
+        self._bytes = [sum(p.numel() * p.element_size() // _shards(p) if source is None
+                           else source(p).numel() * p.element_size() for _, p in ps)
                        for ps in blocks.params]
         self._max_bytes = max_bytes
         self._cursor = 0
@@ -161,7 +191,7 @@ class UpdateRatio:
         tensors, positions = [], []
         for i, (p, b, _) in enumerate(self._measured.entries):
             if chosen[b]:
-                tensors.append(local(p.detach()))
+                tensors.append(self._local(p))
                 positions.append(i)
         # One multi-tensor kernel instead of a clone per parameter; x * 1.0 == x exactly.
         snapshot = foreach_mul(tensors, 1.0) if tensors else []
@@ -178,7 +208,7 @@ class UpdateRatio:
         self._snapshot = None
         w_sq = self._measured.block_sums(snapshot, positions, device)
         if snapshot:
-            current = [local(self._measured.entries[i][0].detach()) for i in positions]
+            current = [self._local(self._measured.entries[i][0]) for i in positions]
             foreach_sub_(snapshot, current)
         d_sq = self._measured.block_sums(snapshot, positions, device)
         return d_sq, w_sq, chosen

@@ -122,7 +122,8 @@ def memorization_test(model: nn.Module, loss_fn: LossFn, batch: Any, optimizer: 
                 return PreflightResult(False, f"numerical: the loss or gradient became non-finite at "
                                        f"step {step} (check log/exp/division, precision, the LR)",
                                        first, last, step)
-            zero = {b for b, v in report.grad_norm.items() if v == 0}
+            zero = ({b for b, v in report.grad_norm.items() if v == 0}
+                    | set(report.grad_norm_missing))       # no gradient to read: none either
             zero_blocks = zero if zero_blocks is None else zero_blocks & zero
             all_zero = all_zero and report.grad_norm_total == 0
             # Without gradients nothing updates: the remaining steps could not differ.
