@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from ..protocol import CHECKPOINT, TRAIN, token_from_env
+from ..protocol import CHECKPOINT, REFUSED, TRAIN, token_from_env
 from .config import Config
 from .detect.detector import Detector
 from .detect.straggler import RankTiming
@@ -47,6 +47,7 @@ from .patches import PatchSet
 from .recover.batches import SkipAwareBatches
 from .recover.directives import DirectivePoller
 from .recover.heartbeat import Heartbeat
+from .recover.ledger import LedgerError
 from .recover.watchdog import Watchdog
 from .report import Report
 from .signals.activations import Activations
@@ -123,7 +124,15 @@ class Agent:
         # Every rank reads the token, so a missing secret fails every rank alike, not rank 0
         # alone while the others wait in a collective; only rank 0 polls.
         token = token_from_env() if config.collector_url else None
-        self.watchdog = Watchdog.open(config, self.group) if config.checkpoint_dir else None
+        self.heartbeat = Heartbeat(config.heartbeat_dir, self.rank) if config.heartbeat_dir else None
+        try:
+            self.watchdog = Watchdog.open(config, self.group) if config.checkpoint_dir else None
+        except LedgerError:
+            # A ledger that cannot be trusted stays so after a restart: the heartbeat says
+            # "refused", so a supervisor exits with its refusal code instead of retrying.
+            if self.heartbeat is not None:
+                self.heartbeat.beat(0, REFUSED)
+            raise
         if self.watchdog is not None:
             built.callback(self.watchdog.close)
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
@@ -140,7 +149,6 @@ class Agent:
         # nothing of the agent, so this keeps nothing alive).
         weakref.finalize(self, self.outputs.close)
         self.run_dir = self.outputs.run_dir
-        self.heartbeat = Heartbeat(config.heartbeat_dir, self.rank) if config.heartbeat_dir else None
         if self.heartbeat is not None and self.watchdog is not None:
             self.watchdog.on_phase = lambda phase: self.heartbeat.beat(phase=phase)
         if self.heartbeat is not None:

@@ -16,6 +16,7 @@ import torch
 import torchvitals
 from support.models import TinyGPT, random_batches
 from torchvitals import protocol
+from torchvitals.agent.recover.ledger import LedgerError
 from torchvitals.agent.recover.jobid import job_identity, launcher_job_id, resume_decision
 from torchvitals.agent.recover.watchdog import ResumeRefused
 from torchvitals.collector.supervisor.config import SupervisorConfig
@@ -81,6 +82,19 @@ def test_another_job_is_refused_naming_both_ids_and_the_fix(tmp_path, monkeypatc
     # resume="auto" takes the folder over, and it is job-b's from then on.
     assert run(tmp_path / "ckpt", resume="auto") == 4
     assert json.loads((tmp_path / "ckpt" / "ledger.json").read_text())["job_id"] == "job-b"
+
+
+def test_a_corrupt_ledger_is_a_refusal_the_supervisor_never_retries(tmp_path, monkeypatch):
+    monkeypatch.setenv(protocol.JOB_ID_ENV, "job-a")
+    run(tmp_path / "ckpt")
+    ledger = tmp_path / "ckpt" / "ledger.json"
+    torn = ledger.read_text()[:-40]                     # a torn write
+    ledger.write_text(torn)
+    beats = tmp_path / "hb"
+    with pytest.raises(LedgerError, match="corrupt"):
+        run(tmp_path / "ckpt", heartbeat_dir=str(beats))
+    assert protocol.read_heartbeats(beats).refused     # so the supervisor exits 78 at once
+    assert ledger.read_text() == torn                   # left as it was, for a person to look
 
 
 REFUSING_JOB = """
