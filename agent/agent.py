@@ -124,7 +124,8 @@ class Agent:
         # Every rank reads the token, so a missing secret fails every rank alike, not rank 0
         # alone while the others wait in a collective; only rank 0 polls.
         token = token_from_env() if config.collector_url else None
-        self.heartbeat = Heartbeat(config.heartbeat_dir, self.rank) if config.heartbeat_dir else None
+        self.heartbeat = (Heartbeat(config.heartbeat_dir, self.rank) if config.heartbeat_dir
+                          else None)
         try:
             self.watchdog = Watchdog.open(config, self.group) if config.checkpoint_dir else None
         except LedgerError:

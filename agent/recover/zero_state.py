@@ -51,7 +51,8 @@ def zero_states(model: torch.nn.Module, owner: Any) -> tuple[dict[str, Any], dic
     # A checkpoint loads into the state tensors, so they must exist (a resume before any step).
     init_optim_state(inner)
     groups: dict[str, Any] = {}
-    for i, (group, master) in enumerate(zip(inner.param_groups, zero_partitions(owner), strict=True)):
+    masters = zero_partitions(owner)
+    for i, (group, master) in enumerate(zip(inner.param_groups, masters, strict=True)):
         flat = group["params"]
         if len(flat) != 1 or flat[0] is not master:
             raise RuntimeError(f"DeepSpeed's ZeRO param group {i} does not hold its master "
@@ -75,7 +76,8 @@ def set_zero_states(model: torch.nn.Module, owner: Any, model_sd: dict[str, Any]
                        f"{', '.join(sorted(optim_sd)) or 'none'}): a ZeRO checkpoint loads "
                        "into the same number of partitions only")
     saved, inner = optim_sd[key], owner.optimizer
-    for i, (group, master) in enumerate(zip(inner.param_groups, zero_partitions(owner), strict=True)):
+    masters = zero_partitions(owner)
+    for i, (group, master) in enumerate(zip(inner.param_groups, masters, strict=True)):
         mine = saved[f"group-{i}"]
         _copy(master, mine["master"])
         live = inner.state.setdefault(master, {})

@@ -18,8 +18,8 @@ for every attempt). The launcher dies with the supervisor (a parent-death signal
 abort order, told by the heartbeat's "aborted" phase: never restarted), ``no_progress_exit_code``
 (76) when ``no_progress_restarts`` restarts in a row failed without advancing the last healthy
 step, ``budget_exit_code`` (77) when ``max_restarts`` restarts are spent,
-``refused_exit_code`` (78) when the job refused its checkpoint folder or found its ledger corrupt (the "refused" phase:
-never retried), ``node_lost_exit_code`` (79) when a node was lost and not replaced.
+``refused_exit_code`` (78) when the job refused its checkpoint folder or found its ledger
+corrupt (the "refused" phase: never retried), ``node_lost_exit_code`` (79) when a node was lost and not replaced.
 
 With ``store_url``, the supervisors of the job's ``nnodes`` nodes agree through it (``peers``):
 the attempt and the restart policy's state are the job's, not the node's, so a restart anywhere
