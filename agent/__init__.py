@@ -4,7 +4,7 @@
     report = agent.step(loss)                                  # report.Report
 
 ``agent.py`` builds a rank's agent at ``watch()`` from named collaborators; ``guard.py`` routes
-the optimizer's own ``step()`` to it (``patches.py`` installs and undoes every patch of torch,
+the optimizer's own ``step()`` to it (``patches/`` installs and undoes every patch of torch,
 ``compat.py`` reads torch's private names); ``step.py`` runs each step top to bottom: ``measure/``
 (what the rank sees, reduced across ranks) -> ``detect/`` (what it means) -> ``recover/`` (what
 the watchdog does about it) -> ``outputs/`` (who hears of it). ``signals/`` holds each vital

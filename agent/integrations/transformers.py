@@ -15,7 +15,7 @@ A ``train()`` that raises: the Trainer has no exception event (``on_train_end`` 
 a finished loop, and ``train()`` has no ``try``/``finally`` around its loop), so the callback
 cannot close the agent then. It holds the agent weakly instead: what keeps the agent alive is the
 Trainer's own model and optimizer (the guard and the hooks the agent installed on them), and the
-process-wide patches route to it weakly (see ``agent/patches.py``). So the agent, and every patch
+process-wide patches route to it weakly (see ``agent/patches/``). So the agent, and every patch
 it installed, goes with the failed Trainer: its finalizer puts ``GradScaler.step`` and the
 clipping functions back once the Trainer is collected, even if this callback is kept (to read
 ``last_report``). Until then the patches act on that Trainer's optimizer and parameters only;

@@ -21,43 +21,38 @@ DCP's ``.metadata`` goes through an unpickler that builds DCP's metadata classes
 are read with ``weights_only=True``, and the non-tensor state is JSON. A folder that fails to
 load (refused, foreign shapes, a DCP error) is skipped for the one before it, with a short
 reason for each.
+
+This module is the store: each save's phases, the choice of folder a load takes, pruning. Its
+pieces: ``manifest.py`` (the folder's name and manifest: written, hashed between the ranks,
+verified), ``shards.py`` (the model's and optimizer's state: DCP's shards and the plain JSON),
+``agreement.py`` (each phase run on every rank and failed on every rank alike).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
-import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, Callable, NoReturn
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from ...errors import TorchvitalsError
-from ..report import json_safe
-from .durable import fsync_dir, sha256_file, write_json
+from .agreement import CheckpointError, Ranks, describe, failures
+from .durable import fsync_dir, write_json
+from .manifest import COMMITTED, MANIFEST, digests, step_of, verify, write_manifest
 from .rng import rng_state, set_rng_state
+from .shards import jsonable, read_shards, write_shards
 from .snapshot import Restored, Snapshot, live_tensors
-from .state import get_states, set_states
-from .trust import (CheckpointKey, SafeReader, TensorsOnlyPlanner, UntrustedCheckpoint,
-                    merge_plain, split_plain)
+from .trust import CheckpointKey, UntrustedCheckpoint
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 STATE = "state.json"
-_COMMITTED = re.compile(r"step-(\d{8,})")
-
-
-class CheckpointError(TorchvitalsError, RuntimeError):
-    """A checkpoint could not be written on some rank, or was refused on load."""
 
 
 class CheckpointStore:
@@ -90,7 +85,7 @@ class CheckpointStore:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
-        self._group = group
+        self._ranks = Ranks(group)
         self._clock = clock
         self.key, self.trust_unsigned, self._allowed = key, trust_unsigned, allowed
         self.on_commit = on_commit
@@ -98,16 +93,20 @@ class CheckpointStore:
         """Duration of the last successful save, every phase included."""
 
     @property
+    def _group(self) -> dist.ProcessGroup | None:
+        return self._ranks.group
+
+    @property
     def _distributed(self) -> bool:
-        return dist.is_available() and dist.is_initialized()
+        return self._ranks.distributed
 
     @property
     def _rank(self) -> int:
-        return dist.get_rank(self._group) if self._distributed else 0
+        return self._ranks.rank
 
     @property
     def _world(self) -> int:
-        return dist.get_world_size(self._group) if self._distributed else 1
+        return self._ranks.world
 
     def probe(self) -> None:
         """Create the folder and write (then remove) one file in it from every rank, so an
@@ -126,7 +125,7 @@ class CheckpointStore:
                 os.fsync(f.fileno())
             probe.unlink()
 
-        if errors := _failures(self._gather(touch)):
+        if errors := failures(self._ranks.gather(touch)):
             raise CheckpointError(f"checkpoint_dir {self.root} is not a folder every rank can "
                                   f"write: {errors}")
 
@@ -135,7 +134,7 @@ class CheckpointStore:
         if not self.root.is_dir():
             return []
         found = [(int(m.group(1)), p) for p in self.root.iterdir()
-                 if (m := _COMMITTED.fullmatch(p.name)) and p.is_dir()]
+                 if (m := COMMITTED.fullmatch(p.name)) and p.is_dir()]
         return [p for _, p in sorted(found)]
 
     def latest(self) -> Path | None:
@@ -180,8 +179,8 @@ class CheckpointStore:
                 return
             state = {"step": step, "world_size": self._world, "time": time.time(),
                      "scheduler": None if sched_state is None
-                     else _jsonable(sched_state, "scheduler.state_dict()"),
-                     "extra": _jsonable(extra or {}, "extra")}
+                     else jsonable(sched_state, "scheduler.state_dict()"),
+                     "extra": jsonable(extra or {}, "extra")}
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob(".tmp-*"):     # an interrupted earlier save
                 if stale.is_dir():
@@ -191,29 +190,11 @@ class CheckpointStore:
             tmp.mkdir()
             write_json(tmp / STATE, state)
 
-        def write_shards() -> None:
-            tensors, plain = split_plain(staged.tensors if staged is not None
-                                         else live_tensors(model, optimizer))
-            # The non-tensor leaves as JSON: DCP would pickle them into the shards.
-            write_json(tmp / f"plain-rank-{self._rank:05d}.json",
-                       _jsonable(plain, "the model's and optimizer's non-tensor state"))
-            try:
-                with _quiet_single_process():
-                    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp),
-                             process_group=self._group, no_dist=not self._distributed)
-            except dcp.CheckpointException as e:
-                # torch.save inside DCP reports a short write (full disk) as "unexpected pos".
-                raise CheckpointError(f"{_describe(e)} ({shutil.disk_usage(tmp).free} bytes free there)") from e
-
         def commit() -> None:
             if not leader:
                 return
             fsync_dir(tmp)
-            manifest: dict[str, Any] = {"step": step, "files": {
-                n: {"size": size, "sha256": digest} for n, (size, digest) in files.items()}}
-            if self.key is not None:
-                manifest["signature"] = self.key.sign(manifest)
-            write_json(tmp / MANIFEST, manifest)
+            write_manifest(tmp, step, files, self.key)
             fsync_dir(tmp)
             if self.on_commit is not None:
                 self.on_commit(step, final)
@@ -234,9 +215,13 @@ class CheckpointStore:
                     lambda: self._write_rank_files(tmp, rank_state,
                                                    staged.rng if staged is not None else None),
                     step, tmp)
-        self._agree("writing the model and optimizer shards", write_shards, step, tmp)
+        self._agree("writing the model and optimizer shards",
+                    lambda: write_shards(tmp, staged.tensors if staged is not None
+                                         else live_tensors(model, optimizer), self._ranks),
+                    step, tmp)
         try:
-            files = self._digests(tmp, self._on_leader(lambda: sorted(p.name for p in tmp.iterdir())))
+            files = digests(tmp, self._ranks.on_leader(
+                lambda: sorted(p.name for p in tmp.iterdir()), self.root), self._ranks)
         except CheckpointError as e:
             self._fail("hashing the files", str(e), step, tmp)
         self._agree("committing", commit, step, tmp)
@@ -265,17 +250,17 @@ class CheckpointStore:
         if path is not None:
             candidates = [Path(path)]
         else:
-            candidates = [Path(p) for p in self._on_leader(self._candidates)]
+            candidates = [Path(p) for p in self._ranks.on_leader(self._candidates, self.root)]
         refused: list[tuple[Path, str]] = []
         for folder in candidates:
-            problem = self._verify(folder)
+            problem = verify(folder, self._ranks, self.root, self.key, self.trust_unsigned)
             if problem is None:
                 try:
                     return self._restore(folder, model, optimizer, scheduler, refused)
                 except (CheckpointError, UntrustedCheckpoint, dcp.CheckpointException,
                         KeyError, ValueError, RuntimeError) as e:
                     # Every rank gets here alike: DCP raises its failures on every rank.
-                    problem = f"it failed to load: {_describe(e)}"
+                    problem = f"it failed to load: {describe(e)}"
             if path is not None:
                 raise CheckpointError(f"refusing checkpoint {folder}: {problem}")
             log.warning("refusing checkpoint %s: %s; trying the previous one", folder, problem)
@@ -305,20 +290,7 @@ class CheckpointStore:
         state = json.loads((folder / STATE).read_text())
         if scheduler is not None and state["scheduler"] is None:
             raise CheckpointError(f"{folder} holds no scheduler state, but a scheduler was passed")
-        plain_file = folder / f"plain-rank-{self._rank:05d}.json"
-        if not plain_file.exists():     # a world of another size: rank 0's is the same state
-            plain_file = folder / "plain-rank-00000.json"
-        if not plain_file.exists():
-            raise CheckpointError(f"{folder} has no plain-rank-*.json: written by a torchvitals "
-                                  "that pickled the non-tensor state into DCP's shards, which "
-                                  "this one does not unpickle")
-        model_sd, optim_sd = get_states(model, optimizer)
-        tensors, _ = split_plain({"model": model_sd, "optim": optim_sd})
-        with _quiet_single_process():
-            dcp.load(tensors, storage_reader=SafeReader(folder), planner=TensorsOnlyPlanner(),
-                     process_group=self._group, no_dist=not self._distributed)
-        full = merge_plain(tensors, json.loads(plain_file.read_text()))
-        set_states(model, optimizer, full["model"], full["optim"])
+        read_shards(folder, model, optimizer, self._ranks)
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
         rng = folder / f"rng-rank-{self._rank:05d}.json"
@@ -337,35 +309,11 @@ class CheckpointStore:
                           rng: dict[str, Any] | None) -> None:
         write_json(tmp / f"rng-rank-{self._rank:05d}.json", rng if rng is not None else rng_state())
         if rank_state is not None:
-            write_json(tmp / f"data-rank-{self._rank:05d}.json", _jsonable(rank_state, "rank_state"))
-
-    def _verify(self, folder: Path) -> str | None:
-        """Why ``folder`` must not be loaded, or None; the same answer on every rank."""
-        listing = self._on_leader(lambda: _listing_problem(folder, self.key, self.trust_unsigned))
-        if isinstance(listing, str):
-            return listing
-        try:
-            actual = self._digests(folder, sorted(listing))
-        except CheckpointError as e:    # raised alike on every rank
-            return str(e)
-        for name, expected in sorted(listing.items()):
-            size, digest = actual[name]
-            if size != expected.get("size"):
-                return f"{name}: {size} bytes, the manifest says {expected.get('size')}"
-            if digest != expected.get("sha256"):
-                return f"{name}: SHA-256 differs from the manifest (altered on disk)"
-        return None
-
-    def _digests(self, folder: Path, names: list[str]) -> dict[str, Any]:
-        """Size and SHA-256 of each file, the hashing split over the ranks; on every rank."""
-        shares = self._gather(lambda: {n: sha256_file(folder / n) for n in names[self._rank::self._world]})
-        if errors := _failures(shares):
-            raise CheckpointError(f"cannot read {folder}: {errors}")
-        return {name: d for _, share in shares for name, d in share.items()}
+            write_json(tmp / f"data-rank-{self._rank:05d}.json", jsonable(rank_state, "rank_state"))
 
     def _agree(self, phase: str, fn: Callable[[], None], step: int, tmp: Path) -> None:
         """Run ``fn`` on every rank; if it failed anywhere, raise on every rank."""
-        if errors := _failures(self._gather(fn)):
+        if errors := failures(self._ranks.gather(fn)):
             self._fail(phase, errors, step, tmp)
 
     def _fail(self, phase: str, why: str, step: int, tmp: Path) -> NoReturn:
@@ -377,109 +325,14 @@ class CheckpointStore:
         raise CheckpointError(f"saving step {step} into {tmp} failed while {phase}: {why}"
                               + (f"; the previous checkpoint ({previous}) is untouched" if previous else ""))
 
-    def _gather(self, fn: Callable[[], Any]) -> list[tuple[bool, Any]]:
-        """``(True, fn())`` or ``(False, the error)`` of every rank, in rank order, on every rank."""
-        try:
-            mine: tuple[bool, Any] = (True, fn())
-        except (Exception, dcp.CheckpointException) as e:  # every rank must hear of it
-            mine = (False, _describe(e))
-        if not self._distributed:
-            return [mine]
-        out: list[Any] = [None] * self._world
-        dist.all_gather_object(out, mine, group=self._group)
-        return out
-
-    def _on_leader(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` on rank 0, its result on every rank (its exception raised on every rank)."""
-        box: list[Any] = [None]
-        if self._rank == 0:
-            try:
-                box[0] = (True, fn())
-            except Exception as e:  # noqa: BLE001 - raised on every rank below
-                box[0] = (False, _describe(e))
-        if self._distributed:
-            dist.broadcast_object_list(box, group=self._group, group_src=0)
-        ok, value = box[0]
-        if not ok:
-            raise CheckpointError(f"rank 0 failed on {self.root}: {value}")
-        return value
-
     def _prune(self) -> None:
         complete = [p for p in self.list() if (p / MANIFEST).is_file()]
         if len(complete) <= self.keep:
             return
-        oldest_kept = _step_of(complete[-self.keep])
+        oldest_kept = step_of(complete[-self.keep])
         for folder in self.list():
-            if _step_of(folder) < oldest_kept:
+            if step_of(folder) < oldest_kept:
                 try:
                     shutil.rmtree(folder)
                 except OSError as e:
                     log.warning("could not remove old checkpoint %s: %s", folder, e)
-
-
-def _listing_problem(folder: Path, key: CheckpointKey | None = None,
-                     trust_unsigned: bool = False) -> str | dict[str, dict[str, Any]]:
-    """A reason to refuse ``folder`` from its names and its manifest alone (its signature
-    included), or the manifest's files."""
-    if not _COMMITTED.fullmatch(folder.name):
-        return "not a committed checkpoint folder (a .tmp-* folder is a save that never finished)"
-    if not folder.is_dir():
-        return "no such folder"
-    if not (folder / MANIFEST).is_file():
-        return f"no {MANIFEST}: a partial checkpoint"
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError, OSError) as e:
-        return f"{MANIFEST} is unreadable or malformed ({type(e).__name__}: {e})"
-    if manifest.get("step") != _step_of(folder):
-        return (f"{MANIFEST} says step {manifest.get('step')!r}, the folder's name step "
-                f"{_step_of(folder)}: a renamed or copied folder")
-    if key is not None and (why := key.verify(manifest)) is not None and not trust_unsigned:
-        return (f"{why}; not loaded. Set the job's key (TORCHVITALS_CHECKPOINT_KEY or "
-                "checkpoint_key_file) to the one it was saved with, or, for a folder you trust, "
-                "trust_unsigned_checkpoints=True")
-    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
-        return f"{MANIFEST} is malformed (no file table)"
-    present = {p.name for p in folder.iterdir()} - {MANIFEST}
-    if missing := sorted(set(files) - present):
-        return f"missing file {missing[0]} (listed in the manifest)"
-    if unexpected := sorted(present - set(files)):
-        return f"unexpected file {unexpected[0]} (not in the manifest)"
-    return files
-
-
-@contextlib.contextmanager
-def _quiet_single_process() -> Iterator[None]:
-    """DCP warns when it saves or loads in one process, which is just what a plain run does."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def _describe(e: BaseException) -> str:
-    if isinstance(e, dcp.CheckpointException):      # one (exception, traceback) per failed rank
-        return "; ".join(f"DCP on rank {r}: {_describe(exc)}" for r, (exc, _) in sorted(e.failures.items()))
-    return str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {str(e).strip()}"
-
-
-def _failures(results: list[tuple[bool, Any]]) -> str:
-    """``"ranks 0, 1: <error>; rank 3: <other error>"`` from ``_gather``'s results, or ``""``."""
-    ranks: dict[str, list[str]] = {}
-    for rank, (ok, value) in enumerate(results):
-        if not ok:
-            ranks.setdefault(value, []).append(str(rank))
-    return "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(r)}: {error}" for error, r in ranks.items())
-
-
-def _step_of(folder: Path) -> int:
-    return int(_COMMITTED.fullmatch(folder.name).group(1))
-
-
-
-def _jsonable(value: Any, where: str) -> Any:
-    """``value`` as JSON keeps it, or a CheckpointError naming what JSON cannot hold."""
-    try:
-        return json_safe(value, strict=where, keep_nonfinite=True)
-    except TypeError as e:
-        raise CheckpointError(f"{e}; a checkpoint keeps it as JSON") from None
