@@ -403,6 +403,55 @@ class Zero3Partitions:
         return None if grads is None else grads[where[1]].narrow(0, 0, self._length(param))
 
 
+ZERO3_MASTERS = "fp32_partitioned_groups_flat"
+"""DeepSpeed ZeRO-3 optimizer: this rank's fp32 master partition of each sub-group, the flat
+tensor its torch optimizer steps and keys its state by (with fp32 training, the very buffer the
+parameters' partitions are views of)."""
+ZERO3_SUB_GROUP_TO_GROUP = "sub_group_to_group_id"
+"""DeepSpeed ZeRO-3 optimizer: the torch optimizer's param group each sub-group steps in (its
+torch optimizer's ``params`` lists are empty outside its step)."""
+
+
+def zero3_masters(optimizer: Any) -> list[torch.Tensor]:
+    """This rank's fp32 master partition of each sub-group of DeepSpeed's ZeRO-3 optimizer."""
+    return list(getattr(optimizer, ZERO3_MASTERS))
+
+
+def zero3_group_of(optimizer: Any) -> list[int]:
+    """The torch param group each sub-group of DeepSpeed's ZeRO-3 optimizer steps in."""
+    owner = getattr(optimizer, ZERO3_SUB_GROUP_TO_GROUP)
+    return [owner[i] for i in range(len(zero3_masters(optimizer)))]
+
+
+def zero3_partition(param: torch.Tensor) -> torch.Tensor | None:
+    """This rank's whole partition of a ZeRO-3 parameter (``ds_tensor``, padding included:
+    what DeepSpeed gathers from), or None for a parameter DeepSpeed does not partition."""
+    return getattr(param, "ds_tensor", None)
+
+
+def zero3_unsupported_checkpoint(optimizer: Any) -> str | None:
+    """Why this rank's ZeRO-3 state is not checkpointed in place, or None: offloaded, the
+    optimizer's partitions (and with NVMe, its state) live in DeepSpeed's offload buffers, a
+    layout torchvitals' restore does not cover."""
+    if any(getattr(optimizer, name, False)
+           for name in ("offload_optimizer", "swap_optimizer", "offload_param")):
+        return "its optimizer state or parameters are offloaded (offload_optimizer/offload_param)"
+    return None
+
+
+def zero3_release_all(optimizer: Any) -> None:
+    """Partition every parameter again (the whole copies a forward gathered, prefetched ones
+    and the persistent small parameters dropped): what DeepSpeed does before loading its own
+    checkpoint, so nothing gathered from the old partitions survives a restore."""
+    optimizer.checkpoint_event_prologue()
+
+
+def zero3_regather(optimizer: Any) -> None:
+    """Drop the secondary (hpZ) partition copies and gather the persistent parameters again
+    from the partitions: what DeepSpeed does after loading its own checkpoint."""
+    optimizer.checkpoint_event_epilogue()
+
+
 def _deepspeed_problems() -> list[str]:
     """The DeepSpeed names above that do not hold in the installed DeepSpeed (none installed:
     nothing to check)."""
@@ -423,6 +472,18 @@ def _deepspeed_problems() -> list[str]:
         out.append(f"{where}: its norm no longer reads {ZERO3_GRADS} per {ZERO3_GROUPS}")
     if "self.dtype = " not in source:
         out.append(f"{where}.dtype is gone")
+    for name in ("checkpoint_event_prologue", "checkpoint_event_epilogue"):
+        if not callable(getattr(cls, name, None)):
+            out.append(f"{where}.{name} is gone")
+    if f"self.{ZERO3_MASTERS}[sub_group_id]" not in source or \
+            f"self.{ZERO3_SUB_GROUP_TO_GROUP}[sub_group_id]" not in source:
+        out.append(f"{where}: its step no longer steps {ZERO3_MASTERS} in the param group "
+                   f"{ZERO3_SUB_GROUP_TO_GROUP} names")
+    if "self._partition_all_parameters()" not in inspect.getsource(cls.checkpoint_event_prologue) \
+            or "all_gather(self.persistent_parameters)" not in inspect.getsource(
+                cls.checkpoint_event_epilogue):
+        out.append(f"{where}.checkpoint_event_prologue/epilogue no longer release and gather "
+                   "the parameters again")
     partitioning = importlib.import_module("deepspeed.runtime.zero.partition_parameters")
     parts = inspect.getsource(partitioning)
     if not all(line in parts for line in ("param.ds_tensor.ds_numel = partition_size",

@@ -25,7 +25,8 @@ import torch
 
 from ..errors import TorchvitalsError
 from .compat import (Zero3Partitions, is_zero3_optimizer, is_zero_optimizer, zero3_model_params,
-                     zero_grad_fragment, zero_loss_scaled, zero_model_params)
+                     zero3_unsupported_checkpoint, zero_grad_fragment, zero_loss_scaled,
+                     zero_model_params)
 from .optimizers import is_container
 
 MAX_DEPTH = 4
@@ -178,26 +179,26 @@ def step_owner(obj: Any) -> Any:
 
 def state_holder(owner: Any, optimizer: Any) -> Any:
     """What checkpoints and rollbacks read the optimizer state from and write it back to:
-    DeepSpeed's ZeRO-1/2 optimizer (its partitions and its torch optimizer's state over them,
-    see ``recover/zero_state.py``), otherwise the torch optimizer (or container) ``optimizer``."""
-    return owner if is_zero_optimizer(owner) else optimizer
+    DeepSpeed's ZeRO-1/2/3 optimizer (its partitions and its torch optimizer's state over them,
+    see ``recover/zero_state.py`` and ``recover/zero3_state.py``), otherwise the torch optimizer
+    (or container) ``optimizer``."""
+    return owner if is_zero_optimizer(owner) or is_zero3_optimizer(owner) else optimizer
 
 
 def check_checkpointable(owner: Any, checkpoint_dir: str | None) -> None:
     """Refuse, at ``watch()``, a watchdog this optimizer's state cannot go through.
 
     Raises:
-        TorchvitalsError: DeepSpeed ZeRO-3 with ``checkpoint_dir``: its parameters and optimizer
-            state are partitioned in ways torchvitals' checkpoints do not map yet (ZeRO-1/2's
-            are: ``recover/zero_state.py``).
+        TorchvitalsError: DeepSpeed ZeRO-3 with ``checkpoint_dir`` and its optimizer state or
+            parameters offloaded (to the CPU or NVMe): they live in DeepSpeed's offload
+            buffers, which the in-place restore of ``recover/zero3_state.py`` does not cover.
     """
-    if checkpoint_dir and is_zero3_optimizer(owner):
+    why = zero3_unsupported_checkpoint(owner) if is_zero3_optimizer(owner) else None
+    if checkpoint_dir and why:
         raise TorchvitalsError(
-            "torchvitals cannot checkpoint or roll back DeepSpeed ZeRO-3 yet: its parameters "
-            "and optimizer state are partitioned across the ranks (param.data is empty outside "
-            "forward). watch(engine, engine.optimizer) without checkpoint_dir (a non-finite "
-            "step is then skipped on every rank), and checkpoint with DeepSpeed's "
-            "engine.save_checkpoint")
+            f"torchvitals cannot checkpoint or roll back this DeepSpeed ZeRO-3 engine: {why}. "
+            "watch(engine, engine.optimizer) without checkpoint_dir (a non-finite step is then "
+            "skipped on every rank), and checkpoint with DeepSpeed's engine.save_checkpoint")
 
 
 def grad_source(owner: Any) -> Callable[[torch.Tensor], torch.Tensor | None] | None:

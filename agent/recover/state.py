@@ -10,7 +10,8 @@ saved as separate ``wq``/``wk``/``wv``: "object has no attribute 'wq'"). Such a 
 checkpointer saves it; the optimizer state is keyed by parameter name and does not care.
 Every other model keeps the DCP path (wrapper prefixes stripped, FSDP2 shards as DTensors).
 DeepSpeed's ZeRO-1/2 optimizer (passed as the optimizer) holds flat partitions no parameter name
-maps to: ``zero_state`` keeps its state per partition.
+maps to: ``zero_state`` keeps its state per partition; under ZeRO-3 the parameters are
+partitioned too, and ``zero3_state`` keeps both per partition.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optim
                                                      get_state_dict, set_optimizer_state_dict,
                                                      set_state_dict)
 
-from ..compat import WRAPPER_PREFIXES, is_zero_optimizer
+from ..compat import WRAPPER_PREFIXES, is_zero3_optimizer, is_zero_optimizer
 from ..measure.blocks import unwrap
 from ..optimizers import resolve
+from .zero3_state import set_zero3_states, zero3_states
 from .zero_state import set_zero_states, zero_states
 
 
@@ -34,13 +36,15 @@ def get_states(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], 
     Args:
         model: the (possibly wrapped or sharded) model.
         optimizer: its optimizer, a container of optimizers (see ``optimizers.resolve``), or
-            DeepSpeed's ZeRO-1/2 optimizer.
+            DeepSpeed's ZeRO-1/2/3 optimizer.
 
     Returns:
         (model state dict, optimizer state dict).
     """
     if is_zero_optimizer(optimizer):
         return zero_states(model, optimizer)
+    if is_zero3_optimizer(optimizer):
+        return zero3_states(model, optimizer)
     optims, options = _target(optimizer)
     inner = unwrap(model)
     own = inner.state_dict()
@@ -54,6 +58,9 @@ def set_states(model: torch.nn.Module, optimizer: Any, model_sd: dict[str, Any],
     """Load ``model_sd`` and ``optim_sd`` (shaped as ``get_states`` returns them) in place."""
     if is_zero_optimizer(optimizer):
         set_zero_states(model, optimizer, model_sd, optim_sd)
+        return
+    if is_zero3_optimizer(optimizer):
+        set_zero3_states(model, optimizer, model_sd, optim_sd)
         return
     optims, options = _target(optimizer)
     inner = unwrap(model)

@@ -79,17 +79,31 @@ def set_zero_states(model: torch.nn.Module, owner: Any, model_sd: dict[str, Any]
     masters = zero_partitions(owner)
     for i, (group, master) in enumerate(zip(inner.param_groups, masters, strict=True)):
         mine = saved[f"group-{i}"]
-        _copy(master, mine["master"])
-        live = inner.state.setdefault(master, {})
-        for name, value in mine["state"].items():
-            if isinstance(value, torch.Tensor) and isinstance(live.get(name), torch.Tensor):
-                _copy(live[name], value)
-            else:
-                live[name] = value
+        load_partition(inner, master, mine)
         group.update(mine["hparams"])
 
 
-def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+def load_partition(inner: torch.optim.Optimizer, master: torch.Tensor,
+                   saved: dict[str, Any]) -> None:
+    """Copy a saved fp32 master partition and the torch optimizer's state over it in place.
+
+    Args:
+        inner: the torch optimizer inside DeepSpeed's ZeRO optimizer.
+        master: the live fp32 partition it steps (and keys its state by).
+        saved: ``{"master": tensor, "state": {name: tensor or value}}``.
+    """
+    copy_in_place(master, saved["master"])
+    live = inner.state.setdefault(master, {})
+    for name, value in saved["state"].items():
+        if isinstance(value, torch.Tensor) and isinstance(live.get(name), torch.Tensor):
+            copy_in_place(live[name], value)
+        else:
+            live[name] = value
+
+
+def copy_in_place(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` outside autograd; nothing when they are the same tensor (a restore
+    from the live state dict itself)."""
     if dst is not src:
         with torch.no_grad():
             dst.copy_(src)

@@ -12,7 +12,6 @@ and the final parameters.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -34,7 +33,7 @@ def build() -> tuple:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     return model, optimizer, torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / 10))
-from real_steps import describe, record_real_steps  # noqa: E402
+from real_steps import describe, exit_after, finish, record_real_steps  # noqa: E402
 
 
 def main() -> None:
@@ -73,16 +72,11 @@ def main() -> None:
             else:
                 assert agent.last_report is before, "a micro-step was taken as a step"
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"reports": reports, "clip_norms": clip_norms, "micro_losses": micro,
-                   "real": real, "sched_lr": sched_lr, "syncs": syncs,
-                   "accumulate": ACCUMULATE, "params": flat.tolist(),
-                   "lr_scale": agent.lr_scale}, f)
-    agent.close()
+    finish(agent, os.path.join(args.out, f"rank{rank}.json"),
+           {"reports": reports, "clip_norms": clip_norms, "micro_losses": micro, "real": real,
+            "sched_lr": sched_lr, "syncs": syncs, "accumulate": ACCUMULATE,
+            "params": flat.tolist(), "lr_scale": agent.lr_scale})
 
 
 if __name__ == "__main__":
-    main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_after(main)

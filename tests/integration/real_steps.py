@@ -1,9 +1,15 @@
-"""What the framework jobs record about each step, from the optimizer itself and the report."""
+"""What the framework jobs record about each step, from the optimizer itself and the report,
+how they write it and leave, and how the tests launch them (``torchrun``, ``read_ranks``)."""
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -23,3 +29,43 @@ def describe(report: Any) -> dict[str, Any]:
     return {"step": report.step, "action": report.action, "loss": report.loss, "lr": report.lr,
             "grad_norm_total": report.grad_norm_total, "rollback": report.rollback,
             "verdicts": [v.pattern for v in report.verdicts]}
+
+
+def finish(agent: Any, path: str, record: dict[str, Any]) -> None:
+    """Write this rank's ``record`` as JSON to ``path`` and close the agent."""
+    with open(path, "w") as f:
+        json.dump(record, f)
+    agent.close()
+
+
+def exit_after(main: Callable[[], None]) -> None:
+    """Run a job's ``main`` and leave at once (no interpreter teardown, where DeepSpeed's and
+    accelerate's process groups can hang a torchrun worker)."""
+    main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def torchrun(script: Path, out: Path, *args: str, timeout: int = 400, job_id: str | None = None,
+             nproc: int = 2) -> subprocess.CompletedProcess:
+    """Run ``script`` under torchrun on CPU (DeepSpeed's CPU accelerator, gloo) from ``out``,
+    with no TORCHVITALS_* variable of this process, and ``job_id`` as TORCHVITALS_JOB_ID (a
+    restart continues the checkpoint folder of the same job only)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
+    if job_id is not None:
+        env["TORCHVITALS_JOB_ID"] = job_id
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=env.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", str(nproc), str(script), *args],
+                          cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def read_ranks(out: Path, world: int = 2) -> list[dict[str, Any]]:
+    """Every rank's ``rank<r>.json``, checked to have decided the same action at every step."""
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    for other in ranks[1:]:
+        assert [(r["step"], r["action"]) for r in ranks[0]["reports"]] == \
+            [(r["step"], r["action"]) for r in other["reports"]], "the ranks decided differently"
+    return ranks
