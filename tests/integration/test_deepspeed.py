@@ -82,7 +82,7 @@ def test_the_deepspeed_example_runs(tmp_path):
     assert ours == pytest.approx(theirs, abs=2e-4)
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stage", [1, 3])      # stage 2 through the Trainer: the rollback test
 def test_the_trainer_with_a_deepspeed_config_is_watched_by_the_callback_unchanged(tmp_path, stage):
     fault, steps = 5, 10
     done = _torchrun(HERE / "hf_deepspeed_job.py", tmp_path, str(tmp_path), "--stage", str(stage),
@@ -105,9 +105,11 @@ def test_the_trainer_with_a_deepspeed_config_is_watched_by_the_callback_unchange
     assert any(r["grad_norm_total"] > ranks[0]["clip"] for r in reports), "not the pre-clip norm"
 
 
-@pytest.mark.parametrize("stage, gathered", [(0, ()), (1, ()), (2, ()), (3, ()),
+# Stage 1 checkpoints through the same optimizer and partition state as stage 2 (only its
+# gradients are not partitioned: the exactness test above covers that): not run again here.
+@pytest.mark.parametrize("stage, gathered", [(0, ()), (2, ()), (3, ()),
                                              (3, ("--persistence-threshold", "0"))],
-                         ids=["0", "1", "2", "3", "3-none-persistent"])
+                         ids=["0", "2", "3", "3-none-persistent"])
 def test_a_nan_rolls_both_ranks_back_and_a_restart_resumes_the_partitioned_optimizer_state(
         tmp_path, stage, gathered):
     """ZeRO-1/2 keeps each rank's partition of the optimizer (its fp32 master slice, Adam's
@@ -154,7 +156,8 @@ def test_a_nan_rolls_both_ranks_back_and_a_restart_resumes_the_partitioned_optim
         assert all(lr == pytest.approx(1.5e-3) for lr in second["reports"][0]["lr"])
         assert all(rep["action"] == "step" for rep in second["reports"])
         assert all(math.isfinite(rep["loss"]) for rep in second["reports"])
-    if stage:       # one rank cannot take two ranks' partitions: refused, never half-loaded
+    if stage and not gathered:  # one rank cannot take two ranks' partitions: refused, never
+        # half-loaded
         alone = _torchrun(job, tmp_path, str(tmp_path), "--stage", str(stage), *gathered,
                           "--steps", "1", "--checkpoint-every", "3", job_id=f"zero-{stage}",
                           nproc=1)
@@ -181,6 +184,10 @@ def test_the_trainer_with_deepspeed_zero_rolls_both_ranks_back_to_their_own_part
         [(s, "step") for s in range(5, 9)]
     assert reports[5]["rollback"]["to_step"] == 4 and reports[5]["rollback"]["lr_scale"] == 0.5
     lr_at = {r["step"]: r["lr"][0] for r in reports[:5]}
-    for report, engine in zip(reports[6:], ranks[0]["engine_norms"][6:]):
-        assert math.isfinite(report["loss"]) and report["grad_norm_total"] == pytest.approx(engine, rel=1e-6)
+    for report, engine in zip(reports, ranks[0]["engine_norms"]):
+        if report["action"] == "step":      # the engine's own norm, before it clipped
+            assert math.isfinite(report["loss"])
+            assert report["grad_norm_total"] == pytest.approx(engine, rel=1e-6)
+            assert all(v > 0 for v in report["grad_norm"].values())
+    assert any(r["grad_norm_total"] > ranks[0]["clip"] for r in reports), "not the pre-clip norm"
     assert reports[6]["lr"][0] == pytest.approx(0.5 * lr_at[5], rel=1e-6)
