@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]          # real_steps, and tests/: the support package
 import torchvitals  # noqa: E402
 from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2  # noqa: E402
-from real_steps import describe  # noqa: E402
+from real_steps import describe, nan_at  # noqa: E402
 
 CLIP = 0.1
 
@@ -28,18 +28,10 @@ CLIP = 0.1
 class Record(TrainerCallback):
     def __init__(self, vitals, model, rank: int, fault_step: int) -> None:
         self.vitals, self.model, self.rank, self.fault_step = vitals, model, rank, fault_step
-        self.reports, self.engine_norms, self.fired, self.trainer = [], [], False, None
+        self.reports, self.engine_norms, self.trainer = [], [], None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        original = self.model.forward
-
-        def forward(*a, **kw):          # rank 1's loss is NaN on one micro-batch of fault_step
-            out = original(*a, **kw)
-            if self.rank == 1 and state.global_step == self.fault_step and not self.fired:
-                self.fired = True
-                out.loss = out.loss * float("nan")
-            return out
-        self.model.forward = forward
+        nan_at(self.model, state, self.rank, self.fault_step)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.reports.append(describe(self.vitals.agent.last_report))

@@ -22,7 +22,7 @@ from transformers import Trainer, TrainerCallback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]           # real_steps, and tests/: the support package
 import torchvitals  # noqa: E402
-from real_steps import describe, record_real_steps  # noqa: E402
+from real_steps import describe, nan_at, record_real_steps  # noqa: E402
 from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2  # noqa: E402
 
 CLIP = 0.1
@@ -69,23 +69,13 @@ class Record(TrainerCallback):
     def __init__(self, vitals, model, rank: int, fault_step: int) -> None:
         self.vitals, self.model, self.rank, self.fault_step = vitals, model, rank, fault_step
         self.real, self.reports, self.micro_losses, self.lambdas = [], [], [], []
-        self.fired = False
 
     def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
         record_real_steps(getattr(optimizer, "optimizer", optimizer), self.real)
         self.lambdas = [lr_scheduler.lr_lambdas[0](s) for s in range(args.max_steps + 1)]
         self.base_lr = args.learning_rate
 
-        original = self.model.forward
-
-        def forward(*a, **kw):          # rank 1's loss is NaN on one micro-batch of fault_step
-            out = original(*a, **kw)
-            self.micro_losses.append(out.loss.item())
-            if self.rank == 1 and state.global_step == self.fault_step and not self.fired:
-                self.fired = True
-                out.loss = out.loss * float("nan")
-            return out
-        self.model.forward = forward
+        nan_at(self.model, state, self.rank, self.fault_step, self.micro_losses)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.reports.append(describe(self.vitals.agent.last_report))

@@ -24,6 +24,23 @@ def record_real_steps(optimizer: torch.optim.Optimizer, into: list[dict[str, flo
     optimizer.register_step_pre_hook(real_step)
 
 
+def nan_at(model: torch.nn.Module, state: Any, rank: int, fault_step: int,
+           micro_losses: list[float] | None = None) -> None:
+    """Make rank 1's loss NaN on one micro-batch of the Trainer's ``global_step == fault_step``
+    (once); each micro-batch's true loss is appended to ``micro_losses`` when given."""
+    original, fired = model.forward, []
+
+    def forward(*a: Any, **kw: Any) -> Any:
+        out = original(*a, **kw)
+        if micro_losses is not None:
+            micro_losses.append(out.loss.item())
+        if rank == 1 and state.global_step == fault_step and not fired:
+            fired.append(fault_step)
+            out.loss = out.loss * float("nan")
+        return out
+    model.forward = forward
+
+
 def describe(report: Any) -> dict[str, Any]:
     """The report's fields the tests assert on, as JSON."""
     return {"step": report.step, "action": report.action, "loss": report.loss, "lr": report.lr,
