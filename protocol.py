@@ -100,16 +100,23 @@ def heartbeat_path(folder: str | os.PathLike, rank: int) -> Path:
     return Path(folder) / f"heartbeat-rank{rank:05d}.json"
 
 
-def write_heartbeat(path: Path, *, step: int, time: float, phase: str, pid: int, rank: int) -> None:
+def write_heartbeat(path: Path, *, step: int, time: float, phase: str, pid: int, rank: int,
+                    metrics_url: str | None = None) -> None:
     """Replace a rank's heartbeat file (a temporary file renamed, so a reader never sees half).
+
+    ``metrics_url`` is where the rank's /metrics really serves (after a port fallback), so
+    whoever reads the heartbeats (the supervisor, a person) finds it.
 
     No fsync: the reader is on this host, and a crash of the host ends the job anyway.
     """
     if phase not in PHASES:
         raise ValueError(f"unknown heartbeat phase {phase!r}; known: {PHASES}")
+    record: dict[str, object] = {"step": step, "time": time, "phase": phase, "pid": pid,
+                                 "rank": rank}
+    if metrics_url:
+        record["metrics_url"] = metrics_url
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "time": time, "phase": phase, "pid": pid,
-                               "rank": rank}), encoding="utf-8")
+    tmp.write_text(json.dumps(record), encoding="utf-8")
     os.replace(tmp, path)
 
 

@@ -150,6 +150,8 @@ class Agent:
         # nothing of the agent, so this keeps nothing alive).
         weakref.finalize(self, self.outputs.close)
         self.run_dir = self.outputs.run_dir
+        if self.heartbeat is not None:
+            self.heartbeat.metrics_url = self.outputs.metrics_url
         if self.heartbeat is not None and self.watchdog is not None:
             self.watchdog.on_phase = lambda phase: self.heartbeat.beat(phase=phase)
         if self.heartbeat is not None:
@@ -303,7 +305,9 @@ class Agent:
 
     @property
     def metrics_url(self) -> str | None:
-        return self.outputs.exporter.url
+        """The URL this rank's /metrics really serves: after a port fallback, the port it fell
+        back to (also in the log, the heartbeat and the file_sd target). None: it serves none."""
+        return self.outputs.metrics_url
 
     @property
     def step_count(self) -> int:

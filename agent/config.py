@@ -190,9 +190,21 @@ class RecoverConfig:
 class OutputsConfig:
     """Where the vital signs go (``agent/outputs``)."""
 
-    metrics_port: int = 9400
-    """Base port of each rank's Prometheus /metrics endpoint; the rank serves on
-    base + LOCAL_RANK. 0 turns the endpoint off."""
+    metrics_port: int = 19400
+    """Base port of each rank's Prometheus /metrics endpoint; the rank serves on base + its
+    local rank (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK or MPI_LOCALRANKID).
+    19400 is outside the exporters' 9100-9999 (dcgm-exporter 9400, node-exporter 9100). A taken
+    port falls back (see ``metrics_port_strict``); ``agent.metrics_url`` says where it serves.
+    0 turns the endpoint off."""
+
+    metrics_port_strict: bool = False
+    """A /metrics port that cannot be bound raises MetricsPortError at watch(). Off (the
+    default): one warning, and the rank serves a node-width further up, or on any free port."""
+
+    metrics_file_sd_dir: str | None = None
+    """Folder of Prometheus file_sd target files: each rank writes ``<host>-rank<r>.json``
+    naming the ``host:port`` it really serves (``file_sd_configs: [{files: [DIR/*.json]}]``),
+    removed when the agent closes. None writes none."""
 
     metrics_host: str = "127.0.0.1"
     """Address the /metrics endpoint binds to. Use 0.0.0.0 to let a scraper on another host in

@@ -1,7 +1,7 @@
 """Each rank's Prometheus /metrics endpoint, built at scrape time from the last step report.
 
 Started by the agent (``torchvitals.watch``); to see what a rank serves:
-``curl -s http://127.0.0.1:9400/metrics | grep ^torchvitals_``
+``curl -s http://127.0.0.1:19400/metrics | grep ^torchvitals_``
 
 Every rank exports its own scalars, labelled with its global ``rank``. Only global rank 0
 exports the global and per-block series: the report's global fields are identical on every
@@ -11,6 +11,7 @@ rank, so one copy keeps the cardinality at blocks x metrics instead of ranks x b
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import threading
 from typing import Iterator
@@ -27,7 +28,15 @@ from ..measure.host import process_vitals
 from ..report import Report
 from .metrics import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, MetricSpec,  # noqa: F401
                       _Snapshot)
+from .ports import candidates
 from .server import TLS, MetricsServer, RenderCache
+
+log = logging.getLogger(__name__)
+
+_WILDCARD = ("0.0.0.0", "::", "")
+
+_TAKEN = (errno.EADDRINUSE, errno.EACCES)
+"""Bind errors another port may not have (busy; below 1024 without the right)."""
 
 
 class MetricsPortError(TorchvitalsError, OSError):
@@ -42,7 +51,7 @@ class Exporter:
         rank: global rank, exported as the ``rank`` label.
         local_rank: rank on this host (named in the port error).
         world_size: ranks in the job.
-        port: port to serve on (the setting plus LOCAL_RANK); 0 serves nothing.
+        port: port to try first (the setting plus the local rank); 0 serves nothing.
         host: address to bind.
         registry: where the collector is registered (default: a fresh one, so two agents in one
             process do not clash). Pass ``prometheus_client.REGISTRY`` to serve your own metrics
@@ -50,15 +59,22 @@ class Exporter:
         port_setting: the Config field that sets the base port, for the error message.
         tls: serve HTTPS (and, with a client CA, check client certificates).
         max_connections, idle_timeout_s: the server's bounds (see ``outputs/server.py``).
+        strict: a port that cannot be bound raises ``MetricsPortError``. Otherwise a taken port
+            is one warning and the next of ``ports.candidates`` (a node-width further, then any
+            free port), and an address this host lacks serves nothing, with a warning: the
+            monitoring never stops the training. ``url`` and ``port`` say what is served.
+        local_size: ranks on this host (the fallback's stride).
 
     Raises:
-        MetricsPortError: the port is taken or the host cannot be bound.
+        MetricsPortError: strict, and the port is taken or the host cannot be bound.
+        ConfigError: ``host`` does not resolve.
     """
 
     def __init__(self, block_names: list[str], *, rank: int, local_rank: int, world_size: int,
                  port: int, host: str = "127.0.0.1", registry: CollectorRegistry | None = None,
                  port_setting: str = "metrics_port", tls: TLS | None = None,
-                 max_connections: int = 32, idle_timeout_s: float = 10.0) -> None:
+                 max_connections: int = 32, idle_timeout_s: float = 10.0,
+                 strict: bool = False, local_size: int = 1) -> None:
         self.block_names = list(block_names)
         self.rank, self.host, self.port = rank, host, port
         self.registry = CollectorRegistry() if registry is None else registry
@@ -87,29 +103,67 @@ class Exporter:
             raise ConfigError("metrics_host", host, f"an address or host name that resolves "
                               f"here ({exc.strerror or exc}); 127.0.0.1 serves this host only, "
                               f"0.0.0.0 every interface") from None
-        try:
-            self._server = MetricsServer(self.cache, host, port, tls=tls,
-                                         max_connections=max_connections,
-                                         idle_timeout_s=idle_timeout_s)
-        except OSError as exc:
-            self.registry.unregister(self._collector)
-            taken = (" Another process (another job on this host?) holds the port."
-                     if exc.errno == errno.EADDRINUSE else "")
-            err = MetricsPortError(
-                f"torchvitals cannot serve /metrics on {host}:{port} (rank {rank}, local rank "
-                f"{local_rank}): {exc.strerror or exc}.{taken} Each rank serves on "
-                f"{port_setting} + LOCAL_RANK = {port - local_rank} + {local_rank}. Set "
-                f"{port_setting} (env {ENV_PREFIX}{port_setting.upper()}) to a free base port, "
-                f"or to 0 to turn the endpoint off.")
-            err.errno = exc.errno
-            raise err from None
+        tried: list[int] = []
+        for candidate in candidates(port - local_rank, local_rank, local_size):
+            try:
+                self._server = MetricsServer(self.cache, host, candidate, tls=tls,
+                                             max_connections=max_connections,
+                                             idle_timeout_s=idle_timeout_s)
+                break
+            except OSError as exc:
+                err = self._bind_error(exc, host, port, rank, local_rank, port_setting)
+                if strict:
+                    self.registry.unregister(self._collector)
+                    raise err from None
+                if exc.errno not in _TAKEN:
+                    # Not a busy port (an address this host does not have, say): no other port
+                    # would bind either. The training goes on; nothing is served, loudly.
+                    log.warning("%s Serving no /metrics on this rank; the training goes on "
+                                "(metrics_port_strict=True makes this an error).", err)
+                    return
+                tried.append(candidate)
+        assert self._server is not None          # the last candidate, port 0, always binds
+        self.port = self._server.port
+        if tried:
+            log.warning(
+                "torchvitals: /metrics port %s on %s is taken (rank %d, local rank %d; "
+                "dcgm-exporter holds 9400, node-exporter 9100); serving on %s instead. Set "
+                "%s (env %s%s) to a free base port, or metrics_port_strict=True to make a taken "
+                "port an error.", ", ".join(map(str, tried)), host, rank, local_rank,
+                self.url, port_setting, ENV_PREFIX, port_setting.upper())
+
+    def _bind_error(self, exc: OSError, host: str, port: int, rank: int, local_rank: int,
+                    port_setting: str) -> MetricsPortError:
+        """The strict mode's error for the configured port (the message the fallback logs)."""
+        taken = (" Another process (another job on this host, dcgm-exporter?) holds the port."
+                 if exc.errno == errno.EADDRINUSE else "")
+        err = MetricsPortError(
+            f"torchvitals cannot serve /metrics on {host}:{port} (rank {rank}, local rank "
+            f"{local_rank}): {exc.strerror or exc}.{taken} Each rank serves on "
+            f"{port_setting} + LOCAL_RANK = {port - local_rank} + {local_rank}. Set "
+            f"{port_setting} (env {ENV_PREFIX}{port_setting.upper()}) to a free base port, "
+            f"or to 0 to turn the endpoint off.")
+        err.errno = exc.errno
+        return err
 
     @property
     def url(self) -> str | None:
+        """The URL this rank really serves (after any fallback), None when it serves nothing.
+
+        Bound to every interface (0.0.0.0, ::), it names the host, which is what a scraper on
+        another machine can reach.
+        """
         if self._server is None:
             return None
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = socket.gethostname() if self.host in _WILDCARD else self.host
+        host = f"[{host}]" if ":" in host else host
         return f"{self.scheme}://{host}:{self.port}/metrics"
+
+    @property
+    def target(self) -> str | None:
+        """``host:port`` of ``url``, as a Prometheus scrape target names it."""
+        url = self.url
+        return None if url is None else url.split("://", 1)[1].rsplit("/metrics", 1)[0]
 
     def update(self, report: Report, active: dict[str, int] | None = None,
                recovery: dict[str, float] | None = None) -> None:

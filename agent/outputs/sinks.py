@@ -1,19 +1,30 @@
 """Where each step's report goes: this rank's /metrics, and on global rank 0 the event log and
-the live view. All three read host values the step already has; none adds a sync."""
+the live view. All three read host values the step already has; none adds a sync.
+
+The sinks are guests in the training loop: after ``watch()`` returned, a sink that fails (a full
+disk under the event log, a closed terminal under the live view) is logged once with its
+traceback and then counted, and the step goes on. Only a setting that cannot work fails, and it
+fails at ``watch()``.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..config import Config
 from ..detect.detector import Detector
 from ..report import Report
 from .eventlog import EventLog
+from .discovery import TargetFile
 from .exporter import Exporter
+from .ports import local_rank, local_size
 from .server import TLS
+
+log = logging.getLogger(__name__)
 
 
 class Outputs:
@@ -28,17 +39,26 @@ class Outputs:
 
     def __init__(self, config: Config, block_names: list[str], *, rank: int, world_size: int,
                  registry: Any = None) -> None:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local = local_rank()
         base = config.metrics_port
         tls = (TLS(certfile=config.metrics_certfile, keyfile=config.metrics_keyfile,
                    client_cafile=config.metrics_client_cafile,
                    client_auth_required=config.metrics_client_auth_required)
                if config.metrics_certfile else None)
-        self.exporter = Exporter(block_names, rank=rank, local_rank=local_rank,
-                                 world_size=world_size, port=base + local_rank if base else 0,
+        self.exporter = Exporter(block_names, rank=rank, local_rank=local,
+                                 world_size=world_size, port=base + local if base else 0,
                                  host=config.metrics_host, registry=registry, tls=tls,
                                  max_connections=config.metrics_max_connections,
-                                 idle_timeout_s=config.metrics_idle_timeout_s)
+                                 idle_timeout_s=config.metrics_idle_timeout_s,
+                                 strict=config.metrics_port_strict, local_size=local_size())
+        if self.exporter.url is not None:
+            log.info("torchvitals: rank %d serves /metrics at %s", rank, self.exporter.url)
+        self.failures: dict[str, int] = {}
+        """Sink name -> calls that raised (each sink's first failure is logged in full)."""
+        self.target: TargetFile | None = None
+        if config.metrics_file_sd_dir and self.exporter.target is not None:
+            self.target = TargetFile(config.metrics_file_sd_dir, rank)
+            self.target.write(self.exporter.target, self.exporter.scheme)
         self.events: EventLog | None = None
         self.run_dir: str | None = None
         if rank == 0 and config.log_dir:
@@ -54,21 +74,39 @@ class Outputs:
             self.live = LiveView(block_names, every=every,
                                  title=f"torchvitals  {self.exporter.url or ''}".rstrip())
 
+    @property
+    def metrics_url(self) -> str | None:
+        """The URL this rank's /metrics really serves (None: it serves none)."""
+        return self.exporter.url
+
     def publish(self, report: Report, detector: Detector,
                 recovery: dict[str, float] | None) -> None:
-        """Hand the step's report to every sink."""
-        self.exporter.update(report, detector.active_counts(), recovery)
+        """Hand the step's report to every sink; never raises."""
+        self._guarded("metrics", self.exporter.update, report, detector.active_counts(),
+                      recovery)
         if self.events is not None:
-            self.events.write(report)
+            self._guarded("event log", self.events.write, report)
         if self.live is not None:
-            self.live.update(report, detector.active.values(), recovery)
+            self._guarded("live view", self.live.update, report, detector.active.values(),
+                          recovery)
 
     def event(self, event: dict[str, Any]) -> None:
-        """Log a non-step event (a validation loss) on global rank 0."""
+        """Log a non-step event (a validation loss) on global rank 0; never raises."""
         if self.events is not None:
-            self.events.write_event(event)
+            self._guarded("event log", self.events.write_event, event)
+
+    def _guarded(self, sink: str, call: Callable[..., Any], *args: Any) -> None:
+        try:
+            call(*args)
+        except Exception:               # noqa: BLE001 - a sink must never stop the training
+            count = self.failures[sink] = self.failures.get(sink, 0) + 1
+            if count == 1:
+                log.warning("torchvitals: the %s failed; the training goes on without it (later "
+                            "failures are counted, not logged)", sink, exc_info=True)
 
     def close(self) -> None:
+        if self.target is not None:
+            self.target.remove()
         self.exporter.close()
         if self.events is not None:
             self.events.close()

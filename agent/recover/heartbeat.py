@@ -11,12 +11,15 @@ to run for the supervisor to notice.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Callable
 
 from ...protocol import TRAIN, heartbeat_path, write_heartbeat
+
+log = logging.getLogger(__name__)
 
 
 class Heartbeat:
@@ -33,6 +36,9 @@ class Heartbeat:
         Path(folder).mkdir(parents=True, exist_ok=True)
         self.rank, self.interval_s, self._clock = rank, interval_s, clock
         self.step, self.phase, self._last = 0, TRAIN, -float("inf")
+        self.metrics_url: str | None = None
+        """Where this rank's /metrics serves, written into every beat (set once it is known)."""
+        self._failed = False
 
     def beat(self, step: int | None = None, phase: str | None = None) -> None:
         """Record progress; writes when the phase changed or ``interval_s`` passed."""
@@ -41,6 +47,16 @@ class Heartbeat:
         self.step = self.step if step is None else step
         self.phase = self.phase if phase is None else phase
         if changed or now - self._last >= self.interval_s:
-            write_heartbeat(self.path, step=self.step, time=now, phase=self.phase,
-                            pid=os.getpid(), rank=self.rank)
+            try:
+                write_heartbeat(self.path, step=self.step, time=now, phase=self.phase,
+                                pid=os.getpid(), rank=self.rank, metrics_url=self.metrics_url)
+            except OSError as exc:
+                # A full or vanished folder must not stop the training it reports on; the
+                # supervisor sees the beats stop and acts on that.
+                if not self._failed:
+                    log.warning("torchvitals: cannot write the heartbeat %s (%s); the training "
+                                "goes on", self.path, exc)
+                self._failed = True
+                return
+            self._failed = False
             self._last = now

@@ -62,13 +62,14 @@ def test_live_agent_serves_the_report_and_a_constant_series_count(tmp_path):
     assert set(events[1]["grad_norm"]) == set(TINY_BLOCKS)
 
 
-def test_taken_port_is_a_clear_error_naming_port_and_setting():
+def test_taken_port_is_a_clear_error_naming_port_and_setting_when_strict():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         model = TinyGPT(**TINY)
         with pytest.raises(MetricsPortError) as info:
-            torchvitals.watch(model, torch.optim.SGD(model.parameters(), lr=0.1), metrics_port=port)
+            torchvitals.watch(model, torch.optim.SGD(model.parameters(), lr=0.1), metrics_port=port,
+                              metrics_port_strict=True)
     message = str(info.value)
     assert str(port) in message and "TORCHVITALS_METRICS_PORT" in message and "metrics_port" in message

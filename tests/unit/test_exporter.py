@@ -267,14 +267,15 @@ def test_unnamed_block_is_exported_too():
     assert got == {"a": 1.0, "other": 2.0}
 
 
-def test_taken_port_raises_clear_error():
+def test_taken_port_raises_clear_error_when_strict():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
         registry = CollectorRegistry()
         with pytest.raises(MetricsPortError) as info:
-            Exporter(BLOCKS, rank=3, local_rank=1, world_size=4, port=port, registry=registry)
+            Exporter(BLOCKS, rank=3, local_rank=1, world_size=4, port=port, registry=registry,
+                     strict=True)
     err = info.value
     assert isinstance(err, OSError) and err.errno == errno.EADDRINUSE
     msg = str(err)

@@ -1,0 +1,67 @@
+"""Each rank's /metrics target in a Prometheus ``file_sd`` folder, so a fallback port is found.
+
+    TORCHVITALS_METRICS_FILE_SD_DIR=/shared/tv-targets torchrun ... train.py
+    # prometheus.yml
+    scrape_configs:
+      - job_name: torchvitals
+        file_sd_configs: [{files: ["/shared/tv-targets/*.json"]}]
+
+A rank writes one file, ``<host>-rank<rank>.json``, holding the ``host:port`` it really serves
+(the configured port, or the one it fell back to when that was taken), and removes it when the
+agent closes. Prometheus watches the folder and scrapes whatever the files name. The file holds
+no label besides ``__scheme__``: the exporter's own series carry ``rank``, and a target label of
+the same name would rename them to ``exported_rank``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class TargetFile:
+    """One rank's entry in a file_sd folder.
+
+    Args:
+        folder: the folder Prometheus' ``file_sd_configs`` reads (created when missing).
+        rank: the global rank (in the file's name, so ranks of one host never clash).
+        host: the host name in the file's name (default: this machine's).
+    """
+
+    def __init__(self, folder: str | os.PathLike, rank: int, host: str | None = None) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / f"{host or socket.gethostname()}-rank{rank:05d}.json"
+        self.written = False
+
+    def write(self, target: str, scheme: str = "http") -> bool:
+        """Publish ``target`` (``host:port``); whether it was written. Never raises: a folder
+        that cannot be written is a warning, and the training goes on."""
+        labels = {"__scheme__": scheme} if scheme != "http" else {}
+        body = json.dumps([{"targets": [target], "labels": labels}])
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(body, encoding="utf-8")
+            # Renamed into place: Prometheus re-reads a changed file and must never see half.
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("torchvitals: cannot write the file_sd target %s (%s); Prometheus will "
+                        "not find this rank's /metrics through it", self.path, exc)
+            return False
+        self.written = True
+        return True
+
+    def remove(self) -> None:
+        """Take the target away (the rank no longer serves); safe to call twice."""
+        if not self.written:
+            return
+        self.written = False
+        try:
+            self.path.unlink()
+        except OSError:
+            pass            # already gone, or a read-only folder: Prometheus drops a dead target
