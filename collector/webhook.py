@@ -17,8 +17,9 @@ message naming the alert and the label), so nothing unbounded reaches the store.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from ..errors import TorchvitalsError
@@ -85,6 +86,47 @@ class Order:
         return f"{self.fingerprint}@{self.starts_at}"
 
 
+_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
+                      r"(?:([Zz])|([+-])(\d{2}):(\d{2}))", re.ASCII)
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """Read an RFC 3339 time the same way on every Python the package admits.
+
+    ``datetime.fromisoformat`` reads neither a trailing ``Z`` nor more than six fraction digits
+    before Python 3.11, and Alertmanager (Go's ``time.RFC3339Nano``) writes both, e.g.
+    ``2026-12-01T10:00:00.123456789Z``. The fraction is truncated to microseconds, the most a
+    ``datetime`` holds; a leap second (``:60``), which Go never writes, is refused.
+
+    Args:
+        text: the time: date, ``T`` (or ``t`` or a space, as RFC 3339 allows), time, optional
+            fraction, and ``Z`` or a ``+hh:mm``/``-hh:mm`` offset (required).
+
+    Returns:
+        The time, timezone-aware.
+
+    Raises:
+        ValueError: ``text`` is not an RFC 3339 time (the message quotes it).
+    """
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    year, month, day, hour, minute, second = (int(g) for g in match.group(1, 2, 3, 4, 5, 6))
+    micro = int((match.group(7) or "0")[:6].ljust(6, "0"))
+    if match.group(8):
+        tz = timezone.utc
+    else:
+        hours, minutes = int(match.group(10)), int(match.group(11))
+        if hours > 23 or minutes > 59:
+            raise ValueError(f"not an RFC 3339 time (offset out of range): {text!r}")
+        offset = timedelta(hours=hours, minutes=minutes)
+        tz = timezone(-offset if match.group(9) == "-" else offset)
+    try:
+        return datetime(year, month, day, hour, minute, second, micro, tzinfo=tz)
+    except ValueError as exc:       # month 13, February 30, second 60, ...
+        raise ValueError(f"not an RFC 3339 time ({exc}): {text!r}") from None
+
+
 def _require(obj: Mapping[str, Any], name: str, kind: type, where: str) -> Any:
     if name not in obj:
         raise PayloadError("missing_field", f"{where}: missing field {name!r}")
@@ -132,8 +174,7 @@ def _alert(obj: Any, index: int, limits: LabelLimits) -> Alert:
     _bounded(fingerprint, f"{where}: fingerprint", limits)
     starts_at = _require(obj, "startsAt", str, where)
     try:
-        # Alertmanager writes nanoseconds; Python 3.11 reads them (truncated to microseconds).
-        datetime.fromisoformat(starts_at)
+        parse_rfc3339(starts_at)
     except ValueError:
         raise PayloadError("invalid_field",
                            f"{where}: startsAt is not an RFC 3339 time: {starts_at!r}") from None
