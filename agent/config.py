@@ -248,6 +248,9 @@ class OutputsConfig:
               "a port in 0..65535 (0 turns /metrics off)")
         _need(self.metrics_host.strip() != "", "metrics_host", self.metrics_host,
               "an address or host name to bind")
+        _need(self.metrics_file_sd_dir is None or self.metrics_file_sd_dir.strip() != "",
+              "metrics_file_sd_dir", self.metrics_file_sd_dir,
+              "a folder Prometheus' file_sd_configs reads, or None for no target files")
         for name in ("metrics_keyfile", "metrics_client_cafile", "metrics_client_auth_required"):
             _need(not getattr(self, name) or bool(self.metrics_certfile), name,
                   getattr(self, name), "needs metrics_certfile (HTTPS) as well")

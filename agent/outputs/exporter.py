@@ -10,6 +10,7 @@ rank, so one copy keeps the cardinality at blocks x metrics instead of ranks x b
 
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import socket
@@ -18,7 +19,8 @@ from typing import Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily,
+                                            HistogramMetricFamily, Metric)
 from prometheus_client.registry import Collector
 
 from ...errors import ConfigError, TorchvitalsError
@@ -26,8 +28,8 @@ from ...protocol import ENV_PREFIX
 from ..detect.verdict import PATTERNS
 from ..measure.host import process_vitals
 from ..report import Report
-from .metrics import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, MetricSpec,  # noqa: F401
-                      _Snapshot)
+from .metrics import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, Buckets,  # noqa: F401
+                      MetricSpec, _Snapshot)
 from .ports import candidates
 from .server import TLS, MetricsServer, RenderCache
 
@@ -88,6 +90,12 @@ class Exporter:
         self._active: dict[str, int] = {}
         self._recovery: dict[str, float] | None = None
         self._replica_checks = 0
+        # Each histogram's per-bucket counts and sum; each report-summed counter's total.
+        self._observed = [m for m in METRICS if m.kind == "histogram"]
+        self._summed = [m for m in METRICS if m.from_report]
+        self._counts = {m.name: [0] * len(m.buckets) for m in self._observed}
+        self._sums = {m.name: 0.0 for m in self._observed}
+        self._totals: dict[str, float] = {}
         self._server: MetricsServer | None = None
         self.scheme = "https" if tls is not None else "http"
         self._collector = _ReportMetrics(self)
@@ -187,7 +195,16 @@ class Exporter:
             ratio = {**ratio, **report.update_ratio}
         if self.rank == 0 and report.activations:
             acts = {**acts, **report.activations}
+        observed = [(m.name, m.buckets, m.value(report)) for m in self._observed]
+        summed = [(m.name, m.value(report)) for m in self._summed]
         with self._lock:
+            for name, bounds, x in observed:
+                if x is not None:
+                    self._counts[name][bisect.bisect_left(bounds, x)] += 1
+                    self._sums[name] += x
+            for name, inc in summed:
+                if inc is not None:
+                    self._totals[name] = self._totals.get(name, 0.0) + inc
             self._report = report
             self._steps += 1
             self._skipped += report.action == "skip"
@@ -207,10 +224,12 @@ class Exporter:
     def _snapshot(self) -> _Snapshot:
         host = process_vitals()      # on the scrape thread, outside the lock: training never waits
         with self._lock:
+            histograms = {m.name: Buckets(m.buckets, tuple(self._counts[m.name]),
+                                          self._sums[m.name]) for m in self._observed}
             return _Snapshot(self._report, self._steps, self._skipped, self._nonfinite,
                              self._world_size, self._update_ratio, self._activations,
                              self._verdicts, self._active, self._recovery, self._replica_checks,
-                             host)
+                             host, histograms, dict(self._totals))
 
     def close(self) -> None:
         """Stop serving and unregister the collector; safe to call twice."""
@@ -255,8 +274,12 @@ class _ReportMetrics(Collector):
                 family = _family(m, ("rank", "param_group"))
                 for group in range(len(snap.report.lr) if snap.report is not None else 0):
                     family.add_metric([rank, str(group)], m.value(snap, group))
+            elif m.kind == "histogram":
+                family = HistogramMetricFamily(m.name, m.doc, labels=("rank",))
+                buckets = snap.histograms[m.name]
+                family.add_metric([rank], buckets.cumulative(), buckets.total)
             else:
-                value = m.value(snap)
+                value = snap.totals.get(m.name) if m.from_report else m.value(snap)
                 if value is None:
                     continue
                 family = _family(m, ("rank",) + tuple(k for k, _ in m.labels))
@@ -275,5 +298,6 @@ def _block_names(named: list[str], snap: _Snapshot) -> list[str]:
 
 
 def _family(m: MetricSpec, labels: tuple[str, ...]) -> Metric:
-    kind = CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily
+    kind = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily}.get(
+        m.kind, GaugeMetricFamily)
     return kind(m.name, m.doc, labels=labels)

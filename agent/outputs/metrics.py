@@ -2,7 +2,11 @@
 comes from. ``exporter.py`` serves them; ``tests/unit/test_exporter.py`` checks each name
 against the Prometheus conventions.
 
-    curl -s http://127.0.0.1:9400/metrics | grep ^torchvitals_
+    curl -s http://127.0.0.1:19400/metrics | grep ^torchvitals_
+
+Durations are histograms (a scrape every 15 s sees every step, not the last one: ``rate(x_sum)
+/ rate(x_count)`` is the mean, ``histogram_quantile`` the tail), throughput is a ``_total``
+counter read with ``rate()``, and the rest are last-value gauges of the latest step.
 """
 
 
@@ -29,6 +33,32 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+STEP_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                                   25.0, 60.0, 120.0, 300.0, 600.0, math.inf)
+"""Upper bounds of the duration histograms: steps from 10 ms (a small model on a GPU) to 10 min
+(a 70B model's step with a pipeline bubble), ~2.5x apart."""
+
+WAIT_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005) + STEP_BUCKETS
+"""The data wait's bounds: a loader that keeps up waits well under a millisecond."""
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """A histogram's counts at one scrape: per-bucket (not cumulative) counts, sum and count."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, count of observations <= le)`` pairs, as HistogramMetricFamily takes them."""
+        out, running = [], 0
+        for bound, count in zip(self.bounds, self.counts):
+            running += count
+            out.append(("+Inf" if bound == math.inf else repr(float(bound)), float(running)))
+        return out
+
+
 @dataclass(frozen=True)
 class _Snapshot:
     """What one scrape reads: references taken under the lock, read outside it."""
@@ -45,24 +75,26 @@ class _Snapshot:
     recovery: dict[str, float] | None
     replica_checks: int = 0
     host: dict[str, float] = field(default_factory=dict)      # read at scrape time
+    histograms: dict[str, Buckets] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=dict)
+    """Counters summed from the reports (samples, tokens); a key only once a report had it."""
 
 
 def _last(attr: str, default: float = math.nan) -> Callable[[_Snapshot], float]:
     return lambda s: default if s.report is None else float(getattr(s.report, attr))
 
 
-def _samples_per_second(s: _Snapshot) -> float | None:
-    r = s.report
-    if r is None or r.samples is None or not r.step_seconds > 0:  # also rejects NaN
-        return None
-    return r.samples / r.step_seconds
+def _observed(attr: str) -> Callable[[Report], float | None]:
+    """A histogram's observation of one step: the report's value, None when not finite."""
+    def observe(report: Report) -> float | None:
+        x = getattr(report, attr)
+        return float(x) if x is not None and math.isfinite(x) and x >= 0 else None
+    return observe
 
 
-def _tokens_per_second(s: _Snapshot) -> float | None:
-    r = s.report
-    if r is None or r.tokens is None or not r.step_seconds > 0:
-        return None
-    return r.tokens / r.step_seconds
+def _summed(attr: str) -> Callable[[Report], float | None]:
+    """A counter's increment from one step: the report's count, None when the loop gave none."""
+    return lambda report: None if getattr(report, attr) is None else float(getattr(report, attr))
 
 
 def _host(key: str) -> Callable[[_Snapshot], float]:
@@ -73,10 +105,6 @@ def _accelerator(key: str) -> Callable[[_Snapshot], float | None]:
     """A CUDA allocator counter of the last sample; None (no series) without one."""
     return lambda s: (None if s.report is None or s.report.local_accelerator_memory is None
                       else float(s.report.local_accelerator_memory[key]))
-
-
-def _rank_compute(s: _Snapshot) -> float:
-    return math.nan if s.report is None else float(s.report.compute_seconds)
 
 
 def _recovery(s: "_Snapshot", key: str) -> float | None:
@@ -94,14 +122,20 @@ class MetricSpec:
 
     name: str
     kind: str
-    """"gauge" or "counter"."""
+    """"gauge", "counter" or "histogram"."""
     doc: str
     scope: str
     """RANK, GLOBAL or BLOCK (one series per block, label ``block``)."""
     value: Callable[..., float | None] = field(repr=False)
-    """(snapshot) -> value, or (snapshot, block) -> value for BLOCK; None omits the series."""
+    """(snapshot) -> value, or (snapshot, block) -> value for BLOCK; None omits the series.
+    A histogram's is (report) -> the step's observation (None: nothing observed); a counter
+    with ``from_report`` likewise gives the step's increment."""
     labels: tuple[tuple[str, str], ...] = ()
     """Constant labels besides ``rank``."""
+    buckets: tuple[float, ...] = ()
+    """A histogram's upper bounds (the last is +Inf)."""
+    from_report: bool = False
+    """A counter summed from each step's report (``value`` is the increment)."""
 
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -119,22 +153,24 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("torchvitals_nonfinite_steps_total", "counter",
                "Steps with a NaN/Inf loss or gradient on any rank.", RANK,
                lambda s: float(s.nonfinite)),
-    MetricSpec("torchvitals_step_duration_seconds", "gauge", "This rank's wall time of the "
-               "last step.", RANK, _last("step_seconds")),
+    MetricSpec("torchvitals_step_duration_seconds", "histogram", "This rank's wall time of "
+               "each step.", RANK, _observed("step_seconds"), buckets=STEP_BUCKETS),
     # Synchronous ranks all wait for the slowest in the collectives, so their step times agree;
     # the time before the backward's collectives is what tells a straggler.
-    MetricSpec("torchvitals_compute_duration_seconds", "gauge", "This rank's compute time of the "
-               "last step (from the previous step's end to the end of its forward and loss).",
-               RANK, _rank_compute),
+    MetricSpec("torchvitals_compute_duration_seconds", "histogram", "This rank's compute time "
+               "of each step (from the previous step's end to the end of its forward and loss).",
+               RANK, _observed("compute_seconds"), buckets=STEP_BUCKETS),
     MetricSpec("torchvitals_local_loss", "gauge", "This rank's loss at the last step.", RANK,
                _last("local_loss")),
-    MetricSpec("torchvitals_samples_per_second", "gauge", "This rank's samples / step duration "
-               "of the last step (only when the caller passes the sample count).", RANK,
-               _samples_per_second),
-    MetricSpec("torchvitals_tokens_per_second", "gauge", "This rank's tokens / step duration "
-               "(only when the caller passes the token count).", RANK, _tokens_per_second),
-    MetricSpec("torchvitals_data_wait_seconds", "gauge", "This rank's wait for its batches in "
-               "the last step.", RANK, _last("local_data_wait_seconds", 0.0)),
+    MetricSpec("torchvitals_samples_total", "counter", "Samples this rank trained on (only when "
+               "the caller passes the sample count; rate(): samples per second).", RANK,
+               _summed("samples"), from_report=True),
+    MetricSpec("torchvitals_tokens_total", "counter", "Tokens this rank trained on (only when "
+               "the caller passes the token count; rate(): tokens per second).", RANK,
+               _summed("tokens"), from_report=True),
+    MetricSpec("torchvitals_data_wait_seconds", "histogram", "This rank's wait for its batches "
+               "in each step.", RANK, _observed("local_data_wait_seconds"),
+               buckets=WAIT_BUCKETS),
     MetricSpec("torchvitals_process_resident_memory_bytes", "gauge", "This rank's resident "
                "memory.", RANK, _host("resident_bytes")),
     MetricSpec("torchvitals_process_cpu_seconds_total", "counter", "User and system CPU time of "

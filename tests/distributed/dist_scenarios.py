@@ -128,10 +128,12 @@ def serve_metrics(rank: int, world: int, base_port: int) -> dict:
     model = DDP(TinyGPT(**TINY))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     agent = torchvitals.watch(model, opt, metrics_port=base_port)
+    compute = 0.0
     for x, y in random_batches(3, batch=4, seq_len=16, vocab=64, seed=rank):
         loss = lm_loss(model, x, y)
         loss.backward()
         report = agent.step(loss, samples=4)
+        compute += report.compute_seconds
         opt.zero_grad()
     url = agent.metrics_url
     text = urllib.request.urlopen(url, timeout=5).read().decode()
@@ -142,5 +144,5 @@ def serve_metrics(rank: int, world: int, base_port: int) -> dict:
             "local_loss": next(s.value for s in samples if s.name == "torchvitals_local_loss"),
             "report_local_loss": report.local_loss, "loss": report.loss,
             "compute": next(s.value for s in samples
-                            if s.name == "torchvitals_compute_duration_seconds"),
-            "report_compute": report.compute_seconds}
+                            if s.name == "torchvitals_compute_duration_seconds_sum"),
+            "report_compute": compute}

@@ -50,7 +50,8 @@ def test_live_agent_serves_the_report_and_a_constant_series_count(tmp_path):
             assert ratio == pytest.approx(report.update_ratio[block], rel=1e-12)
         assert after_10[("torchvitals_activation_abs_max", (("block", "blocks.0"), ("rank", "0")))] \
             == pytest.approx(report.activations["blocks.0"]["abs_max"])
-        assert after_10[("torchvitals_samples_per_second", rank)] > 0
+        assert after_10[("torchvitals_samples_total", rank)] == 40       # 10 steps of 4
+        assert after_10[("torchvitals_step_duration_seconds_count", rank)] == 10
         train(agent, model, opt, 190, seed=1)
         after_200 = scrape(agent.metrics_url)
         assert after_200[("torchvitals_steps_total", rank)] == 200

@@ -23,13 +23,14 @@ OUT_OF_RANGE = {
     "metrics_keyfile": "key.pem", "metrics_client_cafile": "ca.pem",
     "metrics_client_auth_required": True, "metrics_max_connections": 0,
     "metrics_idle_timeout_s": 0.0, "log_every": 0, "collector_url": "collector:8080",
-    "collector_poll_seconds": -1.0,
+    "collector_poll_seconds": -1.0, "metrics_file_sd_dir": " ",
 }
 """A value of the right type that the setting cannot take (None: no such value exists)."""
 
 NO_RANGE = {"activations", "update_ratio", "split_ddp_work", "skip_nonfinite",
             "checkpoint_key_file", "trust_unsigned_checkpoints", "heartbeat_dir",
-            "metrics_certfile", "log_dir", "run_name", "live", "collector_job", "blocks"}
+            "metrics_certfile", "log_dir", "run_name", "live", "collector_job", "blocks",
+            "metrics_port_strict"}
 """Settings every value of whose type is meaningful (a name, a folder, a switch)."""
 
 FIELDS = flat_fields()
@@ -80,9 +81,10 @@ def _as_variable(value):
     return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
-# A blank TORCHVITALS_CHECKPOINT_DIR reads as unset (None), as every blank optional variable.
-@pytest.mark.parametrize("name", sorted(n for n in OUT_OF_RANGE
-                                        if OUT_OF_RANGE[n] is not None and n != "checkpoint_dir"))
+# A blank TORCHVITALS_CHECKPOINT_DIR (or _METRICS_FILE_SD_DIR) reads as unset (None), as every
+# blank optional variable.
+@pytest.mark.parametrize("name", sorted(n for n in OUT_OF_RANGE if OUT_OF_RANGE[n] is not None
+                                        and n not in ("checkpoint_dir", "metrics_file_sd_dir")))
 def test_an_out_of_range_variable_names_the_variable(name):
     env = {"TORCHVITALS_" + name.upper(): _as_variable(OUT_OF_RANGE[name])}
     with pytest.raises(ConfigError) as e:

@@ -103,9 +103,13 @@ def test_scrape_matches_report(served):
     assert value(got, "torchvitals_step", **r) == 7
     assert value(got, "torchvitals_steps_total", **r) == 1
     assert value(got, "torchvitals_world_size", **r) == 2
-    assert value(got, "torchvitals_step_duration_seconds", **r) == 0.25
+    assert value(got, "torchvitals_step_duration_seconds_sum", **r) == 0.25
+    assert value(got, "torchvitals_step_duration_seconds_count", **r) == 1
+    assert value(got, "torchvitals_step_duration_seconds_bucket", **r, le="0.25") == 1
+    assert value(got, "torchvitals_step_duration_seconds_bucket", **r, le="0.1") == 0
+    assert got["torchvitals_step_duration_seconds"]["type"] == "histogram"
     assert value(got, "torchvitals_local_loss", **r) == pytest.approx(2.0 / 7)
-    assert value(got, "torchvitals_samples_per_second", **r) == 8 / 0.25
+    assert value(got, "torchvitals_samples_total", **r) == 8
     assert value(got, "torchvitals_loss", **r) == pytest.approx(1.0 / 7)
     assert value(got, "torchvitals_grad_norm_global", **r) == 70.0
     assert value(got, "torchvitals_clip_coefficient", **r) == 0.5
@@ -144,26 +148,52 @@ def test_before_first_report_every_series_is_present(served):
     assert value(got, "torchvitals_step", rank="0") == 0
     assert value(got, "torchvitals_steps_total", rank="0") == 0
     assert math.isnan(value(got, "torchvitals_loss", rank="0"))
-    assert math.isnan(value(got, "torchvitals_step_duration_seconds", rank="0"))
+    assert value(got, "torchvitals_step_duration_seconds_count", rank="0") == 0
+    assert value(got, "torchvitals_step_duration_seconds_bucket", rank="0", le="+Inf") == 0
     for m in METRICS:
         if m.scope == BLOCK:
             for block in BLOCKS:
                 assert math.isnan(value(got, m.name, rank="0", block=block)), m.name
-    # Samples per second is the one series that waits for a report that counts samples.
     exported = {n for n in got}
     expected = {m.name.removesuffix("_total") for m in METRICS}
     # Present only when the caller passes the sample (token) count, a GradScaler, runs the
     # watchdog, or trains on CUDA.
-    assert expected - exported == ({"torchvitals_samples_per_second", "torchvitals_loss_scale",
-                                    "torchvitals_tokens_per_second"} | RECOVERY | ACCELERATOR)
+    assert expected - exported == ({"torchvitals_samples", "torchvitals_loss_scale",
+                                    "torchvitals_tokens"} | RECOVERY | ACCELERATOR)
 
 
-def test_samples_per_second_only_when_samples_known(served):
+def test_samples_total_only_when_samples_known(served):
     ex = served()
     ex.update(make_report(1, samples=None))
-    assert "torchvitals_samples_per_second" not in scrape(ex.url)
+    assert "torchvitals_samples" not in scrape(ex.url)
     ex.update(make_report(2, samples=4, step_seconds=0.5))
-    assert value(scrape(ex.url), "torchvitals_samples_per_second", rank="0") == 8.0
+    ex.update(make_report(3, samples=6, step_seconds=0.5))
+    got = scrape(ex.url)
+    assert got["torchvitals_samples"]["type"] == "counter"
+    assert value(got, "torchvitals_samples_total", rank="0") == 10.0
+
+
+def test_durations_are_histograms_that_see_every_step(served):
+    """A scrape every 15 s sees every step's duration, the slow one too, not the last alone."""
+    ex = served()
+    times = [0.02, 0.3, 0.3, 7.0, 0.3, math.nan]          # one slow step among fast ones
+    for i, t in enumerate(times, 1):
+        ex.update(make_report(i, step_seconds=t, compute_seconds=t / 2,
+                              local_data_wait_seconds=0.0004))
+    got = scrape(ex.url)
+    r = {"rank": "0"}
+    name = "torchvitals_step_duration_seconds"
+    assert value(got, f"{name}_count", **r) == 5              # the NaN step is not observed
+    assert value(got, f"{name}_sum", **r) == pytest.approx(7.92)
+    assert value(got, f"{name}_bucket", **r, le="0.025") == 1
+    assert value(got, f"{name}_bucket", **r, le="0.5") == 4
+    assert value(got, f"{name}_bucket", **r, le="5.0") == 4
+    assert value(got, f"{name}_bucket", **r, le="10.0") == 5   # the slow step is counted
+    bounds = [float(dict(labels)["le"]) for sample, labels in got[name]["samples"]
+              if sample.endswith("_bucket")]
+    assert bounds[0] == 0.01 and bounds[-2] == 600.0 and bounds[-1] == math.inf
+    assert value(got, "torchvitals_compute_duration_seconds_sum", **r) == pytest.approx(3.96)
+    assert value(got, "torchvitals_data_wait_seconds_bucket", **r, le="0.001") == 6
 
 
 def test_names_follow_conventions(served):
@@ -171,7 +201,10 @@ def test_names_follow_conventions(served):
     assert len(table) == len(set(table)), "a name defined twice"
     for m in METRICS:
         assert NAME.match(m.name), m.name
-        assert m.kind in ("gauge", "counter"), m.name
+        assert m.kind in ("gauge", "counter", "histogram"), m.name
+        if m.kind == "histogram":     # base unit seconds, +Inf last, bounds ascending
+            assert m.name.endswith("_seconds") and m.buckets[-1] == math.inf, m.name
+            assert list(m.buckets) == sorted(set(m.buckets)), m.name
         assert m.scope in (RANK, GLOBAL, BLOCK, PATTERN, GROUP), m.name
         # _total means "counter" to Prometheus tooling; a gauge with it misleads rate().
         assert m.name.endswith("_total") == (m.kind == "counter"), m.name
@@ -187,12 +220,19 @@ def test_names_follow_conventions(served):
                                 "checkpoint_stall_seconds": 0.01, "checkpoint_failures": 0})
     got = scrape(ex.url)
     kinds = {m.name: m.kind for m in METRICS}
-    assert {s for f in got.values() for s, _ in f["samples"]} == set(table), \
+    histograms = {m.name for m in METRICS if m.kind == "histogram"}
+    assert {name if f["type"] == "histogram" else s
+            for name, f in got.items() for s, _ in f["samples"]} == set(table), \
         "rank 0 exports exactly the table once a report with samples arrived"
     gauges, counters = set(), set()
     for name, family in got.items():
         for sample, labels in family["samples"]:
             assert NAME.match(sample), sample
+            if family["type"] == "histogram":
+                assert name in histograms and kinds[name] == "histogram", sample
+                assert sample in (f"{name}_bucket", f"{name}_sum", f"{name}_count"), sample
+                assert set(dict(labels)) <= {"rank", "le"}
+                continue
             assert kinds[sample] == family["type"], sample
             assert {k for k, _ in labels} <= {"rank", "block", "version", "torch_version",
                                               "pattern", "severity", "param_group"}
@@ -218,7 +258,8 @@ def test_rank1_exports_only_its_scalars(served):
     assert all(labels["rank"] == "1" for _, labels in samples)
     assert not [s for s, labels in samples if "block" in labels]
     rank_names = {m.name for m in METRICS if m.scope == RANK}
-    assert {s for s, _ in samples} == rank_names
+    assert {name if f["type"] == "histogram" else s
+            for name, f in got.items() for s, _ in f["samples"]} == rank_names
     assert value(got, "torchvitals_local_loss", rank="1") == pytest.approx(2.0 / 3)
 
 
@@ -233,8 +274,10 @@ def test_series_count_constant_as_steps_go_by(served):
         if step == 10:
             after_10 = scrape(ex.url)
     after_200 = scrape(ex.url)
+    # Rank and global scalars, each histogram's buckets + _sum + _count, per block, per pattern.
+    histogram_series = sum(len(m.buckets) + 2 for m in METRICS if m.kind == "histogram")
     assert series_count(after_10) == series_count(after_200) == \
-        21 + 5 + 10 * len(BLOCKS) + 2 * len(PATTERNS)  # rank + global scalars, per block, per pattern
+        18 + histogram_series + 5 + 10 * len(BLOCKS) + 2 * len(PATTERNS)
     assert set(after_10) == set(after_200)
     # Step 200 was sampled; check an unsampled last step keeps the sampled values.
     ex.update(make_report(201))
@@ -370,8 +413,8 @@ def test_vitals_are_served_per_rank(served):
     ex.update(make_report(3, rank=1))
     got = scrape(ex.url)
     r = {"rank": "1"}
-    assert value(got, "torchvitals_tokens_per_second", **r) == 1024 / 0.25
-    assert value(got, "torchvitals_data_wait_seconds", **r) == 0.125
+    assert value(got, "torchvitals_tokens_total", **r) == 1024
+    assert value(got, "torchvitals_data_wait_seconds_sum", **r) == 0.125
     rss = psutil.Process().memory_info().rss
     assert 0.5 * rss < value(got, "torchvitals_process_resident_memory_bytes", **r) < 2 * rss
     assert value(got, "torchvitals_process_cpu_seconds_total", **r) > 0
