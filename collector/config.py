@@ -45,7 +45,7 @@ class CollectorConfig:
     """Address the HTTP service binds to. Use 0.0.0.0 to let Alertmanager on another host in."""
 
     port: int = 9500
-    """TCP port of the HTTP service (the agents' /metrics use 9400 + LOCAL_RANK); 0 picks a
+    """TCP port of the HTTP service (the agents' /metrics use 19400 + the local rank); 0 picks a
     free one."""
 
     state_dir: str = "torchvitals_collector"

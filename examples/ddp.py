@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 2 examples/ddp.py --steps 50
 
-gloo on CPU, NCCL on GPUs. Rank r serves /metrics on 9400 + LOCAL_RANK.
+gloo on CPU, NCCL on GPUs. Rank r serves /metrics on 19400 + LOCAL_RANK.
 """
 
 import argparse

@@ -2,7 +2,7 @@
 
     python examples/quickstart.py --steps 60
 
-While it runs, `curl http://127.0.0.1:9400/metrics` shows the Prometheus series; the event log
+While it runs, `curl http://127.0.0.1:19400/metrics` shows the Prometheus series; the event log
 lands in torchvitals_runs/<run>/events.jsonl.
 """
 
@@ -41,7 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--metrics-port", type=int, default=None,
-                        help="base port of /metrics (default: TORCHVITALS_METRICS_PORT or 9400; 0 = off)")
+                        help="base port of /metrics (default: TORCHVITALS_METRICS_PORT or 19400; 0 = off)")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = TinyGPT(vocab=128, d_model=128, n_layers=4, n_heads=4, seq_len=64)
