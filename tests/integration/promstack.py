@@ -85,18 +85,23 @@ class Server:
 
 
 class Prometheus(Server):
-    """Prometheus scraping ``jobs`` (name -> targets) every second, evaluating ``rule_files``
-    every second and sending alerts to ``alertmanager`` (a URL) when given."""
+    """Prometheus scraping ``jobs`` (name -> targets) and ``file_sd`` (name -> a glob of target
+    files) every second, evaluating ``rule_files`` every second and sending alerts to
+    ``alertmanager`` (a URL) when given."""
 
     def __init__(self, workdir: Path, jobs: dict[str, list[str]], rule_files: list[Path],
-                 alertmanager: str | None = None) -> None:
+                 alertmanager: str | None = None, file_sd: dict[str, str] | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
                        "scrape_timeout": "900ms"},
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
-                               for job, targets in jobs.items()],
+                               for job, targets in jobs.items()]
+            # job -> a glob of file_sd target files (the agents' metrics_file_sd_dir)
+            + [{"job_name": job, "file_sd_configs": [{"files": [glob],
+                                                      "refresh_interval": "1s"}]}
+               for job, glob in (file_sd or {}).items()],
         }
         if alertmanager:
             config["alerting"] = {"alertmanagers": [{"static_configs": [

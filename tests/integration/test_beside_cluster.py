@@ -4,6 +4,7 @@
 
 - Another process holds torchvitals' default port and dcgm-exporter's 9400: the training runs,
   /metrics answers at ``agent.metrics_url``, and one warning names the taken port.
+- A real Prometheus finds a rank that fell back to another port through its file_sd target.
 - Two ranks started the way ``srun`` starts them (``SLURM_LOCALID``, no ``LOCAL_RANK``) on one
   host serve on their own ports, base + 0 and base + 1, with no fallback needed.
 """
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 
 import pytest
@@ -28,6 +30,7 @@ from torchvitals.agent.outputs.ports import DEFAULT_PORT
 from support.models import TINY, TinyGPT, random_batches
 from torchvitals.agent.tools.demo.launch import free_ports
 from support.world import free_port
+from promstack import Prometheus
 
 HOLDER = textwrap.dedent("""
     import socket, sys, time
@@ -129,6 +132,7 @@ def _srun_rank(procid: int, world: int, master_port: int, metrics_base: int, out
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_srun_ranks_on_one_host_serve_on_distinct_ports(tmp_path):
     base, master = free_ports(2), free_port()
     ctx = mp.get_context("spawn")
@@ -147,3 +151,40 @@ def test_two_srun_ranks_on_one_host_serve_on_distinct_ports(tmp_path):
     got = [json.loads(open(o).read()) for o in outs]
     assert [g["url"] for g in got] == [f"http://127.0.0.1:{base + r}/metrics" for r in range(2)]
     assert all(g["served"] for g in got)
+
+
+def test_prometheus_finds_the_fallback_port_through_file_sd(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    targets = tmp_path / "targets"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", free_port()))
+        busy.listen()
+        taken_port = busy.getsockname()[1]
+        model = TinyGPT(**TINY)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        agent = torchvitals.watch(model, opt, metrics_port=taken_port, log_dir="",
+                                  metrics_file_sd_dir=str(targets))
+    prom = None
+    try:
+        served = agent.metrics_url.split("://")[1].removesuffix("/metrics")
+        assert served != f"127.0.0.1:{taken_port}"
+        for x, y in random_batches(4, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"],
+                                   seed=0):
+            loss = model.loss(x, y)
+            loss.backward()
+            agent.step(loss)
+            opt.zero_grad(set_to_none=True)
+        prom = Prometheus(tmp_path / "prom", {}, [], file_sd={"found": str(targets / "*.json")})
+        deadline = time.monotonic() + 30
+        while True:
+            got = prom.query('torchvitals_steps_total{job="found"}')
+            if got:
+                break
+            assert time.monotonic() < deadline, f"never scraped:\n{prom.tail()}"
+            time.sleep(0.5)
+        assert got[0]["metric"]["instance"] == served and got[0]["value"][1] == "4"
+    finally:
+        if prom is not None:
+            prom.stop()
+        agent.close()
+    assert not list(targets.glob("*.json"))         # the target goes when the rank does
