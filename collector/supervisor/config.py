@@ -9,7 +9,8 @@ field's meaning, default and variable.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from ...protocol import (ABORT_EXIT_CODE, BUDGET_EXIT_CODE, ENV_PREFIX, NODE_LOST_EXIT_CODE,
@@ -18,6 +19,10 @@ from ...settings import add_flags, settings
 
 SUPERVISOR_ENV_PREFIX = ENV_PREFIX + "SUPERVISOR_"
 """``TORCHVITALS_SUPERVISOR_<FIELD>``: the variable of each ``SupervisorConfig`` field."""
+
+SECRET_FIELDS = ("store_password",)
+"""Fields read from the environment only, never from a flag (a command line is world-readable
+in ``/proc``)."""
 
 NODE_RANK_ENVS = ("SLURM_NODEID", "PET_NODE_RANK")
 """Where a scheduler says which node this is: Slurm, Kubeflow's training operator."""
@@ -90,11 +95,54 @@ class SupervisorConfig:
     a temporary one."""
 
     metrics_port: int = 0
-    """Port of the supervisor's own /metrics on 127.0.0.1; 0 turns it off."""
+    """Port of the supervisor's own /metrics; 0 turns it off."""
+
+    metrics_host: str = "127.0.0.1"
+    """Address the supervisor's /metrics binds to: loopback unless told otherwise (in a pod,
+    the pod's IP, so Prometheus can scrape it)."""
+
+    metrics_certfile: str | None = None
+    """PEM certificate: /metrics serves HTTPS (with ``metrics_keyfile``)."""
+
+    metrics_keyfile: str | None = None
+    """PEM key of ``metrics_certfile``."""
+
+    metrics_client_cafile: str | None = None
+    """PEM CA bundle: /metrics then requires a client certificate it signed."""
 
     store_url: str | None = None
-    """etcd client URL (``http://host:2379``) through which the supervisors of a job's nodes
-    agree: a restart anywhere restarts every node, a lost node is named. None: one node."""
+    """etcd client URL (``http://host:2379``, ``https://`` for TLS) through which the
+    supervisors of a job's nodes agree: a restart anywhere restarts every node, a lost node is
+    named. None: one node."""
+
+    store_cafile: str | None = None
+    """PEM CA bundle that signed the store's certificate (an https store_url; None: the
+    system's CAs)."""
+
+    store_certfile: str | None = None
+    """PEM client certificate for a store started with ``--client-cert-auth`` (with
+    ``store_keyfile``)."""
+
+    store_keyfile: str | None = None
+    """PEM key of ``store_certfile``."""
+
+    store_user: str | None = None
+    """etcd user the supervisor authenticates as (a store with auth enabled); its password
+    comes from ``store_password_file`` or ``TORCHVITALS_SUPERVISOR_STORE_PASSWORD``."""
+
+    store_password_file: str | None = None
+    """File holding ``store_user``'s password (a mounted secret; surrounding whitespace is
+    ignored)."""
+
+    store_password: str | None = field(default=None, repr=False)
+    """``store_user``'s password itself, from ``TORCHVITALS_SUPERVISOR_STORE_PASSWORD`` only
+    (never a flag). Set this or ``store_password_file``, not both."""
+
+    job_ttl_s: float = 86400.0
+    """Seconds the job's keys in the store (its attempt, its end) outlive the last node that
+    renewed them: a requeued or replaced node within this finds the job's attempt, restart
+    budget and end; after it the store holds nothing of the job. A job that ends for good
+    removes them at once."""
 
     nnodes: int = 1
     """Nodes of the job, one supervisor each (more than 1 needs ``store_url``)."""
@@ -138,7 +186,7 @@ class SupervisorConfig:
 
     def __post_init__(self) -> None:
         for name in ("hang_factor", "hang_floor_s", "checkpoint_timeout_s", "startup_timeout_s",
-                     "poll_s", "node_ttl_s", "peer_timeout_s", "store_poll_s"):
+                     "poll_s", "node_ttl_s", "peer_timeout_s", "store_poll_s", "job_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
@@ -149,6 +197,12 @@ class SupervisorConfig:
             raise ValueError("need max_restarts >= 0 and no_progress_restarts >= 1")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+        if bool(self.metrics_certfile) != bool(self.metrics_keyfile):
+            raise ValueError("metrics_certfile and metrics_keyfile go together: set both or "
+                             "neither")
+        if self.metrics_client_cafile and not self.metrics_certfile:
+            raise ValueError("metrics_client_cafile needs metrics_certfile and metrics_keyfile "
+                             "(client certificates are checked over HTTPS only)")
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"need 0 <= node_rank < nnodes, got {self.node_rank}, {self.nnodes}")
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nnodes:
@@ -156,10 +210,40 @@ class SupervisorConfig:
         if self.nnodes > 1 and not self.store_url:
             raise ValueError(f"nnodes={self.nnodes} needs store_url: the nodes' supervisors agree "
                              "through the job's etcd")
+        if self.store_url and not self.store_url.startswith(("http://", "https://")):
+            raise ValueError(f"store_url {self.store_url!r} must start with http:// or https://")
+        tls = [n for n in ("store_cafile", "store_certfile", "store_keyfile") if getattr(self, n)]
+        if tls and not (self.store_url or "").startswith("https://"):
+            raise ValueError(f"{', '.join(tls)} need an https:// store_url, got "
+                             f"{self.store_url!r}")
+        if bool(self.store_certfile) != bool(self.store_keyfile):
+            raise ValueError("store_certfile and store_keyfile go together: set both or neither")
+        if self.store_password is not None and self.store_password_file:
+            raise ValueError("set either store_password_file or "
+                             f"{SUPERVISOR_ENV_PREFIX}STORE_PASSWORD, not both")
+        has_password = self.store_password is not None or bool(self.store_password_file)
+        if has_password != bool(self.store_user):
+            raise ValueError("store_user and its password go together: set store_user and "
+                             f"store_password_file (or {SUPERVISOR_ENV_PREFIX}STORE_PASSWORD)"
+                             if self.store_user else "a store password without store_user")
         codes = {self.abort_exit_code, self.no_progress_exit_code, self.budget_exit_code,
                  self.refused_exit_code, self.node_lost_exit_code}
         if len(codes) != 5 or not all(0 < c < 256 for c in codes):
             raise ValueError("the five exit codes must differ and lie in 1..255")
+
+    def password(self) -> str | None:
+        """``store_user``'s password, read from its file when it has one.
+
+        Raises:
+            ValueError: the file cannot be read (the message names it, never the password).
+        """
+        if not self.store_password_file:
+            return self.store_password
+        try:
+            return Path(self.store_password_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"store_password_file {self.store_password_file}: cannot be read "
+                             f"({exc.strerror or exc})") from None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
@@ -178,5 +262,17 @@ class SupervisorConfig:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one ``--<field>`` flag per field (default None: not given)."""
-        add_flags(parser, cls, lambda name: SUPERVISOR_ENV_PREFIX + name.upper())
+        """Add one ``--<field>`` flag per field (default None: not given); ``--store-password``
+        only refuses (``SECRET_FIELDS``: a command line is readable by every user of the
+        machine), where argparse would otherwise take it for ``--store-password-file``."""
+        add_flags(parser, cls, lambda name: SUPERVISOR_ENV_PREFIX + name.upper(),
+                  skip=SECRET_FIELDS)
+
+        class _Refused(argparse.Action):
+            def __call__(self, parser, namespace, values, option_string=None):
+                parser.error(f"{option_string}: never put a password on the command line; use "
+                             f"--store-password-file or {SUPERVISOR_ENV_PREFIX}STORE_PASSWORD")
+
+        for name in SECRET_FIELDS:
+            parser.add_argument("--" + name.replace("_", "-"), action=_Refused,
+                                help=argparse.SUPPRESS)

@@ -1,20 +1,32 @@
 """The few etcd v3 calls the supervisors agree through, over etcd's HTTP/JSON gateway.
 
-    store = EtcdStore("http://10.0.0.5:2379")
+    store = EtcdStore("https://10.0.0.5:2379", tls=StoreTLS(cafile="ca.crt", certfile="c.crt",
+                      keyfile="c.key"), user="torchvitals", password=secret)
     lease = store.grant(30); store.put("k", "v", lease=lease); store.keepalive(lease)
-    store.create("k2", "v")          # True only for the first writer
+    store.create("k2", "v", lease=lease)   # True only for the first writer
     store.get("k2"), store.prefix("k")
 
 etcd is a rendezvous backend torchrun itself supports, so a multi-node job may already run one;
 its gateway (``/v3/kv/...``, keys and values base64, on the client port) needs no client
 library and no torch: the supervisor stays torch-free. Every call is one short POST; a store
-that does not answer raises ``StoreError``.
+that does not answer, or refuses us, raises ``StoreError`` with what to set.
+
+Hand-written rather than ``etcd3gw``: that client brings requests, futurist and pbr, and has no
+user/password authentication at all, which a store that can end a job (its ``final`` key) needs.
+TLS is the standard library's (a CA to verify the store, a client certificate for etcd's
+``--client-cert-auth``); auth is etcd's own: ``/v3/auth/authenticate`` turns the user and
+password into a token sent as the ``Authorization`` header, fetched again when etcd says it
+expired (simple tokens live ``--auth-token-ttl`` seconds unused, and only on the member that
+issued them).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
+import ssl
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -22,9 +34,14 @@ from typing import Any
 
 from ...errors import TorchvitalsError
 
+log = logging.getLogger("torchvitals.supervisor")
+
+_UNAUTHENTICATED = 16
+"""gRPC's code for an invalid or expired token, which the gateway passes on."""
+
 
 class StoreError(TorchvitalsError, OSError):
-    """The store did not answer, or answered something that is not etcd's."""
+    """The store did not answer, refused us, or answered something that is not etcd's."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,37 @@ class Entry:
     """The store's revision of the key's last change (for a compare-and-swap)."""
     lease: int = 0
     """The lease the key lives by (0: none, it stays)."""
+    version: int = 0
+    """How many times the key was written since it was created (1: once)."""
+
+
+@dataclass(frozen=True)
+class StoreTLS:
+    """How to reach an ``https://`` store; every file is PEM."""
+
+    cafile: str | None = None
+    """CA bundle that signed the store's certificate (None: the system's)."""
+    certfile: str | None = None
+    """Client certificate, for a store started with ``--client-cert-auth``."""
+    keyfile: str | None = None
+    """Key of ``certfile``."""
+
+    def context(self) -> ssl.SSLContext:
+        """The client context; a file that cannot be read raises ``StoreError`` naming it."""
+        if (self.certfile is None) != (self.keyfile is None):
+            raise StoreError("store_certfile and store_keyfile go together: set both or neither")
+        try:
+            context = ssl.create_default_context(cafile=self.cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise StoreError(f"store_cafile {self.cafile}: cannot be read as a CA bundle "
+                             f"({exc})") from None
+        if self.certfile is not None:
+            try:
+                context.load_cert_chain(self.certfile, self.keyfile)
+            except (OSError, ssl.SSLError) as exc:
+                raise StoreError(f"store_certfile {self.certfile} / store_keyfile "
+                                 f"{self.keyfile}: not a certificate and its key ({exc})") from None
+        return context
 
 
 def _b64(text: str) -> str:
@@ -56,12 +104,33 @@ def _prefix_end(prefix: str) -> str:
 
 class EtcdStore:
     """Args:
-        url: the client URL, ``http://host:2379``.
+        url: the client URL, ``http://host:2379`` or ``https://host:2379``.
         timeout_s: seconds each call may take.
+        tls: CA and client certificate for an ``https://`` URL (None: the system's CAs, no
+            client certificate).
+        user, password: etcd's authentication (both or neither).
+
+    Raises:
+        StoreError: a TLS file cannot be read, TLS is given for an ``http://`` URL, or only one
+            of the user and the password is.
     """
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 5.0, *, tls: StoreTLS | None = None,
+                 user: str | None = None, password: str | None = None) -> None:
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        if not self.url.startswith(("http://", "https://")):
+            raise StoreError(f"store_url {url!r}: must start with http:// or https://")
+        https = self.url.startswith("https://")
+        if tls is not None and tls != StoreTLS() and not https:
+            raise StoreError(f"store_url {url!r}: a CA or client certificate needs an https:// "
+                             "store_url")
+        self._context = (tls or StoreTLS()).context() if https else None
+        if bool(user) != (password is not None):
+            raise StoreError("store_user and its password go together: set store_user and "
+                             "store_password_file (or TORCHVITALS_SUPERVISOR_STORE_PASSWORD)")
+        self.user, self._password = user or None, password
+        self._token: str | None = None
+        self._auth_lock = threading.Lock()
 
     def grant(self, ttl_s: float) -> int:
         """A new lease of ``ttl_s`` seconds (at least 1); its id."""
@@ -72,16 +141,22 @@ class EtcdStore:
         result = self._call("/v3/lease/keepalive", {"ID": str(lease)}).get("result", {})
         return int(result.get("TTL", 0)) > 0
 
+    def ttl(self, lease: int) -> int:
+        """Seconds ``lease`` has left (-1: it expired or never was)."""
+        return int(self._call("/v3/lease/timetolive", {"ID": str(lease)}).get("TTL", -1))
+
     def revoke(self, lease: int) -> None:
-        """End ``lease`` now: its keys go at once (a clean exit is not a lost node)."""
-        self._call("/v3/lease/revoke", {"ID": str(lease)})
+        """End ``lease`` now: its keys go at once (a clean exit is not a lost node). A lease
+        already gone (expired, or revoked by another node) is no error: it is what was asked."""
+        try:
+            self._call("/v3/lease/revoke", {"ID": str(lease)})
+        except StoreError as exc:
+            if "lease not found" not in str(exc):
+                raise
 
     def put(self, key: str, value: str, lease: int = 0) -> None:
         """Set ``key`` (bound to ``lease`` when given: it goes when the lease expires)."""
-        body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
-        if lease:
-            body["lease"] = str(lease)
-        self._call("/v3/kv/put", body)
+        self._call("/v3/kv/put", _put(key, value, lease))
 
     def get(self, key: str) -> Entry | None:
         """The key, or None."""
@@ -93,38 +168,129 @@ class EtcdStore:
         kvs = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)})
         return [_entry(kv) for kv in kvs.get("kvs", [])]
 
-    def create(self, key: str, value: str) -> bool:
+    def create(self, key: str, value: str, lease: int = 0) -> bool:
         """Set ``key`` only if it does not exist; whether this call set it."""
         return self._txn({"key": _b64(key), "target": "CREATE", "result": "EQUAL",
-                          "create_revision": "0"}, key, value)
+                          "create_revision": "0"}, key, value, lease)
 
-    def swap(self, key: str, value: str, mod_revision: int) -> bool:
-        """Set ``key`` only if it is unchanged since ``mod_revision``; whether this call set it."""
+    def swap(self, key: str, value: str, mod_revision: int, lease: int = 0) -> bool:
+        """Set ``key`` only if it is unchanged since ``mod_revision``; whether this call set it.
+        A put binds the key to ``lease`` anew (0: to none), so pass the lease it lives by."""
         return self._txn({"key": _b64(key), "target": "MOD", "result": "EQUAL",
-                          "mod_revision": str(mod_revision)}, key, value)
+                          "mod_revision": str(mod_revision)}, key, value, lease)
 
-    def _txn(self, compare: dict[str, str], key: str, value: str) -> bool:
-        answer = self._call("/v3/kv/txn", {
-            "compare": [compare],
-            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}]})
+    def _txn(self, compare: dict[str, str], key: str, value: str, lease: int) -> bool:
+        answer = self._call("/v3/kv/txn", {"compare": [compare],
+                                           "success": [{"request_put": _put(key, value, lease)}]})
         return bool(answer.get("succeeded", False))     # proto3 JSON leaves false out
 
+    # ------------------------------------------------------------ the wire
+
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        token = self._authenticated() if self.user else None
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            return self._post(path, body, token)
+        except _Unauthenticated as exc:
+            if token is None:
+                raise StoreError(f"etcd at {self.url}{path}: {exc}") from None
+        # The token expired (or another member issued it): one new one, one retry.
+        log.info("torchvitals supervise: the store's token for user %r expired; "
+                 "authenticating again", self.user)
+        with self._auth_lock:
+            if self._token == token:
+                self._token = None
+        try:
+            return self._post(path, body, self._authenticated())
+        except _Unauthenticated as exc:
+            raise StoreError(f"etcd at {self.url}{path}: {exc}") from None
+
+    def _authenticated(self) -> str:
+        """The token for ``user``, fetched when there is none yet."""
+        with self._auth_lock:
+            if self._token is None:
+                try:
+                    answer = self._post("/v3/auth/authenticate",
+                                        {"name": self.user, "password": self._password}, None)
+                except (StoreError, _Unauthenticated) as exc:
+                    raise StoreError(f"etcd at {self.url}: authentication as store_user "
+                                     f"{self.user!r} failed: {exc}") from None
+                if not answer.get("token"):
+                    raise StoreError(f"etcd at {self.url}: no token for store_user {self.user!r}"
+                                     " (is authentication enabled on the store?)")
+                self._token = str(answer["token"])
+            return self._token
+
+    def _post(self, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = token      # etcd's gateway: the bare token, no scheme
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                         headers=headers)
+        where = f"etcd at {self.url}{path}"
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s,
+                                        context=self._context) as response:
                 answer = json.loads(response.read().decode() or "{}")
         except urllib.error.HTTPError as exc:
-            raise StoreError(f"etcd at {self.url}{path}: HTTP {exc.code}: "
-                             f"{exc.read().decode(errors='replace')[:200]}") from None
+            text = exc.read().decode(errors="replace")[:300]
+            try:
+                error = json.loads(text)
+            except ValueError:
+                error = {}
+            message = str(error.get("message") or error.get("error") or text) \
+                if isinstance(error, dict) else text
+            if isinstance(error, dict) and error.get("code") == _UNAUTHENTICATED:
+                raise _Unauthenticated(message) from None
+            raise StoreError(f"{where}: HTTP {exc.code}: {message}"
+                             f"{_hint(message, self.user)}") from None
         except (OSError, ValueError) as exc:
-            raise StoreError(f"etcd at {self.url}{path}: {exc}") from None
+            # urllib wraps a failed connection; a refusal read after the handshake comes bare.
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise StoreError(f"{where}: {reason}{_tls_hint(reason)}") from None
         if not isinstance(answer, dict) or "error" in answer:
-            raise StoreError(f"etcd at {self.url}{path}: {answer}")
+            raise StoreError(f"{where}: {answer}")
         return answer
+
+
+class _Unauthenticated(Exception):
+    """etcd refused the token (or its absence): invalid or expired."""
+
+
+def _hint(message: str, user: str | None) -> str:
+    """What to set, for the refusals whose fix is ours."""
+    if not user and any(m in message for m in ("user name is empty", "user name not found",
+                                               "permission denied")):
+        return (" (the store requires authentication: set store_user and store_password_file, "
+                "or TORCHVITALS_SUPERVISOR_STORE_PASSWORD)")
+    if "permission denied" in message:
+        return (f" (store_user {user!r} needs read and write permission on the prefix "
+                "torchvitals/jobs/)")
+    if "CommonName of client" in message:
+        # etcd's gateway cannot pass a certificate's CN on as the user, so with auth on it
+        # refuses any client certificate that has one.
+        return " (with etcd's auth on, store_certfile must be issued without a Common Name)"
+    if "HTTP request to an HTTPS server" in message:
+        return " (the store speaks TLS: use an https:// store_url)"
+    return ""
+
+
+def _tls_hint(reason: object) -> str:
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return " (set store_cafile to the CA that signed the store's certificate)"
+    if isinstance(reason, (ssl.SSLError, ConnectionResetError)) or "certificate" in str(reason):
+        return (" (the TLS handshake failed: a store started with --client-cert-auth needs "
+                "store_certfile and store_keyfile signed by its trusted CA)")
+    return ""
+
+
+def _put(key: str, value: str, lease: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    if lease:
+        body["lease"] = str(lease)
+    return body
 
 
 def _entry(kv: dict[str, Any]) -> Entry:
     return Entry(key=_text(kv["key"]), value=_text(kv.get("value", "")),
-                 mod_revision=int(kv.get("mod_revision", 0)), lease=int(kv.get("lease", 0)))
+                 mod_revision=int(kv.get("mod_revision", 0)), lease=int(kv.get("lease", 0)),
+                 version=int(kv.get("version", 0)))

@@ -1,6 +1,7 @@
 """The supervisor's own Prometheus metrics, each name defined here once.
 
     torchvitals supervise --metrics-port 9501 -- CMD ...; curl -s 127.0.0.1:9501/metrics
+    (``--metrics-host`` binds another address: a pod's IP, for Prometheus.)
 """
 
 from __future__ import annotations
@@ -35,11 +36,16 @@ class SupervisorMetrics:
             "advanced (since the attempt started, before the first heartbeat).",
             registry=self.registry)
         self.node_present = Gauge(
-            f"{SUPERVISOR_PREFIX}node_present", "Whether each node of a multi-node job is "
-            "present (its supervisor keeps its lease in the store), by node rank.", ["node"],
-            registry=self.registry)
+            f"{SUPERVISOR_PREFIX}node_present", "Whether this node of a multi-node job is "
+            "present in the store (its supervisor holds its lease), labelled with its node "
+            "rank; each node publishes its own, so a lost node's series goes stale with it.",
+            ["node"], registry=self.registry)
         self.nodes_present = Gauge(
-            f"{SUPERVISOR_PREFIX}nodes_present", "Nodes of the job present in the store.",
+            f"{SUPERVISOR_PREFIX}nodes_present", "Nodes of the job present in the store, as "
+            "this node sees them.", registry=self.registry)
+        self.nodes_expected = Gauge(
+            f"{SUPERVISOR_PREFIX}nodes_expected", "Nodes the job runs on (nnodes, fewer once "
+            "it went on without a lost node); nodes_present below it: a node is missing.",
             registry=self.registry)
         self.waiting_for_peers = Gauge(
             f"{SUPERVISOR_PREFIX}waiting_for_peers", "1 while this node waits for the other nodes "

@@ -14,6 +14,15 @@ good (an abort, a refused folder, a restart policy that gave up, a lost node nev
 ``<job>/final``, which every node obeys. A node whose lease expires is lost: the others stop
 their launchers, name it, and wait up to ``peer_timeout_s`` for a replacement (a new supervisor
 with that node rank) before ending the job, or, ``min_nodes`` allowing, going on without it.
+
+Nothing of a job stays in the store for long: ``attempt``, ``final`` and the records of nodes
+that are done live by one job lease of ``job_ttl_s`` (hours), which every live node renews with
+its own. The last node to leave a job that ended for good revokes it, so the job's prefix is
+empty at once; a job whose nodes all vanished (the whole allocation killed) is gone
+``job_ttl_s`` later, while a requeued or replaced node within that time still finds the job's
+attempt, restart budget and end. The step a node publishes is written at most once per lease
+renewal (``node_ttl_s`` / 3): it only names a lost node's last step, and the lease, not the
+value, says the node lives; state changes (waiting, running, done) are written at once.
 """
 
 from __future__ import annotations
@@ -171,6 +180,11 @@ class StorePeers:
         """The last state each node published (to name a lost one with its host and step)."""
         self._lock = threading.Lock()
         self._lease = 0
+        self._job_lease = 0
+        """The lease ``attempt``, ``final`` and done nodes' records live by (the job's)."""
+        self._renew_s = config.node_ttl_s / 3
+        """Seconds between lease renewals, and the least between two writes of a step."""
+        self._put_at = -float("inf")
         self._record = JobAttempt()
         self._last_watch = -float("inf")
         self._store_down = False
@@ -190,7 +204,7 @@ class StorePeers:
         self._keeper = threading.Thread(target=self._keep_alive, daemon=True,
                                          name="torchvitals-supervisor-lease")
         self._keeper.start()
-        self.store.create(self._key("attempt"), json.dumps(_record_dict(JobAttempt())))
+        self._ensure_record(JobAttempt())
         record = self.current()
         others = [s for s in self._nodes().values() if s.node != self.me.node]
         final = self._final()
@@ -208,6 +222,8 @@ class StorePeers:
         entry = self.store.get(self._key("attempt"))
         if entry is None:
             return self._record
+        if entry.lease:
+            self._job_lease = entry.lease       # whoever made the record chose the job's lease
         data = json.loads(entry.value)
         self._record = JobAttempt(number=int(data["number"]), restarts=int(data["restarts"]),
                                   best=data.get("best"), stalled=int(data["stalled"]),
@@ -226,7 +242,7 @@ class StorePeers:
             if now.number >= record.number:
                 return now              # another node restarted the job first
             if self.store.swap(self._key("attempt"), json.dumps(_record_dict(record)),
-                               now.revision):
+                               now.revision, lease=self._job_lease):
                 return self.current()
 
     def wait_for_peers(self, attempt: int) -> Order:
@@ -280,7 +296,9 @@ class StorePeers:
     def _barrier_poll(self, attempt: int, deadline: float, reported: set[int]) -> Order | None:
         """One look at the barrier: an order to start (maybe a later attempt), the end, or None
         (keep waiting)."""
-        self._publish(replace(self.me, attempt=attempt, state=WAITING, step=0))
+        waiting = replace(self.me, attempt=attempt, state=WAITING, step=0)
+        if waiting != self.me:          # the lease says the node waits; the value, what for
+            self._publish(waiting)
         final = self._final()
         if final is not None and final[2] >= attempt:
             return Order(final=final[0], reason=final[1])
@@ -319,7 +337,7 @@ class StorePeers:
             return None
         self._last_watch = now
         try:
-            if self.me.step != step:
+            if self.me.step != step and now - self._put_at >= self._renew_s:
                 self._publish(replace(self.me, step=step))
             final = self._final()
             if final is not None and final[2] >= attempt:
@@ -351,7 +369,7 @@ class StorePeers:
         try:
             self.store.create(self._key("final"), json.dumps(
                 {"code": code, "reason": reason, "node": self.me.node,
-                 "attempt": self.current().number}))
+                 "attempt": self.current().number}), lease=self._job_lease)
             final = self._final()
         except StoreError as exc:       # the others find this node lost; its own code stands
             log.error("torchvitals supervise: cannot tell the other nodes the job ends: %s", exc)
@@ -359,19 +377,30 @@ class StorePeers:
         return code if final is None else final[0]
 
     def done(self) -> None:
-        """This node's launcher exited 0: say so for good (a node that is done is not lost)."""
-        self._quietly(self._publish, replace(self.me, state=DONE), lease=False)
+        """This node's launcher exited 0: say so for the job's life (a node that is done is
+        not lost), under the job's lease rather than this node's."""
+        self._quietly(self._publish, replace(self.me, state=DONE), lease=self._job_lease)
 
     def close(self) -> None:
-        """Stop keeping this node alive; a node that leaves cleanly leaves no live key."""
+        """Stop keeping this node alive; a node that leaves cleanly leaves no live key, and the
+        last to leave a job that ended for good (``final``, or every node done) removes the
+        job's keys."""
         self._stop.set()
         if self._keeper is not None:
             self._keeper.join(timeout=5)
-        if self._lease:
-            try:
+        try:
+            if self._lease:
                 self.store.revoke(self._lease)
-            except StoreError as exc:
-                log.warning("torchvitals supervise: %s", exc)
+            if self._job_lease and (self.me.state == DONE or self._final() is not None):
+                others = [s for s in self._nodes().values() if s.node != self.me.node]
+                # A node still waiting or running needs the record (or the end) yet; it removes
+                # the job itself when it leaves.
+                if not any(s.state in (WAITING, RUNNING) for s in others):
+                    self.store.revoke(self._job_lease)
+                    log.info("torchvitals supervise: the job ended; its keys are removed")
+        except StoreError as exc:
+            log.warning("torchvitals supervise: %s (the job's keys expire within "
+                        "job_ttl_s=%g s)", exc, self.config.job_ttl_s)
 
     # ------------------------------------------------------------ pieces
 
@@ -391,11 +420,23 @@ class StorePeers:
     def _key(self, name: str) -> str:
         return self.prefix + name
 
-    def _publish(self, state: NodeState, lease: bool = True) -> None:
+    def _publish(self, state: NodeState, lease: int | None = None) -> None:
+        """Write this node's record, under its own lease unless told another."""
         with self._lock:
             self.me = state
+            self._put_at = self._clock()
             self.store.put(self._key(f"nodes/{state.node:05d}"), json.dumps(asdict(state)),
-                           lease=self._lease if lease else 0)
+                           lease=self._lease if lease is None else lease)
+
+    def _ensure_record(self, record: JobAttempt) -> None:
+        """Make the job's attempt record (``record``) under a new job lease unless it exists;
+        either way, follow the lease it lives by."""
+        if self.store.get(self._key("attempt")) is None:
+            lease = self.store.grant(self.config.job_ttl_s)
+            if not self.store.create(self._key("attempt"), json.dumps(_record_dict(record)),
+                                     lease=lease):
+                self.store.revoke(lease)    # another node made it first: its lease is the job's
+        self.current()
 
     def _nodes(self) -> dict[int, NodeState]:
         """The nodes alive (their lease held) or done, by node rank; updates the metrics."""
@@ -408,9 +449,10 @@ class StorePeers:
             nodes[state.node] = state
             if state.pid:
                 self._seen[state.node] = state
-        for n in range(self.config.nnodes):
-            self.metrics.node_present.labels(str(n)).set(1 if n in nodes else 0)
+        # Each node publishes its own presence only: O(nodes) series for the job, not O(nodes^2).
+        self.metrics.node_present.labels(str(self.me.node)).set(1 if self.me.node in nodes else 0)
         self.metrics.nodes_present.set(len(nodes))
+        self.metrics.nodes_expected.set(len(self.members))
         return nodes
 
     def _final(self) -> tuple[int, str, int] | None:
@@ -427,13 +469,19 @@ class StorePeers:
         return f"{seen.name()} lost at step {seen.step}"
 
     def _keep_alive(self) -> None:
-        """Renew the lease every third of its TTL; one that expired (the store was away longer
-        than the TTL: the others took this node for lost) is replaced, with the state re-put."""
-        while not self._stop.wait(self.config.node_ttl_s / 3):
+        """Renew this node's lease and the job's every third of the node's TTL. A node lease
+        that expired (the store was away longer than the TTL: the others took this node for
+        lost) is replaced, with the state re-put; a job lease that expired (every node away
+        for ``job_ttl_s``) takes the job's record with it, which is made again."""
+        while not self._stop.wait(self._renew_s):
             try:
                 if not self.store.keepalive(self._lease):
                     self._lease = self.store.grant(self.config.node_ttl_s)
-                    self._publish(self.me)
+                    if self.me.state != DONE:
+                        self._publish(self.me)
+                if self._job_lease and not self.store.keepalive(self._job_lease) \
+                        and self.me.state != DONE:
+                    self._ensure_record(self._record)
             except StoreError as exc:
                 self._store_failed(exc)
 

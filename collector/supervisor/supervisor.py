@@ -46,7 +46,7 @@ from ...agent.recover.ledger import Ledger, LedgerError
 from ...protocol import (ATTEMPT_ENV, HEARTBEAT_DIR_ENV, HEARTBEAT_GLOB, JOB_ID_ENV, LEDGER_FILE,
                          Beat, read_heartbeats)
 from .config import SupervisorConfig, node_rank
-from .etcd import EtcdStore, StoreError
+from .etcd import EtcdStore, StoreError, StoreTLS
 from .metrics import SupervisorMetrics
 from .peers import JobAttempt, Order, Peers, SoloPeers, StorePeers
 from .process import die_with_parent, running, stop_group
@@ -145,7 +145,7 @@ class Supervisor:
         # restart and refuses it to another job (torchvitals.agent.recover.jobid).
         self._environ[JOB_ID_ENV] = self.job_id
         if peers is None:
-            peers = (StorePeers(EtcdStore(config.store_url), self.job_id, config, self.metrics,
+            peers = (StorePeers(store_of(config), self.job_id, config, self.metrics,
                                 clock=clock, sleep=sleep) if config.store_url else SoloPeers())
         self.peers = peers
         root = config.heartbeat_root or tempfile.mkdtemp(prefix="torchvitals-supervise-")
@@ -329,6 +329,21 @@ def _job_id(config: SupervisorConfig, environ: dict[str, str], command: list[str
     return uuid.uuid4().hex
 
 
+def store_of(config: SupervisorConfig) -> EtcdStore:
+    """The job's store as ``config`` describes it: its URL, TLS files, user and password.
+
+    Raises:
+        ValueError: a TLS file or the password file cannot be read (the message names the
+            field): a setting to fix before the start, like every other refused setting.
+    """
+    try:
+        return EtcdStore(config.store_url or "", tls=StoreTLS(
+            cafile=config.store_cafile, certfile=config.store_certfile,
+            keyfile=config.store_keyfile), user=config.store_user, password=config.password())
+    except StoreError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _pids(folder: Path) -> tuple[int, ...]:
     """The pids the ranks wrote into their heartbeat files (torchrun's workers live outside the
     launcher's process group)."""
@@ -343,8 +358,9 @@ def supervise(config: SupervisorConfig, command: Sequence[str]) -> int:
     Returns:
         The exit status (0, ``abort_exit_code``, ``no_progress_exit_code``,
         ``budget_exit_code``, ``refused_exit_code``, ``node_lost_exit_code``, 1 when the job's
-        store stopped answering, 2 for a job of several nodes without a job id, or 128 + the
-        signal that stopped the supervisor).
+        store stopped answering or refused us, 2 for a job of several nodes without a job id or
+        an unreadable store TLS or password file, or 128 + the signal that stopped the
+        supervisor).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
@@ -354,8 +370,15 @@ def supervise(config: SupervisorConfig, command: Sequence[str]) -> int:
         return 2
     if config.metrics_port:
         from prometheus_client import start_http_server
-        start_http_server(config.metrics_port, addr="127.0.0.1",
-                          registry=supervisor.metrics.registry)
+        try:
+            start_http_server(config.metrics_port, addr=config.metrics_host,
+                              registry=supervisor.metrics.registry,
+                              certfile=config.metrics_certfile, keyfile=config.metrics_keyfile,
+                              client_cafile=config.metrics_client_cafile,
+                              client_auth_required=bool(config.metrics_client_cafile))
+        except OSError as exc:      # a taken port or a bad certificate: watch the job anyway
+            log.error("torchvitals supervise: no /metrics on %s:%d (%s); supervising without",
+                      config.metrics_host, config.metrics_port, exc)
 
     class _Stopped(Exception):
         pass

@@ -15,11 +15,13 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -38,35 +40,133 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Etcd:
-    """A one-member etcd on loopback, in ``folder``."""
+@dataclass(frozen=True)
+class Certs:
+    """A throwaway CA, etcd's server certificate (127.0.0.1) and client certificates, PEM files
+    in one folder: ``client`` signed by the CA; ``stranger`` by another CA etcd does not trust.
+    No certificate carries a Common Name: with auth on, etcd's gateway refuses a client
+    certificate that has one, and it presents the server's as its own client certificate."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    stranger_cert: Path
+    stranger_key: Path
+
+    @classmethod
+    def make(cls, folder: Path) -> "Certs":
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise RuntimeError("openssl is not installed (Debian: apt-get install openssl)")
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def run(*args: str) -> None:
+            subprocess.run([openssl, *args], check=True, capture_output=True, timeout=60)
+
+        def key_and_csr(name: str) -> None:
+            run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                "-nodes", "-subj", "/", "-keyout", str(folder / f"{name}.key"),
+                "-out", str(folder / f"{name}.csr"))
+
+        for ca in ("ca", "other-ca"):
+            run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                "-nodes", "-days", "1", "-subj", f"/CN=torchvitals test {ca}",
+                "-keyout", str(folder / f"{ca}.key"), "-out", str(folder / f"{ca}.crt"))
+        for name, ca, ext in [
+                ("server", "ca", "subjectAltName=IP:127.0.0.1\n"
+                                 "extendedKeyUsage=serverAuth,clientAuth\n"),
+                ("client", "ca", "subjectAltName=DNS:torchvitals-supervisor\n"
+                                 "extendedKeyUsage=clientAuth\n"),
+                ("stranger", "other-ca", "subjectAltName=DNS:torchvitals-supervisor\n"
+                                         "extendedKeyUsage=clientAuth\n")]:
+            key_and_csr(name)
+            (folder / f"{name}.ext").write_text(ext)
+            run("x509", "-req", "-in", str(folder / f"{name}.csr"), "-CA", str(folder / f"{ca}.crt"),
+                "-CAkey", str(folder / f"{ca}.key"), "-CAcreateserial", "-days", "1",
+                "-extfile", str(folder / f"{name}.ext"), "-out", str(folder / f"{name}.crt"))
+        return cls(ca=folder / "ca.crt", server_cert=folder / "server.crt",
+                   server_key=folder / "server.key", client_cert=folder / "client.crt",
+                   client_key=folder / "client.key", stranger_cert=folder / "stranger.crt",
+                   stranger_key=folder / "stranger.key")
+
+
+class Etcd:
+    """A one-member etcd on loopback, in ``folder``.
+
+    Args:
+        certs: serve https only, and only to clients whose certificate the CA signed
+            (``--client-cert-auth``).
+        args: more etcd flags (``--auth-token-ttl 1``).
+    """
+
+    def __init__(self, folder: Path, *, certs: Certs | None = None, args=()) -> None:
+        self.folder, self.certs, self.args = folder, certs, list(args)
         self.client, self.peer = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.client}"
+        scheme = "https" if certs else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.client}"
         self.proc: subprocess.Popen | None = None
+
+    def context(self) -> ssl.SSLContext | None:
+        """A client context with the trusted client certificate (None: plain http)."""
+        if self.certs is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.certs.ca))
+        context.load_cert_chain(str(self.certs.client_cert), str(self.certs.client_key))
+        return context
 
     def __enter__(self) -> "Etcd":
         binary = shutil.which("etcd")
         if binary is None:
             raise RuntimeError("etcd is not installed (Debian: apt-get install etcd-server)")
         peer = f"http://127.0.0.1:{self.peer}"
+        tls = [] if self.certs is None else [
+            "--cert-file", str(self.certs.server_cert), "--key-file", str(self.certs.server_key),
+            "--trusted-ca-file", str(self.certs.ca), "--client-cert-auth"]
         self.log = open(self.folder / "etcd.log", "w")
         self.proc = subprocess.Popen(
             [binary, "--data-dir", str(self.folder / "etcd-data"), "--listen-client-urls",
              self.url, "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
-             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}"],
+             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}",
+             *tls, *self.args],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                with urllib.request.urlopen(self.url + "/health", timeout=1,
+                                            context=self.context()) as r:
                     if json.loads(r.read()).get("health") == "true":
                         return self
             except OSError:
                 time.sleep(0.2)
+        self.__exit__()
         raise RuntimeError(f"etcd did not start: {(self.folder / 'etcd.log').read_text()[-2000:]}")
+
+    def call(self, path: str, body: dict, token: str | None = None) -> dict:
+        """One gateway call as an administrator would make it (the test's own, not the
+        client's under test)."""
+        headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                         headers=headers)
+        with urllib.request.urlopen(request, timeout=5, context=self.context()) as r:
+            return json.loads(r.read() or b"{}")
+
+    def enable_auth(self, users: dict[str, str], prefix: str = "torchvitals/jobs/") -> None:
+        """Turn etcd's authentication on, as etcdctl's ``auth enable`` does: a root user with
+        the root role, then every other user with a role that may read and write ``prefix``."""
+        import base64
+        b64 = lambda text: base64.b64encode(text.encode()).decode()
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        for name, password in users.items():
+            self.call("/v3/auth/user/add", {"name": name, "password": password})
+            role = "root" if name == "root" else f"{name}-jobs"
+            self.call("/v3/auth/role/add", {"name": role})
+            if role != "root":
+                self.call("/v3/auth/role/grant", {"name": role, "perm": {
+                    "permType": "READWRITE", "key": b64(prefix), "range_end": b64(end)}})
+            self.call("/v3/auth/user/grant", {"user": name, "role": role})
+        self.call("/v3/auth/enable", {})
 
     def __exit__(self, *exc) -> None:
         assert self.proc is not None

@@ -131,7 +131,13 @@ def test_a_node_lost_for_good_is_named_and_the_job_stops_within_the_bound(cluste
     job.start()
     wait_until(lambda: (job.last_healthy() or 0) >= 10, 120)
     node1 = wait_until(lambda: len(job.processes(1)) >= 3 and job.processes(1), 10)
-    assert scrape(port)['torchvitals_supervisor_node_present{node="1"}'] == 1
+    before = scrape(port)
+    # Node 0 publishes its own presence only; the job's view is the nodes it sees.
+    assert before['torchvitals_supervisor_node_present{node="0"}'] == 1
+    assert not [k for k in before if k.startswith("torchvitals_supervisor_node_present{") and
+                k != 'torchvitals_supervisor_node_present{node="0"}']
+    assert before["torchvitals_supervisor_nodes_present"] == \
+        before["torchvitals_supervisor_nodes_expected"] == 2
     for proc in node1:
         proc.suspend()
     frozen = time.monotonic()
@@ -139,8 +145,9 @@ def test_a_node_lost_for_good_is_named_and_the_job_stops_within_the_bound(cluste
     named = time.monotonic() - frozen
     waiting = wait_until(lambda: (m := scrape(port))["torchvitals_supervisor_waiting_for_peers"]
                          and m, 10)
-    assert waiting['torchvitals_supervisor_node_present{node="1"}'] == 0
+    assert waiting['torchvitals_supervisor_node_present{node="0"}'] == 1
     assert waiting["torchvitals_supervisor_nodes_present"] == 1
+    assert waiting["torchvitals_supervisor_nodes_expected"] == 2
     assert not job.processes(0)[1:], "node 0's launcher still runs while it waits"
     status = job.procs[0].wait(60)
     stopped = time.monotonic() - frozen

@@ -35,7 +35,7 @@ def test_the_node_rank_is_the_schedulers_when_not_given():
     assert node_rank(config, {"SLURM_NODEID": "3"}) == 3
     assert node_rank(config, {"PET_NODE_RANK": "1"}) == 1
     assert node_rank(config, {}) == 0
-    assert node_rank(SupervisorConfig(nnodes=4, store_url="x", node_rank=2),
+    assert node_rank(SupervisorConfig(nnodes=4, store_url="http://x", node_rank=2),
                      {"SLURM_NODEID": "3"}) == 2
     with pytest.raises(ValueError, match="SLURM_NODEID='7'"):
         node_rank(config, {"SLURM_NODEID": "7"})

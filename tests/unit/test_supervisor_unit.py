@@ -66,5 +66,51 @@ def test_metric_names_follow_the_conventions():
                      "torchvitals_supervisor_heartbeat_age_seconds",
                      # which nodes of a multi-node job are present, and the wait for them
                      "torchvitals_supervisor_node_present", "torchvitals_supervisor_nodes_present",
+                     "torchvitals_supervisor_nodes_expected",
                      "torchvitals_supervisor_waiting_for_peers"}
     assert all(re.fullmatch(r"torchvitals_[a-z_]+", n) for n in names)
+
+
+def test_the_store_password_is_never_a_flag_and_comes_from_a_file_or_the_environment(tmp_path,
+                                                                                     capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["supervise", "--store-password", "hunter2", "--", "torchrun", "t.py"])
+    error = capsys.readouterr().err
+    assert "never put a password on the command line" in error and "hunter2" not in error
+    args = parse_args(["supervise", "--store-user", "tv", "--store-password-file",
+                       str(tmp_path / "pw"), "--", "torchrun", "t.py"])
+    (tmp_path / "pw").write_text("s3cret\n")
+    config = SupervisorConfig.from_env({}, store_url="https://etcd:2379", store_user=args.store_user,
+                                       store_password_file=args.store_password_file)
+    assert config.password() == "s3cret"
+    config = SupervisorConfig.from_env({"TORCHVITALS_SUPERVISOR_STORE_PASSWORD": "s3cret",
+                                        "TORCHVITALS_SUPERVISOR_STORE_USER": "tv",
+                                        "TORCHVITALS_SUPERVISOR_STORE_URL": "http://etcd:2379"})
+    assert config.password() == "s3cret" and "s3cret" not in repr(config)
+    missing = SupervisorConfig(store_url="http://etcd:2379", store_user="tv",
+                               store_password_file=str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="store_password_file .*absent"):
+        missing.password()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"store_user": "tv"}, "store_user and its password go together"),
+    ({"store_password": "x"}, "without store_user"),
+    ({"store_user": "tv", "store_password": "x", "store_password_file": "f"}, "not both"),
+    ({"store_cafile": "ca.crt"}, "store_cafile need an https:// store_url"),
+    ({"store_url": "https://e:2379", "store_certfile": "c.crt"}, "go together"),
+    ({"store_url": "etcd:2379"}, "must start with http:// or https://"),
+    ({"metrics_certfile": "c.crt"}, "metrics_certfile and metrics_keyfile"),
+    ({"metrics_client_cafile": "ca.crt"}, "needs metrics_certfile"),
+    ({"job_ttl_s": 0}, "job_ttl_s must be > 0"),
+])
+def test_store_and_metrics_settings_that_cannot_work_are_refused(fields, message):
+    fields.setdefault("store_url", "http://etcd:2379")
+    with pytest.raises(ValueError, match=message):
+        SupervisorConfig(**fields)
+
+
+def test_metrics_bind_loopback_unless_told_otherwise():
+    assert SupervisorConfig().metrics_host == "127.0.0.1"
+    assert SupervisorConfig.from_env({"TORCHVITALS_SUPERVISOR_METRICS_HOST": "10.0.0.7"}) \
+        .metrics_host == "10.0.0.7"
