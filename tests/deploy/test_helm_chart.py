@@ -32,7 +32,7 @@ CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 VALUE_SETS = {"defaults": {}} | {p.stem: yaml.safe_load(p.read_text()) for p in CI_VALUES}
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ["1.25.0", kubernetes_validate.latest_version()]
-CORE_GROUPS = {"v1", "apps/v1"}
+CORE_GROUPS = {"v1", "apps/v1", "networking.k8s.io/v1"}
 
 
 def _sync_module():
@@ -159,6 +159,11 @@ def test_each_component_sits_behind_its_enabled_flag(chart):
     {"exampleJob": {"image": {"pullPolicy": "Sometimes"}}},
     {"collector": {"resources": {"requests": {"memory": "lots"}}}},
     {"webhookToken": {"value": 12345}},
+    {"exampleJob": {"supervisor": {"storeUrl": "etcd.ml.svc:2379"}}},    # no scheme
+    {"etcd": {"replicas": 2}},                                # no quorum to lose one of
+    {"etcd": {"quotaBackendBytes": 1024}},
+    {"etcd": {"autoCompactionRetention": "an hour"}},
+    {"etcd": {"tls": {"serverSecret": ""}}},
 ])
 def test_wrong_values_fail_at_install(chart, values):
     with pytest.raises(helm.HelmValuesError):
@@ -500,3 +505,157 @@ def test_every_node_of_the_example_job_signs_checkpoints_with_one_kept_key(chart
         (container,) = replica["template"]["spec"]["containers"]
         (entry,) = [e for e in container["env"] if e["name"] == "TORCHVITALS_CHECKPOINT_KEY"]
         assert entry["valueFrom"]["secretKeyRef"] == {"name": "my-checkpoint-key", "key": "key"}
+
+
+# ---------------------------------------------------------------- the store a job agrees through
+
+def pod_specs(docs: list[dict]) -> list[dict]:
+    """The example job's pod specs, Master first."""
+    replicas = one(docs, "PyTorchJob")["spec"]["pytorchReplicaSpecs"]
+    return [replicas[role]["template"]["spec"] for role in sorted(replicas)]
+
+
+def etcd_flags(docs: list[dict]) -> dict[str, str]:
+    (container,) = one(docs, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    return dict(arg[2:].partition("=")[::2] for arg in container["args"])
+
+
+def test_a_multi_node_job_without_a_store_gets_the_charts_etcd_compacted_and_capped(chart):
+    docs = render(chart, {"exampleJob": {"enabled": True}})
+    etcd = one(docs, "StatefulSet")
+    assert etcd["spec"]["replicas"] == 1
+    flags = etcd_flags(docs)
+    # History is compacted every hour and the database capped, so a store that serves jobs
+    # for months never reaches etcd's own quota.
+    assert flags["auto-compaction-mode"] == "periodic" and flags["auto-compaction-retention"] == "1h"
+    assert int(flags["quota-backend-bytes"]) == 512 * 2**20
+    claim = etcd["spec"]["volumeClaimTemplates"][0]["spec"]
+    # The quota fits the volume (1Gi): etcd refuses writes before the disk is full.
+    assert claim["accessModes"] == ["ReadWriteOnce"]
+    assert claim["resources"]["requests"]["storage"] == "1Gi"
+    services = {s["metadata"]["name"]: s["spec"] for s in by_kind(docs, "Service")}
+    peers = services[etcd["spec"]["serviceName"]]
+    assert peers["clusterIP"] == "None" and peers["publishNotReadyAddresses"] is True
+    client = services["tv-torchvitals-etcd"]
+    assert client["selector"].items() <= pod_labels(etcd).items()
+    assert [p["port"] for p in client["ports"]] == [2379]
+    for spec in pod_specs(docs):
+        env = container_env(spec["containers"][0])
+        assert env["TORCHVITALS_SUPERVISOR_STORE_URL"] == "http://tv-torchvitals-etcd.ml.svc:2379"
+        assert env["TORCHVITALS_SUPERVISOR_NNODES"] == "2"
+    # Only the job's pods reach it.
+    policy = one(docs, "NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels(etcd).items()
+    job_pod_labels = one(docs, "PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Master"][
+        "template"]["metadata"]["labels"]
+    client_rule = next(r for r in policy["ingress"] if r["ports"] == [{"port": 2379, "protocol": "TCP"}])
+    assert client_rule["from"][0]["podSelector"]["matchLabels"].items() <= job_pod_labels.items()
+
+
+def test_a_job_with_its_own_store_gets_no_etcd_from_the_chart(chart):
+    for values in ({"exampleJob": {"enabled": True,
+                                   "supervisor": {"storeUrl": "http://etcd.ml.svc:2379"}}},
+                   {"exampleJob": {"enabled": True, "nodes": 1}}):
+        docs = render(chart, values)
+        assert not by_kind(docs, "StatefulSet") and not by_kind(docs, "NetworkPolicy")
+        assert not [s for s in by_kind(docs, "Service") if "etcd" in s["metadata"]["name"]]
+    (env,) = {frozenset(container_env(spec["containers"][0])) for spec in pod_specs(docs)}
+    assert "TORCHVITALS_SUPERVISOR_STORE_URL" not in env        # one node: nothing to agree on
+
+
+def test_a_multi_node_job_with_the_charts_etcd_off_and_no_store_fails_naming_store_url(chart):
+    with pytest.raises(helm.HelmRenderError, match=r"exampleJob\.supervisor\.storeUrl"):
+        render(chart, {"exampleJob": {"enabled": True, "nodes": 3}, "etcd": {"enabled": False}})
+    # One node needs no store; your own store needs no chart's etcd.
+    assert render(chart, {"exampleJob": {"enabled": True, "nodes": 1}, "etcd": {"enabled": False}})
+    assert render(chart, {"exampleJob": {"enabled": True,
+                                         "supervisor": {"storeUrl": "https://etcd:2379"}},
+                          "etcd": {"enabled": False}})
+
+
+def test_the_charts_etcd_over_tls_requires_and_wires_the_supervisors_certificates(chart):
+    docs = render(chart, VALUE_SETS["etcd-tls-values"])
+    flags = etcd_flags(docs)
+    assert "client-cert-auth" in flags and "peer-client-cert-auth" in flags
+    assert flags["listen-client-urls"].startswith("https://")
+    assert flags["initial-cluster"].count("=https://") == 3
+    etcd_pod = one(docs, "StatefulSet")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in etcd_pod["volumes"]}["tls"]["secret"]["secretName"] == \
+        "trainer-etcd-server-tls"
+    assert len(pod_specs(docs)) == 2                    # Master + 3 Workers
+    for spec in pod_specs(docs):
+        (container,) = spec["containers"]
+        env = container_env(container)
+        assert env["TORCHVITALS_SUPERVISOR_STORE_URL"] == "https://tv-torchvitals-etcd.ml.svc:2379"
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        for key, name in (("CAFILE", "ca.crt"), ("CERTFILE", "tls.crt"), ("KEYFILE", "tls.key")):
+            assert env[f"TORCHVITALS_SUPERVISOR_STORE_{key}"] == f"{mounts['store-tls']}/{name}"
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["store-tls"]["secret"]["secretName"] == "trainer-etcd-client-tls"
+    without = yaml.safe_load(yaml.safe_dump(VALUE_SETS["etcd-tls-values"]))
+    del without["exampleJob"]["supervisor"]["tls"]
+    with pytest.raises(helm.HelmRenderError, match=r"exampleJob\.supervisor\.tls\.secret"):
+        render(chart, without)
+    with pytest.raises(helm.HelmRenderError, match="plain http"):
+        render(chart, {"exampleJob": {"enabled": True, "supervisor": {
+            "storeUrl": "http://etcd:2379", "tls": {"secret": "client-tls"}}}})
+
+
+def test_the_store_password_reaches_the_supervisor_as_a_mounted_file_only(chart):
+    docs = render(chart, VALUE_SETS["full-values"])
+    for spec in pod_specs(docs):
+        (container,) = spec["containers"]
+        env = container_env(container)
+        assert env["TORCHVITALS_SUPERVISOR_STORE_USER"] == "torchvitals"
+        assert "TORCHVITALS_SUPERVISOR_STORE_PASSWORD" not in env
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert env["TORCHVITALS_SUPERVISOR_STORE_PASSWORD_FILE"] == f"{mounts['store-auth']}/password"
+        secret = {v["name"]: v for v in spec["volumes"]}["store-auth"]["secret"]
+        assert secret["secretName"] == "etcd-torchvitals-password"
+        assert secret["items"] == [{"key": "password", "path": "password"}]
+        assert not [a for a in container["command"] if "password" in a.lower()]
+    with pytest.raises(helm.HelmRenderError, match="passwordSecret"):
+        render(chart, {"exampleJob": {"enabled": True, "supervisor": {
+            "storeUrl": "https://etcd:2379", "auth": {"user": "torchvitals"}}}})
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_every_supervisor_serves_metrics_on_its_pod_ip_and_is_scraped(chart, tls):
+    docs = render(chart, VALUE_SETS["tls-values"] if tls else {"exampleJob": {"enabled": True}})
+    monitor = one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    (supervisor_endpoint,) = [e for e in monitor if e["port"] == "tv-supervisor"]
+    assert supervisor_endpoint.get("scheme", "http") == ("https" if tls else "http")
+    for spec in pod_specs(docs):
+        (container,) = spec["containers"]
+        env = container_env(container)
+        assert env["TORCHVITALS_SUPERVISOR_METRICS_HOST"] == {
+            "fieldRef": {"fieldPath": "status.podIP"}}
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["tv-supervisor"] == int(env["TORCHVITALS_SUPERVISOR_METRICS_PORT"]) == 9501
+        if tls:     # HTTPS with client certificates, as the agents beside it
+            assert env["TORCHVITALS_SUPERVISOR_METRICS_CLIENT_CAFILE"] == \
+                env["TORCHVITALS_METRICS_CLIENT_CAFILE"]
+            assert env["TORCHVITALS_SUPERVISOR_METRICS_CERTFILE"] == env["TORCHVITALS_METRICS_CERTFILE"]
+
+
+def test_a_supervisor_port_among_the_ranks_fails_at_install(chart):
+    with pytest.raises(helm.HelmRenderError, match="metricsPort 9401 is one of the ranks' ports"):
+        render(chart, {"exampleJob": {"enabled": True, "supervisor": {"metricsPort": 9401}}})
+
+
+def test_the_collector_keeps_its_directives_on_a_claim_by_default_and_never_runs_twice(chart):
+    assert chart.values["collector"]["persistence"]["enabled"] is True
+    docs = render(chart)
+    deployment = one(docs, "Deployment")
+    # One collector at a time: the old pod lets go of the ReadWriteOnce claim (and stops
+    # issuing directives) before the new one starts.
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 1
+    (claim,) = by_kind(docs, "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    pod = deployment["spec"]["template"]["spec"]
+    state = next(v for v in pod["volumes"] if v["name"] == "state")
+    assert state == {"name": "state", "persistentVolumeClaim": {
+        "claimName": claim["metadata"]["name"]}}
+    off = render(chart, {"collector": {"persistence": {"enabled": False}}})
+    assert not by_kind(off, "PersistentVolumeClaim")

@@ -1,6 +1,7 @@
-"""The chart's example PyTorchJob wires one job identity and, given a store, the supervisors'
-agreement: every pod gets the same job id, resume "restart" (never a hard-coded "auto"), the
-store, the node count, and the timeouts, which the supervisor's config reads as they are.
+"""The chart's example PyTorchJob wires one job identity and the supervisors' agreement: every
+pod gets the same job id, resume "restart" (never a hard-coded "auto"), the store (yours, or the
+chart's etcd on several nodes), its TLS files and user, the node count, and the timeouts, which
+the supervisor's config reads as they are.
 
     python -m pytest tests/multinode/test_chart_wiring.py
 """
@@ -31,20 +32,40 @@ def test_every_pod_gets_one_job_id_and_the_store(chart):
         assert env["TORCHVITALS_RESUME"] == "restart"
         supervisor = {k: v for k, v in env.items() if k.startswith("TORCHVITALS_SUPERVISOR_")}
         # The operator's PET_NODE_RANK gives each pod its node rank.
+        # The downward API's pod IP, as the kubelet would fill it in.
+        supervisor["TORCHVITALS_SUPERVISOR_METRICS_HOST"] = "10.1.2.3"
         config = SupervisorConfig.from_env({**supervisor, "PET_NODE_RANK": "2"})
-        assert (config.store_url, config.nnodes, config.node_ttl_s, config.peer_timeout_s) == \
-            ("http://etcd.ml.svc:2379", 3, 20.0, 300.0)
+        assert (config.store_url, config.nnodes, config.node_ttl_s, config.peer_timeout_s,
+                config.job_ttl_s) == ("https://etcd.ml.svc:2379", 3, 20.0, 300.0, 7200.0)
+        assert (config.store_user, config.store_password_file, config.store_password) == \
+            ("torchvitals", "/etc/torchvitals/store-auth/password", None)
+        assert config.store_cafile.endswith("/ca.crt") and config.store_keyfile.endswith(".key")
+        assert (config.metrics_host, config.metrics_port) == ("10.1.2.3", 9501)
         assert node_rank(config, {"PET_NODE_RANK": "2"}) == 2
 
 
-def test_by_default_the_job_id_is_the_jobs_name_and_each_pod_acts_alone(chart):
+def test_by_default_every_pod_agrees_through_the_charts_etcd(chart):
     values = {"exampleJob": {"enabled": True}}
-    envs = pods(render(chart, values))
-    name = one(render(chart, values), "PyTorchJob")["metadata"]["name"]
+    docs = render(chart, values)
+    name = one(docs, "PyTorchJob")["metadata"]["name"]
+    service = next(s for s in docs if s["kind"] == "Service"
+                   and s["metadata"]["name"] == "tv-torchvitals-etcd")
+    envs = pods(docs)
+    assert len(envs) == 2
     for env in envs:
         assert env["TORCHVITALS_JOB_ID"] == f"ml/{name}"
         assert env["TORCHVITALS_RESUME"] == "restart"
-        assert not [k for k in env if k.startswith("TORCHVITALS_SUPERVISOR_")]
+        supervisor = {k: v for k, v in env.items()
+                      if k.startswith("TORCHVITALS_SUPERVISOR_") and isinstance(v, str)}
+        config = SupervisorConfig.from_env(supervisor)
+        assert config.store_url == f"http://{service['metadata']['name']}.ml.svc:2379"
+        assert config.nnodes == 2 and config.job_ttl_s == 86400
+
+
+def test_one_node_acts_alone(chart):
+    for env in pods(render(chart, {"exampleJob": {"enabled": True, "nodes": 1}})):
+        assert "TORCHVITALS_SUPERVISOR_STORE_URL" not in env
+        assert "TORCHVITALS_SUPERVISOR_NNODES" not in env
 
 
 @pytest.mark.parametrize("bad", [{"storeUrl": 5}, {"nodeTtlSeconds": 0}, {"peerTimeout": 3}])

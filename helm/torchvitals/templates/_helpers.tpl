@@ -108,3 +108,42 @@ so the collector's copy holds nothing a job could use. */}}
 {{- end }}
 job-tokens.json: {{ $digests | toJson | b64enc | quote }}
 {{- end -}}
+
+{{- /* The chart's etcd: its name, and whether it is rendered ("true" or ""): only for a multi-node
+example job that brings no store of its own. */}}
+{{- define "torchvitals.etcd.fullname" -}}
+{{- printf "%s-etcd" (include "torchvitals.fullname" .) | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "torchvitals.etcd.rendered" -}}
+{{- $j := .Values.exampleJob -}}
+{{- if and $j.enabled (gt (int $j.nodes) 1) (not $j.supervisor.storeUrl) .Values.etcd.enabled -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- define "torchvitals.etcd.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "torchvitals.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: etcd
+{{- end -}}
+
+{{- /* The store URL every supervisor of the example job gets: the given one, else the chart's
+etcd's client Service, else "" (one node: no store). */}}
+{{- define "torchvitals.storeUrl" -}}
+{{- if .Values.exampleJob.supervisor.storeUrl -}}
+{{- .Values.exampleJob.supervisor.storeUrl -}}
+{{- else if include "torchvitals.etcd.rendered" . -}}
+{{- printf "%s://%s.%s.svc:2379" (ternary "https" "http" .Values.etcd.tls.enabled) (include "torchvitals.etcd.fullname" .) .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The names of the ranks' metrics ports, <portPrefix>0 .. <portPrefix><ranksPerPod - 1>, as
+a JSON list. */}}
+{{- define "torchvitals.rankPorts" -}}
+{{- $ports := list -}}
+{{- range $rank := until (int .Values.scraping.ranksPerPod) -}}
+{{- $ports = append $ports (printf "%s%d" $.Values.scraping.portPrefix $rank) -}}
+{{- end -}}
+{{- toJson $ports -}}
+{{- end -}}
