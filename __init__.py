@@ -19,14 +19,16 @@ The package reads as the pipeline of one training step, one folder a stage:
   variables reach a config, ``errors`` the base exception.
 
 The names below load on first use, so the collector, the supervisor and the offline readers
-(``torchvitals diagnose``/``report``) start without importing torch.
+(``torchvitals diagnose``/``report``) start without importing torch. So do the errors a caller
+catches (``except torchvitals.CheckpointError``: the name is looked up only when something is
+raised) and ``__version__``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .errors import TorchvitalsError
+from .errors import ConfigError, TorchvitalsError
 from .lazy import lazy_exports
 
 _EXPORTS = {
@@ -37,19 +39,44 @@ _EXPORTS = {
     "LightningCallback": ".agent.integrations.lightning",
     "TransformersCallback": ".agent.integrations.transformers",
     "watch_torchtitan": ".agent.integrations.torchtitan",
+    # The errors the README tells a caller to catch, from the module that raises each.
+    "CheckpointError": ".agent.recover.agreement", "ResumeRefused": ".agent.recover.resume_policy",
+    "LedgerError": ".agent.recover.ledger", "DoubleStepError": ".agent.guard",
+    "GuardBypassedError": ".agent.guard", "MetricsPortError": ".agent.outputs.exporter",
 }
-__all__ = sorted([*_EXPORTS, "TorchvitalsError"])
+__all__ = sorted([*_EXPORTS, "ConfigError", "TorchvitalsError"])
 
 if TYPE_CHECKING:
     from .agent.agent import Agent, watch
     from .agent.config import Config
     from .agent.detect.thresholds import Thresholds
     from .agent.detect.verdict import Verdict
+    from .agent.guard import DoubleStepError, GuardBypassedError
     from .agent.integrations.lightning import LightningCallback
     from .agent.integrations.torchtitan import watch_torchtitan
     from .agent.integrations.transformers import TransformersCallback
     from .agent.measure.attention import record_attention
+    from .agent.outputs.exporter import MetricsPortError
+    from .agent.recover.agreement import CheckpointError
+    from .agent.recover.ledger import LedgerError
+    from .agent.recover.resume_policy import ResumeRefused
     from .agent.recover.watchdog import TrainingAborted
     from .agent.report import Report
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+    __version__: str
+
+_exported, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        # Read once from the installed metadata, pyproject.toml's version: the one source.
+        # Lazily, since the lookup scans every distribution on sys.path (~0.1 s on a full one).
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            found = version(__name__)
+        except PackageNotFoundError:     # imported from a checkout that was never installed
+            found = "0+unknown"
+        globals()["__version__"] = found
+        return found
+    return _exported(name)

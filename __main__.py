@@ -1,10 +1,11 @@
 """torchvitals command line: the demo, a run's report or diagnosis, preflight, the supervisor.
 
     torchvitals demo --fault lr-spike --ranks 2 --steps 150 --out torchvitals_demo/run
-    python -m torchvitals report torchvitals_runs/<run>
-    python -m torchvitals diagnose torchvitals_runs/<run>/events.jsonl
-    python -m torchvitals preflight mypkg.train:preflight_setup --steps 300 --png lr_range.png
-    python -m torchvitals supervise --checkpoint-dir ckpt -- torchrun --nproc-per-node 8 train.py
+    torchvitals report torchvitals_runs/<run>
+    torchvitals diagnose torchvitals_runs/<run>/events.jsonl
+    torchvitals preflight mypkg.train:preflight_setup --steps 300 --png lr_range.png
+    torchvitals supervise --checkpoint-dir ckpt -- torchrun --nproc-per-node 8 train.py
+    python -m torchvitals --help            # the same program
 
 ``demo`` trains a small GPT on the bundled text with ``--ranks`` CPU ranks (gloo) under the agent,
 injects ``--fault`` (lr-spike, nan, frozen or none) mid-run, shows the live view, and writes the
@@ -64,7 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Defaults stay strings: argparse runs them through `type`, so a bad environment value
     # fails like a bad flag, with a usage line and exit 2.
     env = os.environ.get
-    parser = argparse.ArgumentParser(prog="python -m torchvitals", description=__doc__.split("\n")[0])
+    # prog: the console script's name, also under `python -m torchvitals` (argparse would say
+    # "__main__.py" there), so --help and every usage error name the command users type.
+    parser = argparse.ArgumentParser(prog="torchvitals", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("diagnose", help="name the root cause of a run from its event log")
     d.add_argument("events", help="the run's events.jsonl")
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command.
 
     Args:
-        argv: the arguments after ``python -m torchvitals`` (default: ``sys.argv[1:]``).
+        argv: the arguments after ``torchvitals`` (default: ``sys.argv[1:]``).
 
     Returns:
         The exit code: 0 done/passed, 1 preflight failed, 2 unreadable input or bad factory.

@@ -10,10 +10,13 @@ helpers, the prefixes wrappers put in parameter names. Every other module reache
 this one (``tests/unit/test_layout.py`` holds them to it), so a torch upgrade that renames one
 fails ``check()`` in one unit test, with the name, instead of misbehaving at run time.
 
-At import, a name the code below binds directly (a function, a class) that is missing raises
-``CompatError`` at once; a torch outside the supported series only warns, since the names may
-well still hold. ``check()`` also builds the small objects whose instance attributes are used
-(a GradScaler, an optimizer with a scheduler) and raises on either.
+At import, a torch older than ``MIN_TORCH`` (pyproject.toml's floor) raises ``CompatError``
+naming the version and the supported range, and so does a name the code below binds directly (a
+function, a class) that is missing: ``torchvitals.watch`` imports this module, so an unsupported
+torch is refused there, before the first step, never a crash mid-run. A torch newer than the
+series .ci/run tests only warns, since the names may well still hold. ``check()`` also builds
+the small objects whose instance attributes are used (a GradScaler, an optimizer with a
+scheduler) and raises on either.
 """
 
 from __future__ import annotations
@@ -30,20 +33,30 @@ from torch.amp import grad_scaler
 from torch.distributed import _state_dict_utils
 from torch.distributed.checkpoint import state_dict as _dcp_state_dict
 from torch.nn.modules import batchnorm, dropout
+from torch.torch_version import TorchVersion
 
 from ..errors import TorchvitalsError
 
 SUPPORTED_TORCH = "2.13"
-"""The torch release series these names were checked against (``pyproject.toml`` pins it)."""
+"""The oldest torch release series supported."""
+MIN_TORCH = "2.13.0a0"
+"""``pyproject.toml``'s floor (``torch>=2.13.0a0``): the ``a0`` admits local and pre-release
+builds of 2.13 such as NGC's ``2.13.0a0+git1a2b3c4``; there is no upper bound."""
+TESTED_TORCH = ("2.13", "2.14")
+"""The series .ci/run tests (2.13 the whole suite, 2.14 the unit tier)."""
 
 
 class CompatError(TorchvitalsError, RuntimeError):
     """A private torch or accelerate name torchvitals relies on is missing or changed."""
 
 
+def supported_range() -> str:
+    """``"torch>=2.13.0a0 (tested: 2.13.x, 2.14.x)"``: what messages name."""
+    return f"torch>={MIN_TORCH} (tested: {', '.join(s + '.x' for s in TESTED_TORCH)})"
+
+
 def _missing(where: str, name: str) -> str:
-    return (f"{where}.{name} (torch {torch.__version__}; torchvitals supports torch "
-            f"{SUPPORTED_TORCH}.x)")
+    return f"{where}.{name} (torch {torch.__version__}; torchvitals supports {supported_range()})"
 
 
 def _bind(owner: Any, name: str, where: str) -> Any:
@@ -57,9 +70,21 @@ def torch_series(version: str = torch.__version__) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-if torch_series() != SUPPORTED_TORCH:
-    warnings.warn(f"torchvitals supports torch {SUPPORTED_TORCH}.x, this is torch "
-                  f"{torch.__version__}: run torchvitals.agent.compat.check()", stacklevel=2)
+def too_old(version: str | None = None) -> str | None:
+    """Why torchvitals refuses torch ``version`` (default: the one imported), or None when it is
+    not older than ``MIN_TORCH`` (local and pre-release versions compare as PEP 440 says)."""
+    version = torch.__version__ if version is None else version
+    if TorchVersion(version) < MIN_TORCH:
+        return (f"torch {version} is older than torchvitals supports: it needs "
+                f"{supported_range()}; install a newer torch (pip install 'torch>={MIN_TORCH}')")
+    return None
+
+
+if (_refused := too_old()) is not None:
+    raise CompatError(_refused)
+if torch_series() not in TESTED_TORCH:
+    warnings.warn(f"torchvitals is tested on {', '.join(s + '.x' for s in TESTED_TORCH)}, this is "
+                  f"torch {torch.__version__}: run torchvitals.agent.compat.check()", stacklevel=2)
 
 # ---------------------------------------------------------------- bound at import
 
@@ -170,9 +195,7 @@ outputs, not through this method, so only real microbatch losses pass here."""
 def problems() -> list[str]:
     """Each private name that does not hold in the installed torch (and accelerate, when it is
     installed), as a sentence naming it; empty when all hold."""
-    out = []
-    if torch_series() != SUPPORTED_TORCH:
-        out.append(f"torch {torch.__version__} is not the supported series {SUPPORTED_TORCH}.x")
+    out = [reason] if (reason := too_old()) else []
 
     def expect(ok: bool, where: str, name: str) -> None:
         if not ok:
@@ -494,8 +517,14 @@ def _deepspeed_problems() -> list[str]:
 
 
 def check() -> None:
-    """Raise ``CompatError`` listing every private name that does not hold (see ``problems``)."""
+    """Raise ``CompatError`` when this torch is older than ``MIN_TORCH`` or any private name
+    does not hold (see ``problems``); the message names the torch version and the supported
+    range. A newer torch whose names all hold passes (its import warned that it is untested).
+
+    Costs about a second (it builds small objects and reads torch's, accelerate's and
+    DeepSpeed's source): run it once, in a test or before a long job, not per step.
+    """
     found = problems()
     if found:
-        raise CompatError("torchvitals relies on private torch/accelerate names that changed:\n  "
-                          + "\n  ".join(found))
+        raise CompatError(f"torchvitals cannot run on torch {torch.__version__} (it supports "
+                          f"{supported_range()}):\n  " + "\n  ".join(found))

@@ -18,7 +18,9 @@ power 403, each with ``{"error": reason, "message": ...}``):
 - ``GET /healthz``, ``GET /metrics``.
 
 Starlette on uvicorn (h11): a maintained ASGI stack of two light packages, where the
-standard library's ``http.server`` is documented as not meant for production.
+standard library's ``http.server`` is documented as not meant for production. They come with
+the ``collector`` extra (``pip install 'torchvitals[collector]'``) and are imported only when a
+server is built, so importing ``torchvitals.collector`` (the supervisor does) needs neither.
 """
 
 from __future__ import annotations
@@ -27,16 +29,11 @@ import logging
 import sqlite3
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
+from ..errors import TorchvitalsError
 from ..protocol import RUN_PARAM
 from .auth import ALERTMANAGER, Principal, Tokens
 from .config import CollectorConfig
@@ -44,7 +41,30 @@ from .directives import DirectiveStore, StoreFull, StoreLimits
 from .metrics import CollectorMetrics
 from .webhook import LabelLimits, PayloadError, parse_notification
 
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+
 log = logging.getLogger("torchvitals.collector")
+
+EXTRA = "pip install 'torchvitals[collector]'"
+"""What installs the HTTP stack (the ``collector`` extra of pyproject.toml)."""
+
+
+class WebStackMissing(TorchvitalsError, ImportError):
+    """starlette or uvicorn is not installed: the message says how to install them."""
+
+
+def _require_web_stack() -> None:
+    """Raise ``WebStackMissing`` unless starlette and uvicorn import."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise WebStackMissing(f"the collector's HTTP service needs starlette and uvicorn "
+                              f"({exc.name or exc} is missing), from the collector extra: "
+                              f"{EXTRA}") from exc
 
 
 class _Rejected(Exception):
@@ -58,6 +78,7 @@ MAX_RUN_BYTES = 256
 
 
 def _error(exc: _Rejected) -> JSONResponse:
+    from starlette.responses import JSONResponse
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
     return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=exc.status,
                         headers=headers)
@@ -120,7 +141,14 @@ def create_app(config: CollectorConfig, store: DirectiveStore,
 
     Raises:
         TokenError: a token cannot be read, or a job's token is the webhook token.
+        WebStackMissing: starlette or uvicorn is not installed.
     """
+    _require_web_stack()
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
     tokens = Tokens(config.token(), config.job_tokens, config.job_tokens_file)
     labels = LabelLimits(max_label_bytes=config.max_label_bytes, max_labels=config.max_labels)
 
@@ -211,10 +239,16 @@ class CollectorServer:
         config: the configuration (``port=0`` picks a free port; see ``port`` once started).
         registry: passed to ``CollectorMetrics`` (default: a fresh registry).
         clock: the store's clock, Unix seconds (tests pass a fake one to pass time).
+
+    Raises:
+        WebStackMissing: starlette or uvicorn is not installed (checked before the store is
+            opened, so nothing is left half-built).
     """
 
     def __init__(self, config: CollectorConfig, registry=None,
                  clock: Callable[[], float] = time.time) -> None:
+        _require_web_stack()
+        import uvicorn
         self.config = config
         self.store = DirectiveStore(config.state_dir, clock=clock, limits=store_limits(config))
         self.metrics = CollectorMetrics(self.store, registry)
@@ -267,12 +301,13 @@ def serve(config: CollectorConfig) -> int:
         config: the configuration.
 
     Returns:
-        The exit status: 0 after a clean stop, 2 when the token or the state cannot be read.
+        The exit status: 0 after a clean stop, 2 when the token or the state cannot be read or
+        the collector extra is not installed.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         server = CollectorServer(config)
-    except (OSError, ValueError, sqlite3.Error) as exc:
+    except (OSError, ValueError, sqlite3.Error, WebStackMissing) as exc:
         log.error("cannot start: %s", exc)
         return 2
     log.info("directives in %s: %s", config.state_dir, server.store.stats())

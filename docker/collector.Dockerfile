@@ -4,8 +4,9 @@
 #     docker run -p 9500:9500 -e TORCHVITALS_WEBHOOK_TOKEN_FILE=/run/secrets/token \
 #         -v "$PWD/token:/run/secrets/token:ro" torchvitals/collector
 #
-# The collector imports no torch, so the image installs the package without it (the other
-# dependencies come from pyproject.toml through docker/collector-requirements.py).
+# The collector imports no torch, so the image installs the package without it: its other
+# dependencies and the collector extra (starlette, uvicorn) come from pyproject.toml through
+# docker/collector-requirements.py, which leaves out the training side's (torch, rich, matplotlib).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -17,12 +18,12 @@ COPY pyproject.toml README.md __init__.py __main__.py errors.py lazy.py protocol
 COPY docker/collector-requirements.py ./docker/
 COPY agent ./agent
 COPY collector ./collector
-# Every dependency but torch, then the package without its dependencies; then the installers
-# leave the environment, so the final image has nothing that builds or installs packages.
+# Those requirements, then the package without its dependencies; then the installers leave
+# the environment, so the final image has nothing that builds or installs packages.
 RUN python docker/collector-requirements.py pyproject.toml > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && pip install --no-deps . \
- && python -c "import sys, torchvitals.collector; assert 'torch' not in sys.modules" \
+ && python -c "import sys, torchvitals.collector, starlette, uvicorn; assert 'torch' not in sys.modules" \
  && torchvitals supervise --help > /dev/null \
  && pip uninstall --yes pip setuptools wheel
 

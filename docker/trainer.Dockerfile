@@ -16,8 +16,10 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/torchvitals
 ENV PATH=/opt/torchvitals/bin:$PATH
-# The same pin as pyproject.toml; a bare `pip install torch` would take PyPI's CUDA build.
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.13,<2.14"
+# The same range as pyproject.toml (no upper bound: the index's newest torch from 2.13 on),
+# from the chosen index: a bare `pip install torch` would take PyPI's CUDA build. The package
+# below then keeps it. Build FROM an NGC image instead and its torch (2.13.0a0+git...) is kept.
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.13.0a0"
 WORKDIR /src
 COPY pyproject.toml README.md __init__.py __main__.py errors.py lazy.py protocol.py settings.py ./
 COPY agent ./agent
