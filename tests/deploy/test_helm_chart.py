@@ -527,7 +527,8 @@ def test_a_multi_node_job_without_a_store_gets_the_charts_etcd_compacted_and_cap
     flags = etcd_flags(docs)
     # History is compacted every hour and the database capped, so a store that serves jobs
     # for months never reaches etcd's own quota.
-    assert flags["auto-compaction-mode"] == "periodic" and flags["auto-compaction-retention"] == "1h"
+    assert flags["auto-compaction-mode"] == "periodic"
+    assert flags["auto-compaction-retention"] == "1h"
     assert int(flags["quota-backend-bytes"]) == 512 * 2**20
     claim = etcd["spec"]["volumeClaimTemplates"][0]["spec"]
     # The quota fits the volume (1Gi): etcd refuses writes before the disk is full.
@@ -548,7 +549,8 @@ def test_a_multi_node_job_without_a_store_gets_the_charts_etcd_compacted_and_cap
     assert policy["podSelector"]["matchLabels"].items() <= pod_labels(etcd).items()
     job_pod_labels = one(docs, "PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Master"][
         "template"]["metadata"]["labels"]
-    client_rule = next(r for r in policy["ingress"] if r["ports"] == [{"port": 2379, "protocol": "TCP"}])
+    client_rule = next(r for r in policy["ingress"]
+                       if r["ports"] == [{"port": 2379, "protocol": "TCP"}])
     assert client_rule["from"][0]["podSelector"]["matchLabels"].items() <= job_pod_labels.items()
 
 
@@ -609,7 +611,8 @@ def test_the_store_password_reaches_the_supervisor_as_a_mounted_file_only(chart)
         assert env["TORCHVITALS_SUPERVISOR_STORE_USER"] == "torchvitals"
         assert "TORCHVITALS_SUPERVISOR_STORE_PASSWORD" not in env
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert env["TORCHVITALS_SUPERVISOR_STORE_PASSWORD_FILE"] == f"{mounts['store-auth']}/password"
+        assert env["TORCHVITALS_SUPERVISOR_STORE_PASSWORD_FILE"] == \
+            f"{mounts['store-auth']}/password"
         secret = {v["name"]: v for v in spec["volumes"]}["store-auth"]["secret"]
         assert secret["secretName"] == "etcd-torchvitals-password"
         assert secret["items"] == [{"key": "password", "path": "password"}]
@@ -635,7 +638,8 @@ def test_every_supervisor_serves_metrics_on_its_pod_ip_and_is_scraped(chart, tls
         if tls:     # HTTPS with client certificates, as the agents beside it
             assert env["TORCHVITALS_SUPERVISOR_METRICS_CLIENT_CAFILE"] == \
                 env["TORCHVITALS_METRICS_CLIENT_CAFILE"]
-            assert env["TORCHVITALS_SUPERVISOR_METRICS_CERTFILE"] == env["TORCHVITALS_METRICS_CERTFILE"]
+            assert env["TORCHVITALS_SUPERVISOR_METRICS_CERTFILE"] == \
+                env["TORCHVITALS_METRICS_CERTFILE"]
 
 
 def test_a_supervisor_port_among_the_ranks_fails_at_install(chart):

@@ -205,7 +205,6 @@ def test_the_supervisor_metrics_bind_where_told(tmp_path):
 
 def test_the_supervisor_metrics_serve_https_with_client_certificates(tmp_path):
     import ssl
-    import urllib.request
     for name in ("server", "client"):
         subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
                         "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",

@@ -83,8 +83,8 @@ class Certs:
                                          "extendedKeyUsage=clientAuth\n")]:
             key_and_csr(name)
             (folder / f"{name}.ext").write_text(ext)
-            run("x509", "-req", "-in", str(folder / f"{name}.csr"), "-CA", str(folder / f"{ca}.crt"),
-                "-CAkey", str(folder / f"{ca}.key"), "-CAcreateserial", "-days", "1",
+            run("x509", "-req", "-in", str(folder / f"{name}.csr"),
+                "-CA", str(folder / f"{ca}.crt"), "-CAkey", str(folder / f"{ca}.key"), "-CAcreateserial", "-days", "1",
                 "-extfile", str(folder / f"{name}.ext"), "-out", str(folder / f"{name}.crt"))
         return cls(ca=folder / "ca.crt", server_cert=folder / "server.crt",
                    server_key=folder / "server.key", client_cert=folder / "client.crt",
@@ -146,7 +146,9 @@ class Etcd:
     def call(self, path: str, body: dict, token: str | None = None) -> dict:
         """One gateway call as an administrator would make it (the test's own, not the
         client's under test)."""
-        headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = token
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
                                          headers=headers)
         with urllib.request.urlopen(request, timeout=5, context=self.context()) as r:

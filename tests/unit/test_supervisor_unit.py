@@ -80,7 +80,8 @@ def test_the_store_password_is_never_a_flag_and_comes_from_a_file_or_the_environ
     args = parse_args(["supervise", "--store-user", "tv", "--store-password-file",
                        str(tmp_path / "pw"), "--", "torchrun", "t.py"])
     (tmp_path / "pw").write_text("s3cret\n")
-    config = SupervisorConfig.from_env({}, store_url="https://etcd:2379", store_user=args.store_user,
+    config = SupervisorConfig.from_env({}, store_url="https://etcd:2379",
+                                       store_user=args.store_user,
                                        store_password_file=args.store_password_file)
     assert config.password() == "s3cret"
     config = SupervisorConfig.from_env({"TORCHVITALS_SUPERVISOR_STORE_PASSWORD": "s3cret",
