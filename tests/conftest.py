@@ -4,16 +4,50 @@ into the repository.
 Each folder under tests/ is a tier and marks its tests (``-m unit``, ``-m "not slow"``, ...;
 the markers are registered in pyproject.toml). A file whose tests also belong elsewhere marks
 them itself (``frameworks``, ``distributed``, ``slow``, ``cuda``).
+
+``TORCHVITALS_TESTS_WITHOUT_TORCH=1`` runs only the files of ``TORCH_FREE``, with torch blocked:
+what .ci/run does on the lowest and the highest Python the project claims, in venvs that hold no
+torch. Without it nothing is left out, and a missing torch fails at once (the import below).
 """
 
+import importlib.abc
 import os
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 HERE = Path(__file__).resolve().parent
+TORCH_FREE = frozenset({
+    "unit/test_collector_config.py", "unit/test_config.py", "unit/test_diagnose.py",
+    "unit/test_eventlog.py", "unit/test_rfc3339.py", "unit/test_supervisor_unit.py",
+    "unit/test_tiers.py",
+    "integration/test_collector_bounds.py", "integration/test_collector_restart.py",
+    "integration/test_collector_tokens.py", "integration/test_collector_webhook.py",
+})
+"""Test files (under tests/) that need no torch, nor a process that imports it: the collector's,
+and the unit tests of the torch-free modules. A file listed here that imports torch fails the
+torch-free run at collection, never a silent skip."""
+WITHOUT_TORCH = os.environ.get("TORCHVITALS_TESTS_WITHOUT_TORCH") == "1"
+
+
+class _NoTorch(importlib.abc.MetaPathFinder):
+    """Refuses ``import torch``, so a torch-free run proves it also where torch is installed."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"{name}: blocked (TORCHVITALS_TESTS_WITHOUT_TORCH=1 runs the "
+                              "torch-free tests only; list a file in tests/conftest.py "
+                              "TORCH_FREE only if it needs no torch)")
+        return None
+
+
+if WITHOUT_TORCH:
+    sys.meta_path.insert(0, _NoTorch())
+    torch = None
+else:
+    import torch
+
 # The support package (shared models and harness). Spawned ranks inherit this sys.path; scripts
 # a test starts with torchrun insert tests/ themselves. Never examples/: tests import nothing
 # from there.
@@ -33,6 +67,22 @@ os.environ["TORCHVITALS_LOG_DIR"] = ""
 os.environ.setdefault("TORCHVITALS_CHECKPOINT_KEY", __import__("secrets").token_hex(32))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A stale ``TORCH_FREE`` entry is an error: the torch-free run would quietly shrink."""
+    missing = sorted(name for name in TORCH_FREE if not (HERE / name).is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py TORCH_FREE names missing files: {missing}")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In a torch-free run, every test file outside ``TORCH_FREE`` is left out (None: pytest's
+    own rules decide)."""
+    if not WITHOUT_TORCH or collection_path.suffix != ".py" or \
+            not collection_path.name.startswith("test_"):
+        return None
+    return collection_path.resolve().relative_to(HERE).as_posix() not in TORCH_FREE or None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test with its folder's tier; a test outside every tier is an error."""
     for item in items:
@@ -47,6 +97,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def one_thread():
     """One intra-op thread: the models are tiny, reductions stay deterministic, and CI's two
     cores are shared with the spawned ranks."""
+    if torch is None:
+        yield
+        return
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
