@@ -204,7 +204,8 @@ class OutputsConfig:
     metrics_file_sd_dir: str | None = None
     """Folder of Prometheus file_sd target files: each rank writes ``<host>-rank<r>.json``
     naming the ``host:port`` it really serves (``file_sd_configs: [{files: [DIR/*.json]}]``),
-    removed when the agent closes. None writes none."""
+    labelled ``job`` = ``collector_job`` when a collector is set, removed when the agent
+    closes. None writes none."""
 
     metrics_host: str = "127.0.0.1"
     """Address the /metrics endpoint binds to. Use 0.0.0.0 to let a scraper on another host in

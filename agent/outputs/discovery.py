@@ -8,9 +8,10 @@
 
 A rank writes one file, ``<host>-rank<rank>.json``, holding the ``host:port`` it really serves
 (the configured port, or the one it fell back to when that was taken), and removes it when the
-agent closes. Prometheus watches the folder and scrapes whatever the files name. The file holds
-no label besides ``__scheme__``: the exporter's own series carry ``rank``, and a target label of
-the same name would rename them to ``exported_rank``.
+agent closes. Prometheus watches the folder and scrapes whatever the files name. Its labels are
+``__scheme__`` (https with TLS) and, when the job obeys a collector, ``job``: the alerts carry
+the job label and the collector addresses its directives by it. Never ``rank``: the exporter's
+own series carry it, and a target label of the same name would rename them ``exported_rank``.
 """
 
 from __future__ import annotations
@@ -38,10 +39,19 @@ class TargetFile:
         self.path = self.folder / f"{host or socket.gethostname()}-rank{rank:05d}.json"
         self.written = False
 
-    def write(self, target: str, scheme: str = "http") -> bool:
+    def write(self, target: str, scheme: str = "http", job: str | None = None) -> bool:
         """Publish ``target`` (``host:port``); whether it was written. Never raises: a folder
-        that cannot be written is a warning, and the training goes on."""
+        that cannot be written is a warning, and the training goes on.
+
+        Args:
+            target: ``host:port`` the rank serves.
+            scheme: "https" when /metrics serves TLS.
+            job: the ``job`` label the series should get (the collector's job name), or None
+                for the scrape config's job name.
+        """
         labels = {"__scheme__": scheme} if scheme != "http" else {}
+        if job:
+            labels["job"] = job
         body = json.dumps([{"targets": [target], "labels": labels}])
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:

@@ -58,7 +58,8 @@ class Outputs:
         self.target: TargetFile | None = None
         if config.metrics_file_sd_dir and self.exporter.target is not None:
             self.target = TargetFile(config.metrics_file_sd_dir, rank)
-            self.target.write(self.exporter.target, self.exporter.scheme)
+            self.target.write(self.exporter.target, self.exporter.scheme,
+                              job=config.collector_job if config.collector_url else None)
         self.events: EventLog | None = None
         self.run_dir: str | None = None
         if rank == 0 and config.log_dir:

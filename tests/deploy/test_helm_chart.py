@@ -643,8 +643,8 @@ def test_every_supervisor_serves_metrics_on_its_pod_ip_and_is_scraped(chart, tls
 
 
 def test_a_supervisor_port_among_the_ranks_fails_at_install(chart):
-    with pytest.raises(helm.HelmRenderError, match="metricsPort 9401 is one of the ranks' ports"):
-        render(chart, {"exampleJob": {"enabled": True, "supervisor": {"metricsPort": 9401}}})
+    with pytest.raises(helm.HelmRenderError, match="metricsPort 19401 is one of the ranks' ports"):
+        render(chart, {"exampleJob": {"enabled": True, "supervisor": {"metricsPort": 19401}}})
 
 
 def test_the_collector_keeps_its_directives_on_a_claim_by_default_and_never_runs_twice(chart):

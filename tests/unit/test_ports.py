@@ -157,10 +157,12 @@ def test_wildcard_bind_names_the_host_in_its_url():
 
 def test_target_file_is_what_file_sd_reads(tmp_path):
     target = TargetFile(tmp_path / "sd", rank=3, host="node7")
-    assert target.write("node7:19403", scheme="https")
+    assert target.write("node7:19403", scheme="https", job="my-run")
     assert target.path.name == "node7-rank00003.json"
     assert json.loads(target.path.read_text()) == [
-        {"targets": ["node7:19403"], "labels": {"__scheme__": "https"}}]
+        {"targets": ["node7:19403"], "labels": {"__scheme__": "https", "job": "my-run"}}]
+    assert target.write("node7:19403")
+    assert json.loads(target.path.read_text()) == [{"targets": ["node7:19403"], "labels": {}}]
     assert not list((tmp_path / "sd").glob("*.tmp"))
     target.remove()
     target.remove()
