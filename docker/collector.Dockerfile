@@ -14,7 +14,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/torchvitals
 ENV PATH=/opt/torchvitals/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md __init__.py __main__.py errors.py lazy.py protocol.py settings.py ./
+COPY pyproject.toml README.md LICENSE py.typed __init__.py __main__.py errors.py lazy.py protocol.py settings.py ./
 COPY docker/collector-requirements.py ./docker/
 COPY agent ./agent
 COPY collector ./collector

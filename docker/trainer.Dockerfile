@@ -21,7 +21,7 @@ ENV PATH=/opt/torchvitals/bin:$PATH
 # below then keeps it. Build FROM an NGC image instead and its torch (2.13.0a0+git...) is kept.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch>=2.13.0a0"
 WORKDIR /src
-COPY pyproject.toml README.md __init__.py __main__.py errors.py lazy.py protocol.py settings.py ./
+COPY pyproject.toml README.md LICENSE py.typed __init__.py __main__.py errors.py lazy.py protocol.py settings.py ./
 COPY agent ./agent
 COPY collector ./collector
 RUN pip install ".[data]" \
@@ -39,16 +39,17 @@ ENV PATH=/opt/torchvitals/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HOME=/workspace \
     TORCHVITALS_METRICS_HOST=0.0.0.0 \
-    TORCHVITALS_METRICS_PORT=9400 \
+    TORCHVITALS_METRICS_PORT=19400 \
     TORCHVITALS_CHECKPOINT_DIR=/checkpoints \
     TORCHVITALS_LOG_DIR=/checkpoints/runs
 USER 10001:10001
 WORKDIR /workspace
 VOLUME ["/checkpoints"]
-# Rank r of the node serves /metrics on 9400 + r.
-EXPOSE 9400-9407
+# Rank r of the node serves /metrics on 19400 + r (outside the exporters' 9100-9999: a node's
+# dcgm-exporter keeps 9400).
+EXPOSE 19400-19407
 # Local rank 0's /metrics: it answers once the job has started (torch imported, rendezvous done).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
-  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ.get('TORCHVITALS_METRICS_PORT', '9400'), timeout=3)"]
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ.get('TORCHVITALS_METRICS_PORT', '19400'), timeout=3)"]
 CMD ["torchvitals", "supervise", "--checkpoint-dir", "/checkpoints", "--", \
      "torchrun", "--nproc-per-node", "2", "/app/examples/ddp_train.py", "--steps", "0", "--sleep", "0.2"]

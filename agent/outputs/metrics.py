@@ -33,6 +33,14 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+def _torch_version() -> str:
+    """The running torch's own version, local part included (``2.14.1+cu130``, NGC's
+    ``2.13.0a0+git...``): the build is what tells two nodes' torch apart, and a source build
+    may have no metadata at all."""
+    import torch
+    return str(torch.__version__)
+
+
 STEP_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                                    25.0, 60.0, 120.0, 300.0, 600.0, math.inf)
 """Upper bounds of the duration histograms: steps from 10 ms (a small model on a GPU) to 10 min
@@ -141,7 +149,7 @@ class MetricSpec:
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("torchvitals_build_info", "gauge", "Versions of this process (always 1).", RANK,
                lambda s: 1.0,
-               labels=(("version", _version("torchvitals")), ("torch_version", _version("torch")))),
+               labels=(("version", _version("torchvitals")), ("torch_version", _torch_version()))),
     MetricSpec("torchvitals_world_size", "gauge", "Ranks in the job.", RANK,
                lambda s: float(s.world_size)),
     MetricSpec("torchvitals_step", "gauge", "Last completed step (1-based; 0 before the first).",

@@ -122,9 +122,9 @@ def test_prometheus_scrapes_every_rank_of_the_trainer_under_its_collector_job(co
     job_name = trainer["environment"]["TORCHVITALS_COLLECTOR_JOB"]
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == job_name]
     targets = [t for sc in job["static_configs"] for t in sc["targets"]]
-    base = 9400   # the trainer image's TORCHVITALS_METRICS_PORT
+    base = 19400   # the trainer image's TORCHVITALS_METRICS_PORT, the agent's default
     assert targets == [f"trainer:{base + rank}" for rank in range(nproc)]
-    assert "TORCHVITALS_METRICS_PORT=9400" in (DOCKER / "trainer.Dockerfile").read_text()
+    assert "TORCHVITALS_METRICS_PORT=19400" in (DOCKER / "trainer.Dockerfile").read_text()
     script = next(a for a in command if a.endswith(".py"))
     assert script.startswith("/app/examples/")
     assert (ROOT / "examples" / PurePosixPath(script).name).is_file()
@@ -284,16 +284,6 @@ def test_trainer_healthcheck_reads_rank_zero_metrics(tmp_path):
     finally:
         server.shutdown()
         thread.join(10)
-
-
-def test_the_collector_requirements_are_the_package_dependencies_without_torch():
-    import tomllib
-    out = subprocess.run([sys.executable, str(DOCKER / "collector-requirements.py"),
-                          str(ROOT / "pyproject.toml")], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert out.stdout.split("\n")[:-1] == [d for d in deps if not d.startswith("torch")]
-    assert any(d.startswith("torch") for d in deps) and "starlette" in out.stdout
 
 
 def test_the_trainer_holds_its_own_token_and_the_collector_accepts_it_for_its_job_only(

@@ -18,7 +18,7 @@ import torch
 
 import torchvitals
 from torchvitals.collector.config import CollectorConfig
-from torchvitals.collector.supervisor.config import SupervisorConfig
+from torchvitals.collector.supervisor.config import SECRET_FIELDS, SupervisorConfig
 from torchvitals.settings import field_docs
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,7 +87,7 @@ def test_every_flag_says_what_it_does_and_its_default(cls, argv):
     text = " ".join(out.stdout.split())
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
-        if f.name in ("webhook_token", "job_tokens"):   # never a flag: it would show in ps
+        if f.name in ("webhook_token", "job_tokens", *SECRET_FIELDS):   # never a flag: ps shows it
             assert "--" + f.name.replace("_", "-") + " " not in text
             continue
         assert "--" + f.name.replace("_", "-") in text
