@@ -31,7 +31,9 @@ from ..report import Report
 from .metrics import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, Buckets,  # noqa: F401
                       MetricSpec, _Snapshot)
 from .ports import candidates
-from .server import TLS, MetricsServer, RenderCache
+from .render import RenderCache
+from .server import MetricsServer
+from .tls import TLS
 
 log = logging.getLogger(__name__)
 

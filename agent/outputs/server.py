@@ -1,7 +1,7 @@
 """A bounded HTTP server for one rank's /metrics: fit for a shared node.
 
-    server = MetricsServer(RenderCache(render, version), host="127.0.0.1", port=9400)
-    curl -s http://127.0.0.1:9400/metrics                 # served until server.close()
+    server = MetricsServer(RenderCache(render, version), host="127.0.0.1", port=19400)
+    curl -s http://127.0.0.1:19400/metrics                # served until server.close()
 
 prometheus-client's own server starts a thread per connection and never times one out: 200
 idle connections held 135 threads for as long as they stayed open, and a tight scrape loop on
@@ -15,7 +15,7 @@ never reads holds no worker either. A connection without a complete request with
 so a real scraper always gets in. The exposition text is rendered again only after a new step
 (the exporter's version) or, for the host vitals read at render time, after
 ``min_render_interval_s``, so a scrape loop costs the training thread no more than a cached
-read, however fast it scrapes.
+read, however fast it scrapes (``render.py``; the TLS settings are ``tls.py``).
 
 Whatever clients do, the selector thread keeps serving. In one ``select()`` batch it reads the
 connections first and accepts last, so the cap never closes a socket the batch still reports
@@ -46,14 +46,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler
-from typing import Callable
+
+from .render import RenderCache
+from .tls import TLS
 
 log = logging.getLogger(__name__)
 
 WORKERS = 2
 MAX_CONNECTIONS = 32
 IDLE_TIMEOUT_S = 10.0
-MIN_RENDER_INTERVAL_S = 1.0
 MAX_HEAD_BYTES = 16384
 """A request head longer than this is dropped unanswered: Prometheus sends a few hundred bytes."""
 ACCEPT_BACKOFF_S = (0.005, 1.0)
@@ -69,76 +70,6 @@ _CLIENT_GONE = frozenset({
     errno.EOPNOTSUPP, errno.ENETUNREACH, *([errno.ENONET] if hasattr(errno, "ENONET") else []),
 })
 """accept() errors that cost one pending connection, not the listener: nothing to report."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TLS:
-    """TLS for /metrics, as prometheus-client's own server takes it.
-
-    Args:
-        certfile, keyfile: the server's certificate chain and key (PEM).
-        client_cafile: a CA bundle; with it, clients may present a certificate it signed.
-        client_auth_required: refuse clients without such a certificate (mutual TLS).
-    """
-
-    certfile: str
-    keyfile: str | None = None
-    client_cafile: str | None = None
-    client_auth_required: bool = False
-
-    def context(self) -> ssl.SSLContext:
-        """The server's SSL context.
-
-        Raises:
-            ValueError: a file cannot be read or is not what its setting says, naming both.
-        """
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        try:
-            ctx.load_cert_chain(self.certfile, self.keyfile)
-        except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"metrics_certfile {self.certfile!r} / metrics_keyfile "
-                             f"{self.keyfile!r}: not a readable PEM certificate chain and its "
-                             f"key ({exc})") from None
-        if self.client_cafile:
-            try:
-                ctx.load_verify_locations(cafile=self.client_cafile)
-            except (OSError, ssl.SSLError) as exc:
-                raise ValueError(f"metrics_client_cafile {self.client_cafile!r}: not a readable "
-                                 f"PEM CA bundle ({exc})") from None
-            ctx.verify_mode = ssl.CERT_REQUIRED if self.client_auth_required else ssl.CERT_OPTIONAL
-        elif self.client_auth_required:
-            raise ValueError("metrics_client_auth_required needs metrics_client_cafile: the CA "
-                             "whose client certificates are accepted")
-        return ctx
-
-
-class RenderCache:
-    """The exposition bytes per content type, rendered again when the exporter's version changed
-    (a new step) or ``min_interval_s`` passed (host vitals are read at render time)."""
-
-    def __init__(self, render: Callable[[str], tuple[bytes, str]], version: Callable[[], int],
-                 min_interval_s: float = MIN_RENDER_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._render, self._version, self._clock = render, version, clock
-        self.min_interval_s = min_interval_s
-        self._lock = threading.Lock()
-        self._cache: dict[str, tuple[int, float, bytes, str]] = {}
-        self.renders = 0
-        """How many times the text was rendered (tests: bounded by steps, not scrapes)."""
-
-    def get(self, accept: str) -> tuple[bytes, str]:
-        with self._lock:
-            version, now = self._version(), self._clock()
-            hit = self._cache.get(accept)
-            if hit is not None and hit[0] == version and now - hit[1] < self.min_interval_s:
-                return hit[2], hit[3]
-            body, content_type = self._render(accept)
-            self.renders += 1
-            self._cache[accept] = (version, now, body, content_type)
-            if len(self._cache) > 8:        # a client cycling Accept headers stays bounded
-                self._cache.pop(next(iter(self._cache)))
-            return body, content_type
 
 
 class _Handler(BaseHTTPRequestHandler):

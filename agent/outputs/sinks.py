@@ -22,7 +22,7 @@ from .eventlog import EventLog
 from .discovery import TargetFile
 from .exporter import Exporter
 from .ports import local_rank, local_size
-from .server import TLS
+from .tls import TLS
 
 log = logging.getLogger(__name__)
 

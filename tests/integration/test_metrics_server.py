@@ -19,7 +19,8 @@ import urllib.request
 import pytest
 
 from torchvitals.agent.outputs.exporter import Exporter
-from torchvitals.agent.outputs.server import WORKERS, TLS
+from torchvitals.agent.outputs.server import WORKERS
+from torchvitals.agent.outputs.tls import TLS
 from torchvitals.agent.report import Report
 from torchvitals.agent.tools.demo.launch import free_ports
 

@@ -28,7 +28,9 @@ from typing import Iterator
 import pytest
 from hostile_clients import REQUEST, client_hello, connect, reset, self_signed
 
-from torchvitals.agent.outputs.server import TLS, MetricsServer, RenderCache
+from torchvitals.agent.outputs.render import RenderCache
+from torchvitals.agent.outputs.server import MetricsServer
+from torchvitals.agent.outputs.tls import TLS
 
 BODY = b"torchvitals_step 1\n"
 
@@ -265,7 +267,8 @@ def test_close_does_not_wait_for_a_client_that_never_reads_and_may_race_itself()
 
 EMFILE_CHILD = textwrap.dedent("""
     import json, logging, os, resource, socket, sys, time, urllib.request
-    from torchvitals.agent.outputs.server import MetricsServer, RenderCache
+    from torchvitals.agent.outputs.render import RenderCache
+    from torchvitals.agent.outputs.server import MetricsServer
 
     warnings = []
     handler = logging.Handler()

@@ -27,7 +27,9 @@ from pathlib import Path
 import pytest
 from hostile_clients import self_signed
 
-from torchvitals.agent.outputs.server import TLS, WORKERS, MetricsServer, RenderCache
+from torchvitals.agent.outputs.render import RenderCache
+from torchvitals.agent.outputs.server import WORKERS, MetricsServer
+from torchvitals.agent.outputs.tls import TLS
 
 SEEDS = [int(s) for s in os.environ.get("TORCHVITALS_FUZZ_SEEDS", "11,23,42").split(",")]
 ATTACK_S = 2.0
