@@ -16,11 +16,12 @@ own series carry it, and a target label of the same name would rename them ``exp
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 from pathlib import Path
+
+from ..recover.durable import replace_json
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +53,9 @@ class TargetFile:
         labels = {"__scheme__": scheme} if scheme != "http" else {}
         if job:
             labels["job"] = job
-        body = json.dumps([{"targets": [target], "labels": labels}])
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(body, encoding="utf-8")
             # Renamed into place: Prometheus re-reads a changed file and must never see half.
-            os.replace(tmp, self.path)
+            replace_json(self.path, [{"targets": [target], "labels": labels}])
         except OSError as exc:
             log.warning("torchvitals: cannot write the file_sd target %s (%s); Prometheus will "
                         "not find this rank's /metrics through it", self.path, exc)

@@ -21,7 +21,7 @@ from ..report import Report
 from .eventlog import EventLog
 from .discovery import TargetFile
 from .exporter import Exporter
-from .ports import local_rank, local_size
+from .ports import local_rank, local_rank_source, local_size
 from .tls import TLS
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ class Outputs:
                                  idle_timeout_s=config.metrics_idle_timeout_s,
                                  strict=config.metrics_port_strict, local_size=local_size())
         if self.exporter.url is not None:
-            log.info("torchvitals: rank %d serves /metrics at %s", rank, self.exporter.url)
+            log.info("torchvitals: rank %d (local rank %d, from %s) serves /metrics at %s", rank,
+                     local, local_rank_source() or "no launcher variable", self.exporter.url)
         self.failures: dict[str, int] = {}
         """Sink name -> calls that raised (each sink's first failure is logged in full)."""
         self.target: TargetFile | None = None
