@@ -28,7 +28,7 @@ import torch
 import torchvitals
 from torchvitals.agent.outputs.ports import DEFAULT_PORT
 from support.models import TINY, TinyGPT, random_batches
-from torchvitals.agent.tools.demo.launch import free_ports
+from torchvitals.agent.tools.demo.launch import free_ports, port_is_free
 from support.world import free_port
 from promstack import Prometheus
 
@@ -54,15 +54,6 @@ def answers(url: str) -> str:
         return resp.read().decode()
 
 
-def taken(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
 def test_default_port_and_dcgm_port_held_by_another_process(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.delenv("TORCHVITALS_METRICS_PORT", raising=False)
@@ -70,7 +61,7 @@ def test_default_port_and_dcgm_port_held_by_another_process(monkeypatch, caplog,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert taken(DEFAULT_PORT) and taken(9400)
+        assert not port_is_free(DEFAULT_PORT) and not port_is_free(9400)
         torch.manual_seed(0)
         model = TinyGPT(**TINY)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
