@@ -32,17 +32,24 @@ from .errors import ConfigError, TorchvitalsError
 from .lazy import lazy_exports
 
 _EXPORTS = {
-    "Agent": ".agent.agent", "watch": ".agent.agent", "Config": ".agent.config",
-    "Report": ".agent.report", "record_attention": ".agent.measure.attention",
-    "Thresholds": ".agent.detect.thresholds", "Verdict": ".agent.detect.verdict",
+    "Agent": ".agent.agent",
+    "watch": ".agent.agent",
+    "Config": ".agent.config",
+    "Report": ".agent.report",
+    "record_attention": ".agent.measure.attention",
+    "Thresholds": ".agent.detect.thresholds",
+    "Verdict": ".agent.detect.verdict",
     "TrainingAborted": ".agent.recover.watchdog",
     "LightningCallback": ".agent.integrations.lightning",
     "TransformersCallback": ".agent.integrations.transformers",
     "watch_torchtitan": ".agent.integrations.torchtitan",
     # The errors the README tells a caller to catch, from the module that raises each.
-    "CheckpointError": ".agent.recover.agreement", "ResumeRefused": ".agent.recover.resume_policy",
-    "LedgerError": ".agent.recover.ledger", "DoubleStepError": ".agent.guard",
-    "GuardBypassedError": ".agent.guard", "MetricsPortError": ".agent.outputs.exporter",
+    "CheckpointError": ".agent.recover.agreement",
+    "ResumeRefused": ".agent.recover.resume_policy",
+    "LedgerError": ".agent.recover.ledger",
+    "DoubleStepError": ".agent.guard",
+    "GuardBypassedError": ".agent.guard",
+    "MetricsPortError": ".agent.outputs.exporter",
 }
 __all__ = sorted([*_EXPORTS, "ConfigError", "TorchvitalsError"])
 
@@ -73,9 +80,10 @@ def __getattr__(name: str) -> Any:
         # Read once from the installed metadata, pyproject.toml's version: the one source.
         # Lazily, since the lookup scans every distribution on sys.path (~0.1 s on a full one).
         from importlib.metadata import PackageNotFoundError, version
+
         try:
             found = version(__name__)
-        except PackageNotFoundError:     # imported from a checkout that was never installed
+        except PackageNotFoundError:  # imported from a checkout that was never installed
             found = "0+unknown"
         globals()["__version__"] = found
         return found

@@ -71,43 +71,87 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("diagnose", help="name the root cause of a run from its event log")
     d.add_argument("events", help="the run's events.jsonl")
-    p = sub.add_parser("preflight", help="memorization, LR range and wiring checks before a long run")
+    p = sub.add_parser(
+        "preflight", help="memorization, LR range and wiring checks before a long run"
+    )
     p.add_argument("factory", metavar="MODULE:FACTORY", help="callable returning the setup dict")
-    p.add_argument("--steps", type=int, default=env("TORCHVITALS_PREFLIGHT_STEPS", "300"),
-                   help="memorization steps (default: 300; env TORCHVITALS_PREFLIGHT_STEPS)")
-    p.add_argument("--lr-steps", type=int, default=env("TORCHVITALS_PREFLIGHT_LR_STEPS", "100"),
-                   help="LR range test steps (default: 100; env TORCHVITALS_PREFLIGHT_LR_STEPS)")
-    p.add_argument("--png", default=env("TORCHVITALS_PREFLIGHT_PNG") or None,
-                   help="save the LR range plot here (default: no plot; env TORCHVITALS_PREFLIGHT_PNG)")
-    demo = sub.add_parser("demo", help="train a small GPT on 2 CPU ranks, inject a fault, "
-                                        "watch torchvitals catch it and roll back")
-    demo.add_argument("--fault", choices=FAULTS, default=env("TORCHVITALS_DEMO_FAULT", "lr-spike"),
-                      help="the fault injected mid-run (default: lr-spike; env TORCHVITALS_DEMO_FAULT)")
-    demo.add_argument("--ranks", type=int, default=env("TORCHVITALS_DEMO_RANKS", "2"),
-                      help="CPU ranks (default: 2; env TORCHVITALS_DEMO_RANKS)")
-    demo.add_argument("--steps", type=int, default=env("TORCHVITALS_DEMO_STEPS", "200"),
-                      help="training steps (default: 200; env TORCHVITALS_DEMO_STEPS)")
-    demo.add_argument("--out", default=env("TORCHVITALS_DEMO_OUT") or None,
-                      help="run folder (default: torchvitals_demo/<time>; env TORCHVITALS_DEMO_OUT)")
-    demo.add_argument("--metrics-port", type=int, default=env("TORCHVITALS_DEMO_METRICS_PORT", "0"),
-                      help="base port of the ranks' /metrics (default: 0, free ports; env "
-                           "TORCHVITALS_DEMO_METRICS_PORT)")
-    demo.add_argument("--timeout-s", type=float, default=env("TORCHVITALS_DEMO_TIMEOUT_S", "600"),
-                      help="stop the ranks past this many seconds (default: 600; env "
-                           "TORCHVITALS_DEMO_TIMEOUT_S)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=env("TORCHVITALS_PREFLIGHT_STEPS", "300"),
+        help="memorization steps (default: 300; env TORCHVITALS_PREFLIGHT_STEPS)",
+    )
+    p.add_argument(
+        "--lr-steps",
+        type=int,
+        default=env("TORCHVITALS_PREFLIGHT_LR_STEPS", "100"),
+        help="LR range test steps (default: 100; env TORCHVITALS_PREFLIGHT_LR_STEPS)",
+    )
+    p.add_argument(
+        "--png",
+        default=env("TORCHVITALS_PREFLIGHT_PNG") or None,
+        help="save the LR range plot here (default: no plot; env TORCHVITALS_PREFLIGHT_PNG)",
+    )
+    demo = sub.add_parser(
+        "demo",
+        help="train a small GPT on 2 CPU ranks, inject a fault, "
+        "watch torchvitals catch it and roll back",
+    )
+    demo.add_argument(
+        "--fault",
+        choices=FAULTS,
+        default=env("TORCHVITALS_DEMO_FAULT", "lr-spike"),
+        help="the fault injected mid-run (default: lr-spike; env TORCHVITALS_DEMO_FAULT)",
+    )
+    demo.add_argument(
+        "--ranks",
+        type=int,
+        default=env("TORCHVITALS_DEMO_RANKS", "2"),
+        help="CPU ranks (default: 2; env TORCHVITALS_DEMO_RANKS)",
+    )
+    demo.add_argument(
+        "--steps",
+        type=int,
+        default=env("TORCHVITALS_DEMO_STEPS", "200"),
+        help="training steps (default: 200; env TORCHVITALS_DEMO_STEPS)",
+    )
+    demo.add_argument(
+        "--out",
+        default=env("TORCHVITALS_DEMO_OUT") or None,
+        help="run folder (default: torchvitals_demo/<time>; env TORCHVITALS_DEMO_OUT)",
+    )
+    demo.add_argument(
+        "--metrics-port",
+        type=int,
+        default=env("TORCHVITALS_DEMO_METRICS_PORT", "0"),
+        help="base port of the ranks' /metrics (default: 0, free ports; env "
+        "TORCHVITALS_DEMO_METRICS_PORT)",
+    )
+    demo.add_argument(
+        "--timeout-s",
+        type=float,
+        default=env("TORCHVITALS_DEMO_TIMEOUT_S", "600"),
+        help="stop the ranks past this many seconds (default: 600; env TORCHVITALS_DEMO_TIMEOUT_S)",
+    )
     r = sub.add_parser("report", help="plots and an HTML page with the diagnosis of a run")
     r.add_argument("run_dir", help="the run folder (holding events.jsonl)")
-    r.add_argument("--ledger", default=None, help="the watchdog's ledger.json (default: found "
-                                                  "in the run folder or one below it)")
-    s = sub.add_parser("supervise", help="run a training command, restart it on a crash or hang",
-                       usage="%(prog)s [options] -- CMD [ARGS...]")
+    r.add_argument(
+        "--ledger",
+        default=None,
+        help="the watchdog's ledger.json (default: found in the run folder or one below it)",
+    )
+    s = sub.add_parser(
+        "supervise",
+        help="run a training command, restart it on a crash or hang",
+        usage="%(prog)s [options] -- CMD [ARGS...]",
+    )
     SupervisorConfig.add_arguments(s)
     if argv is None:
         argv = sys.argv[1:]
     command: list[str] = []
     if argv[:1] == ["supervise"] and "--" in argv:
         cut = argv.index("--")
-        argv, command = argv[:cut], argv[cut + 1:]
+        argv, command = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
     args.job_command = command
     return args
@@ -130,15 +174,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "diagnose":
             from .agent.tools.diagnose import diagnose_events
+
             print(diagnose_events(args.events).render())
             return 0
         if args.command == "report":
             from .agent.tools.runreport import write_report
+
             report = write_report(args.run_dir, ledger=args.ledger)
             print(report.render_summary())
             print(f"report: {report.html}")
             return 0
         from .agent.tools.preflight import load_setup, preflight
+
         setup = load_setup(args.factory)
     except (OSError, ValueError, ImportError, AttributeError, TorchvitalsError) as exc:
         # One line, not a traceback: the usual causes are a wrong path or a wrong name. Errors
@@ -155,10 +202,16 @@ def _demo(args: argparse.Namespace) -> int:
 
     from .agent.tools.demo.launch import run_demo
     from .agent.tools.demo.train import DemoRun
+
     out = args.out or os.path.join("torchvitals_demo", time.strftime("%Y%m%d-%H%M%S"))
-    if os.path.exists(os.path.join(out, "events.jsonl")) or os.path.exists(os.path.join(out, "checkpoints")):
-        print(f"torchvitals demo: {out} holds a run already (its watchdog would resume it); "
-              f"choose another --out or remove it", file=sys.stderr)
+    if os.path.exists(os.path.join(out, "events.jsonl")) or os.path.exists(
+        os.path.join(out, "checkpoints")
+    ):
+        print(
+            f"torchvitals demo: {out} holds a run already (its watchdog would resume it); "
+            f"choose another --out or remove it",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.ranks < 1:
@@ -172,8 +225,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _supervise(args: argparse.Namespace) -> int:
     from .collector.supervisor.supervisor import supervise
-    flags = {k: v for k, v in vars(args).items()
-             if k not in ("command", "job_command") and v is not None}
+
+    flags = {
+        k: v for k, v in vars(args).items() if k not in ("command", "job_command") and v is not None
+    }
     if not args.job_command:
         print("torchvitals supervise: no command to run (put it after --)", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Names of a package that load on first use (PEP 562), so importing the package stays cheap.
 
-    __getattr__, __dir__ = lazy_exports(__name__, {"watch": ".agent", ...}, globals())
+__getattr__, __dir__ = lazy_exports(__name__, {"watch": ".agent", ...}, globals())
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import importlib
 from typing import Any, Callable
 
 
-def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any]
-                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, exports: dict[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The module ``__getattr__`` and ``__dir__`` of ``package``.
 
     Args:
@@ -18,6 +19,7 @@ def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any
         exports: public name -> the module (relative to ``package``) that defines it.
         namespace: the package's ``globals()``; a loaded name is cached there.
     """
+
     def __getattr__(name: str) -> Any:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

@@ -100,8 +100,16 @@ def heartbeat_path(folder: str | os.PathLike, rank: int) -> Path:
     return Path(folder) / f"heartbeat-rank{rank:05d}.json"
 
 
-def write_heartbeat(path: Path, *, step: int, time: float, phase: str, pid: int, rank: int,
-                    metrics_url: str | None = None) -> None:
+def write_heartbeat(
+    path: Path,
+    *,
+    step: int,
+    time: float,
+    phase: str,
+    pid: int,
+    rank: int,
+    metrics_url: str | None = None,
+) -> None:
     """Replace a rank's heartbeat file (a temporary file renamed, so a reader never sees half).
 
     ``metrics_url`` is where the rank's /metrics really serves (after a port fallback), so
@@ -111,8 +119,13 @@ def write_heartbeat(path: Path, *, step: int, time: float, phase: str, pid: int,
     """
     if phase not in PHASES:
         raise ValueError(f"unknown heartbeat phase {phase!r}; known: {PHASES}")
-    record: dict[str, object] = {"step": step, "time": time, "phase": phase, "pid": pid,
-                                 "rank": rank}
+    record: dict[str, object] = {
+        "step": step,
+        "time": time,
+        "phase": phase,
+        "pid": pid,
+        "rank": rank,
+    }
     if metrics_url:
         record["metrics_url"] = metrics_url
     tmp = path.with_name(path.name + ".tmp")
@@ -147,20 +160,30 @@ def read_heartbeats(folder: str | os.PathLike) -> Beat | None:
     for path in Path(folder).glob(HEARTBEAT_GLOB):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
-            records.append((int(record["step"]), float(record["time"]), record.get("phase"),
-                            int(record["pid"])))
+            records.append(
+                (
+                    int(record["step"]),
+                    float(record["time"]),
+                    record.get("phase"),
+                    int(record["pid"]),
+                )
+            )
         except (OSError, ValueError, KeyError, TypeError):
             continue
     if not records:
         return None
-    return Beat(step=max(r[0] for r in records), time=max(r[1] for r in records),
-                checkpointing=any(r[2] == CHECKPOINT for r in records),
-                aborted=any(r[2] == ABORTED for r in records),
-                refused=any(r[2] == REFUSED for r in records),
-                pids=tuple(r[3] for r in records))
+    return Beat(
+        step=max(r[0] for r in records),
+        time=max(r[1] for r in records),
+        checkpointing=any(r[2] == CHECKPOINT for r in records),
+        aborted=any(r[2] == ABORTED for r in records),
+        refused=any(r[2] == REFUSED for r in records),
+        pids=tuple(r[3] for r in records),
+    )
 
 
 # ---------------------------------------------------------------- the bearer token
+
 
 class TokenError(TorchvitalsError, ValueError):
     """The token is set twice, unreadable, or missing; the message never holds the token."""
@@ -187,4 +210,3 @@ def token_from_env(environ: Mapping[str, str] | None = None) -> str:
     """The token from ``TOKEN_ENV`` or the file ``TOKEN_FILE_ENV`` names; "" when neither is set."""
     environ = os.environ if environ is None else environ
     return read_token(environ.get(TOKEN_ENV), environ.get(TOKEN_FILE_ENV)) or ""
-

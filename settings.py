@@ -22,9 +22,15 @@ import textwrap
 from typing import Any, Callable, Mapping
 
 
-def settings(cls: type, environ: Mapping[str, str] | None, overrides: Mapping[str, Any],
-             env_key: Callable[[str], str], what: str, *,
-             fields: Mapping[str, dataclasses.Field] | None = None) -> dict[str, Any]:
+def settings(
+    cls: type,
+    environ: Mapping[str, str] | None,
+    overrides: Mapping[str, Any],
+    env_key: Callable[[str], str],
+    what: str,
+    *,
+    fields: Mapping[str, dataclasses.Field] | None = None,
+) -> dict[str, Any]:
     """A config dataclass's values: its environment variables, then ``overrides`` on top.
 
     Args:
@@ -47,8 +53,10 @@ def settings(cls: type, environ: Mapping[str, str] | None, overrides: Mapping[st
     names = dict(fields) if fields is not None else {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(overrides) - set(names)
     if unknown:
-        raise TypeError(f"unknown {what} setting(s): {', '.join(sorted(unknown))}; "
-                        f"known: {', '.join(sorted(names))}")
+        raise TypeError(
+            f"unknown {what} setting(s): {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(names))}"
+        )
     values: dict[str, Any] = {}
     for name, f in names.items():
         key = env_key(name)
@@ -66,6 +74,7 @@ def check_types(instance: Any, names: Mapping[str, str] | None = None) -> None:
     import typing
 
     from .errors import ConfigTypeError
+
     hints = typing.get_type_hints(type(instance))
     for f in dataclasses.fields(instance):
         value, hint = getattr(instance, f.name), hints[f.name]
@@ -81,8 +90,12 @@ def _allowed(hint: Any, value: Any) -> str | None:
     import collections.abc
     import types
     import typing
-    options = (typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType)
-               else (hint,))
+
+    options = (
+        typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType)
+        else (hint,)
+    )
     for option in options:
         origin = typing.get_origin(option) or option
         if option is type(None) and value is None:
@@ -137,20 +150,28 @@ def field_docs(cls: type) -> dict[str, str]:
     """Field name -> the docstring written under the field in ``cls``'s source ("" if none)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):        # no source (a frozen app): help without the words
+    except (OSError, TypeError):  # no source (a frozen app): help without the words
         return {}
     body = tree.body[0].body
     docs = {}
     for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type, env_key: Callable[[str], str],
-              skip: tuple[str, ...] = ()) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    env_key: Callable[[str], str],
+    skip: tuple[str, ...] = (),
+) -> None:
     """One ``--field-name`` flag per field of ``cls`` (default None: "not given").
 
     The help is the field's docstring, its default and its variable, so a flag given neither
@@ -163,14 +184,24 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, env_key: Callable[[str
         kind = str(f.type)
         default = f.default if f.default is not dataclasses.MISSING else None
         shown = "none" if default is None else default
-        help_text = (f"{docs.get(f.name, '')} (default: {shown}; env {env_key(f.name)})"
-                     .replace("%", "%%").strip())
+        help_text = f"{docs.get(f.name, '')} (default: {shown}; env {env_key(f.name)})".replace(
+            "%", "%%"
+        ).strip()
         flag = "--" + f.name.replace("_", "-")
         if kind.startswith("bool"):
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=help_text)
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
         else:
-            parser.add_argument(flag, dest=f.name, default=None, help=help_text,
-                                metavar=f.name.upper(),
-                                type=int if kind.startswith("int") else
-                                float if kind.startswith("float") else str)
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                default=None,
+                help=help_text,
+                metavar=f.name.upper(),
+                type=int if kind.startswith("int") else float if kind.startswith("float") else str,
+            )

@@ -64,8 +64,15 @@ from .signals.timing import Timing
 from .signals.update import UpdateRatios
 from .optimizers import resolve
 from .step import StepInput, Steps
-from .wrappers import (check_checkpointable, grad_source, param_source, state_holder,
-                       step_owner, stepped_params, unwrap_all)
+from .wrappers import (
+    check_checkpointable,
+    grad_source,
+    param_source,
+    state_holder,
+    step_owner,
+    stepped_params,
+    unwrap_all,
+)
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -74,13 +81,21 @@ log = logging.getLogger(__name__)
 class Agent:
     """Watches one rank's model and optimizer; see ``torchvitals.watch``."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
-                 *, config: Config | None = None, group: dist.ProcessGroup | None = None,
-                 registry: Any = None, clock: Callable[[], float] = time.perf_counter):
-        self._stepper = step_owner(optimizer)       # what the guard steps: see wrappers.py
-        optimizer, scheduler = unwrap_all(optimizer, scheduler, log)   # accelerate, DeepSpeed
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any = None,
+        *,
+        config: Config | None = None,
+        group: dist.ProcessGroup | None = None,
+        registry: Any = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self._stepper = step_owner(optimizer)  # what the guard steps: see wrappers.py
+        optimizer, scheduler = unwrap_all(optimizer, scheduler, log)  # accelerate, DeepSpeed
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.optimizers = resolve(optimizer)   # a container's real optimizers (or a clear error)
+        self.optimizers = resolve(optimizer)  # a container's real optimizers (or a clear error)
         self.state_holder = state_holder(self._stepper, optimizer)
         """What checkpoints and rollbacks save and restore the optimizer state of."""
         self.config = config or Config.from_env()
@@ -98,9 +113,12 @@ class Agent:
         self.params = [p for ps in self.blocks.params for _, p in ps]
         self.device = local(self.params[0]).device
         self.reducer = Reducer(self.group, self.world_size)
-        self.detector = Detector(self.blocks.names, self.blocks.kinds,
-                                 Thresholds.from_overrides(self.config.detect),
-                                 static=self.layout.static)
+        self.detector = Detector(
+            self.blocks.names,
+            self.blocks.kinds,
+            Thresholds.from_overrides(self.config.detect),
+            static=self.layout.static,
+        )
         self.loss_book = LossBook()
         """Where each step's loss comes from (``record_loss``, the model's outputs)."""
         self._wait = DataWait(clock)
@@ -117,15 +135,17 @@ class Agent:
         blocks = discover(model, self.config.blocks)
         return blocks, wiring_verdicts(blocks, stepped_params(self._stepper, self.optimizers))
 
-    def _build(self, optimizer: torch.optim.Optimizer, registry: Any,
-               built: contextlib.ExitStack) -> None:
+    def _build(
+        self, optimizer: torch.optim.Optimizer, registry: Any, built: contextlib.ExitStack
+    ) -> None:
         """Every collaborator that holds a resource, each released by ``built`` on failure."""
         config, model = self.config, self.model
         # Every rank reads the token, so a missing secret fails every rank alike, not rank 0
         # alone while the others wait in a collective; only rank 0 polls.
         token = token_from_env() if config.collector_url else None
-        self.heartbeat = (Heartbeat(config.heartbeat_dir, self.rank) if config.heartbeat_dir
-                          else None)
+        self.heartbeat = (
+            Heartbeat(config.heartbeat_dir, self.rank) if config.heartbeat_dir else None
+        )
         try:
             self.watchdog = Watchdog.open(config, self.group) if config.checkpoint_dir else None
         except LedgerError:
@@ -137,14 +157,22 @@ class Agent:
         if self.watchdog is not None:
             built.callback(self.watchdog.close)
         self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
-        self.poller = (DirectivePoller(config.collector_url, config.collector_job,
-                                        config.collector_poll_seconds, token=token)
-                        if config.collector_url and self.rank == 0 else None)
+        self.poller = (
+            DirectivePoller(
+                config.collector_url,
+                config.collector_job,
+                config.collector_poll_seconds,
+                token=token,
+            )
+            if config.collector_url and self.rank == 0
+            else None
+        )
         """Global rank 0's collector poller (None on the other ranks and without a collector)."""
         if self.poller is not None:
             built.callback(self.poller.close)
-        self.outputs = Outputs(config, self.blocks.names, rank=self.rank,
-                               world_size=self.world_size, registry=registry)
+        self.outputs = Outputs(
+            config, self.blocks.names, rank=self.rank, world_size=self.world_size, registry=registry
+        )
         built.callback(self.outputs.close)
         # An agent dropped without close() frees its port and event log too (the sinks hold
         # nothing of the agent, so this keeps nothing alive).
@@ -156,8 +184,11 @@ class Agent:
             self.watchdog.on_phase = lambda phase: self.heartbeat.beat(phase=phase)
         if self.heartbeat is not None:
             self.heartbeat.beat(0, CHECKPOINT if self.watchdog is not None else TRAIN)
-        self.resumed_from = (self.watchdog.resume(model, self.state_holder, self.scheduler)
-                             if self.watchdog is not None else None)
+        self.resumed_from = (
+            self.watchdog.resume(model, self.state_holder, self.scheduler)
+            if self.watchdog is not None
+            else None
+        )
         if self.resumed_from is not None:
             self.steps.step_count = self.resumed_from
         if self.heartbeat is not None:
@@ -165,13 +196,17 @@ class Agent:
         self.steps.last_end = self.clock()
         # Always on and O(1): the end of each forward pass, for per-rank compute time.
         built.callback(model.register_forward_hook(self.steps.on_forward).remove)
-        built.callback(unwrap(model).register_forward_hook(self.loss_book.capture_output,
-                                                           with_kwargs=True).remove)
-        self._patches = PatchSet()          # undone by close(), or when the agent is collected
+        built.callback(
+            unwrap(model)
+            .register_forward_hook(self.loss_book.capture_output, with_kwargs=True)
+            .remove
+        )
+        self._patches = PatchSet()  # undone by close(), or when the agent is collected
         built.callback(self._patches.close)
         self._patches.close_when_collected(self)
-        self.guard = StepGuard(self.optimizers, self._guarded_step, self.params, self._patches,
-                               stepper=self._stepper)
+        self.guard = StepGuard(
+            self.optimizers, self._guarded_step, self.params, self._patches, stepper=self._stepper
+        )
         built.callback(self.guard.close)
         self.signals = self._signals()
         for signal in self.signals:
@@ -189,34 +224,63 @@ class Agent:
         sharded = any(isinstance(p, DTensor) for p in self.params)
         split = config.split_ddp_work and self.world_size > 1 and not sharded
         # Under DDP each block's replicas split the work: one of them measures it.
-        owned = [bool(h) and h[b % len(h)] == self.rank if split else True
-                 for b, h in enumerate(blocks.holders)]
+        owned = [
+            bool(h) and h[b % len(h)] == self.rank if split else True
+            for b, h in enumerate(blocks.holders)
+        ]
         stepped = stepped_params(self._stepper, self.optimizers)
-        self.grads = GradNorms(GradStats(blocks, owned, self.world_size, split,
-                                         grad_source(self._stepper)), blocks.names,
-                               self.device, self.guard.probe_grads,
-                               ClipWatch(log=log if self.rank == 0 else None),
-                               expected=[sum(map(len, unstepped(ps, stepped))) < len(ps)
-                                         for ps in blocks.params],
-                               log=log if self.rank == 0 else None)
-        self.update = (UpdateRatios(UpdateRatio(blocks, owned, self.world_size, split,
-                                                config.update_ratio_max_bytes,
-                                                param_source(self._stepper)), blocks.names)
-                       if config.update_ratio else None)
-        self.activations = (Activations(ActivationStats(blocks.output_modules,
-                                                        config.saturation_level),
-                                        AttentionStats(unwrap(self.model), blocks), blocks.names)
-                            if config.activations else None)
+        self.grads = GradNorms(
+            GradStats(blocks, owned, self.world_size, split, grad_source(self._stepper)),
+            blocks.names,
+            self.device,
+            self.guard.probe_grads,
+            ClipWatch(log=log if self.rank == 0 else None),
+            expected=[sum(map(len, unstepped(ps, stepped))) < len(ps) for ps in blocks.params],
+            log=log if self.rank == 0 else None,
+        )
+        self.update = (
+            UpdateRatios(
+                UpdateRatio(
+                    blocks,
+                    owned,
+                    self.world_size,
+                    split,
+                    config.update_ratio_max_bytes,
+                    param_source(self._stepper),
+                ),
+                blocks.names,
+            )
+            if config.update_ratio
+            else None
+        )
+        self.activations = (
+            Activations(
+                ActivationStats(blocks.output_modules, config.saturation_level),
+                AttentionStats(unwrap(self.model), blocks),
+                blocks.names,
+            )
+            if config.activations
+            else None
+        )
         signals: list[Signal | None] = [
-            Loss(), self.grads, Scaler(), self.update, self.activations,
+            Loss(),
+            self.grads,
+            Scaler(),
+            self.update,
+            self.activations,
             DataWaitSignal(self._wait),
-            Timing(RankTiming(self.detector.thresholds, self.rank,
-                              self.layout.stage_sizes[self.layout.stage]),
-                   self.layout.stage, len(self.layout.stage_sizes)),
+            Timing(
+                RankTiming(
+                    self.detector.thresholds, self.rank, self.layout.stage_sizes[self.layout.stage]
+                ),
+                self.layout.stage,
+                len(self.layout.stage_sizes),
+            ),
             Memory(MemorySample(self.device)),
             self._replicas(),
             CheckpointSettlement(self.watchdog) if self.watchdog is not None else None,
-            Directives(self.poller) if config.collector_url else None]
+            Directives(self.poller) if config.collector_url else None,
+        ]
         return [s for s in signals if s is not None]
 
     def _replicas(self) -> Replicas | None:
@@ -228,8 +292,14 @@ class Agent:
 
     # ------------------------------------------------------------------ the step's three doors
 
-    def step(self, loss: torch.Tensor | float | None = None, *, samples: int | None = None,
-             tokens: int | None = None, scaler: Any = None) -> Report:
+    def step(
+        self,
+        loss: torch.Tensor | float | None = None,
+        *,
+        samples: int | None = None,
+        tokens: int | None = None,
+        scaler: Any = None,
+    ) -> Report:
         """Measure this step, agree on it with every rank, then step the optimizer and the
         scheduler unless every rank skips or rolls back (a hand-written loop's one call).
 
@@ -245,8 +315,16 @@ class Agent:
         Returns:
             The Report, identical on every rank except its ``local_*``/``step_seconds`` fields.
         """
-        return self._run(StepInput(loss=loss, samples=samples, tokens=tokens, scaler=scaler,
-                                   update_scaler=scaler is not None, owns_scheduler=True))
+        return self._run(
+            StepInput(
+                loss=loss,
+                samples=samples,
+                tokens=tokens,
+                scaler=scaler,
+                update_scaler=scaler is not None,
+                owns_scheduler=True,
+            )
+        )
 
     def _guarded_step(self, closure_loss: Any) -> Report:
         """``optimizer.step()`` from the loop or a framework (see guard.StepGuard)."""
@@ -269,8 +347,12 @@ class Agent:
         step its skipped gradients are gone and its losses are not told from the new ones, so
         that step is not settled (telling them apart would take a hook on every backward, and
         the settled step could only report its gradients as unmeasured)."""
-        if self.steps.aborted is None and self.loss_book.pending and \
-                self.guard.has_new_gradients() and not self.guard.closed:
+        if (
+            self.steps.aborted is None
+            and self.loss_book.pending
+            and self.guard.has_new_gradients()
+            and not self.guard.closed
+        ):
             self._run(StepInput(skipped_by_framework=True))
 
     def _run(self, inp: StepInput, checked: bool = True) -> Report:
@@ -381,6 +463,7 @@ class Agent:
     def diagnose(self) -> Any:
         """The decision-tree summary of the run so far (see ``torchvitals.agent.tools.diagnose``)."""
         from .tools.diagnose import diagnose
+
         return diagnose(self.detector.history, self.steps.losses, self._validation)
 
     def close(self) -> None:
@@ -395,8 +478,15 @@ class Agent:
         self.close()
 
 
-def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, *,
-          group: dist.ProcessGroup | None = None, registry: Any = None, **config: Any) -> Agent:
+def watch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    *,
+    group: dist.ProcessGroup | None = None,
+    registry: Any = None,
+    **config: Any,
+) -> Agent:
     """Start watching a model and its optimizer on this rank.
 
     Args:
@@ -417,5 +507,11 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = N
     Returns:
         The Agent; call ``agent.step(loss)`` after each ``loss.backward()``.
     """
-    return Agent(model, optimizer, scheduler, config=Config.from_env(**config), group=group,
-                 registry=registry)
+    return Agent(
+        model,
+        optimizer,
+        scheduler,
+        config=Config.from_env(**config),
+        group=group,
+        registry=registry,
+    )

@@ -75,16 +75,21 @@ def too_old(version: str | None = None) -> str | None:
     not older than ``MIN_TORCH`` (local and pre-release versions compare as PEP 440 says)."""
     version = torch.__version__ if version is None else version
     if TorchVersion(version) < MIN_TORCH:
-        return (f"torch {version} is older than torchvitals supports: it needs "
-                f"{supported_range()}; install a newer torch (pip install 'torch>={MIN_TORCH}')")
+        return (
+            f"torch {version} is older than torchvitals supports: it needs "
+            f"{supported_range()}; install a newer torch (pip install 'torch>={MIN_TORCH}')"
+        )
     return None
 
 
 if (_refused := too_old()) is not None:
     raise CompatError(_refused)
 if torch_series() not in TESTED_TORCH:
-    warnings.warn(f"torchvitals is tested on {', '.join(s + '.x' for s in TESTED_TORCH)}, this is "
-                  f"torch {torch.__version__}: run torchvitals.agent.compat.check()", stacklevel=2)
+    warnings.warn(
+        f"torchvitals is tested on {', '.join(s + '.x' for s in TESTED_TORCH)}, this is "
+        f"torch {torch.__version__}: run torchvitals.agent.compat.check()",
+        stacklevel=2,
+    )
 
 # ---------------------------------------------------------------- bound at import
 
@@ -101,14 +106,17 @@ foreach_mul_ = _bind(torch, "_foreach_mul_", "torch")
 foreach_sub_ = _bind(torch, "_foreach_sub_", "torch")
 """torch's multi-tensor kernels: one launch for a list of tensors."""
 
-copy_state_dict = _bind(_state_dict_utils, "_copy_state_dict",
-                        "torch.distributed._state_dict_utils")
-create_cpu_state_dict = _bind(_state_dict_utils, "_create_cpu_state_dict",
-                              "torch.distributed._state_dict_utils")
+copy_state_dict = _bind(
+    _state_dict_utils, "_copy_state_dict", "torch.distributed._state_dict_utils"
+)
+create_cpu_state_dict = _bind(
+    _state_dict_utils, "_create_cpu_state_dict", "torch.distributed._state_dict_utils"
+)
 """What torch's own async checkpointing stages with (pinned host copies, one pass)."""
 
-init_optim_state = _bind(_dcp_state_dict, "_init_optim_state",
-                         "torch.distributed.checkpoint.state_dict")
+init_optim_state = _bind(
+    _dcp_state_dict, "_init_optim_state", "torch.distributed.checkpoint.state_dict"
+)
 """Gives an optimizer with no state yet its state tensors (one step at learning rate 0 with zero
 gradients), so a checkpoint loads into them: what DCP's own optimizer state dict does first."""
 
@@ -119,8 +127,7 @@ DropoutNd = _bind(dropout, "_DropoutNd", "torch.nn.modules.dropout")
 OptState = _bind(grad_scaler, "OptState", "torch.amp.grad_scaler")
 GradScaler = grad_scaler.GradScaler
 
-WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.",
-                    "_checkpoint_wrapped_module.")
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 """What DDP, torch.compile, FSDP1 and checkpoint_wrapper put before a wrapped module's
 parameter names."""
 
@@ -204,45 +211,71 @@ def problems() -> list[str]:
     scaler = GradScaler("cpu", enabled=True)
     state = scaler._per_optimizer_states[0] if hasattr(scaler, "_per_optimizer_states") else {}
     expect(bool(state), "GradScaler", "_per_optimizer_states")
-    expect(set(state) >= {"stage", "found_inf_per_device"}, "GradScaler._per_optimizer_states[]",
-           "stage/found_inf_per_device")
+    expect(
+        set(state) >= {"stage", "found_inf_per_device"},
+        "GradScaler._per_optimizer_states[]",
+        "stage/found_inf_per_device",
+    )
     expect(hasattr(OptState, "UNSCALED"), "torch.amp.grad_scaler.OptState", "UNSCALED")
     expect(callable(getattr(scaler, "_get_scale_async", None)), "GradScaler", "_get_scale_async")
 
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([param], lr=0.1)
     torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    expect(hasattr(opt.step, "_wrapped_by_lr_sched"), "torch.optim.lr_scheduler",
-           "_wrapped_by_lr_sched")
+    expect(
+        hasattr(opt.step, "_wrapped_by_lr_sched"),
+        "torch.optim.lr_scheduler",
+        "_wrapped_by_lr_sched",
+    )
     opt.step()
     expect(getattr(opt, "_opt_called", False) is True, "torch.optim.Optimizer", "_opt_called")
     expect(isinstance(getattr(param, "_version", None), int), "torch.Tensor", "_version")
 
-    expect(f"{CLIP_SCALE}(" in inspect.getsource(clip_grad.clip_grad_norm_),
-           "torch.nn.utils.clip_grad.clip_grad_norm_", f"calling {CLIP_SCALE}")
+    expect(
+        f"{CLIP_SCALE}(" in inspect.getsource(clip_grad.clip_grad_norm_),
+        "torch.nn.utils.clip_grad.clip_grad_norm_",
+        f"calling {CLIP_SCALE}",
+    )
     from torch.distributed.pipelining import schedules
-    expect(f"self.{PIPELINE_LOSS}(" in inspect.getsource(
-        schedules._PipelineSchedule._maybe_compute_loss), "torch.distributed.pipelining.schedules",
-        f"_PipelineSchedule.{PIPELINE_LOSS}")
+
+    expect(
+        f"self.{PIPELINE_LOSS}("
+        in inspect.getsource(schedules._PipelineSchedule._maybe_compute_loss),
+        "torch.distributed.pipelining.schedules",
+        f"_PipelineSchedule.{PIPELINE_LOSS}",
+    )
     from torch._dynamo.eval_frame import OptimizedModule
-    expect("self._orig_mod" in inspect.getsource(OptimizedModule.__init__),
-           "torch._dynamo.eval_frame.OptimizedModule", "_orig_mod")
+
+    expect(
+        "self._orig_mod" in inspect.getsource(OptimizedModule.__init__),
+        "torch._dynamo.eval_frame.OptimizedModule",
+        "_orig_mod",
+    )
     from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
     from torch.distributed.fsdp import _common_utils
+
     wrapped = getattr(checkpoint_wrapper, "_CHECKPOINT_WRAPPED_MODULE", None)
-    expect(f"{wrapped}." in WRAPPER_PREFIXES,
-           "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
-           "_CHECKPOINT_WRAPPED_MODULE")
+    expect(
+        f"{wrapped}." in WRAPPER_PREFIXES,
+        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+        "_CHECKPOINT_WRAPPED_MODULE",
+    )
     wrapped = getattr(_common_utils, "FSDP_WRAPPED_MODULE", None)
-    expect(f"{wrapped}." in WRAPPER_PREFIXES, "torch.distributed.fsdp._common_utils",
-           "FSDP_WRAPPED_MODULE")
+    expect(
+        f"{wrapped}." in WRAPPER_PREFIXES,
+        "torch.distributed.fsdp._common_utils",
+        "FSDP_WRAPPED_MODULE",
+    )
     try:
         from accelerate.optimizer import AcceleratedOptimizer
     except ImportError:
         pass
     else:
-        expect("self._is_overflow" in inspect.getsource(AcceleratedOptimizer),
-               "accelerate.optimizer.AcceleratedOptimizer", "_is_overflow")
+        expect(
+            "self._is_overflow" in inspect.getsource(AcceleratedOptimizer),
+            "accelerate.optimizer.AcceleratedOptimizer",
+            "_is_overflow",
+        )
     return out + _deepspeed_problems()
 
 
@@ -252,15 +285,27 @@ from torch.distributed.checkpoint import filesystem as _dcp_filesystem  # noqa: 
 from torch.distributed.checkpoint import metadata as _dcp_metadata  # noqa: E402
 
 DCP_METADATA_GLOBALS: dict[tuple[str, str], Any] = {
-    **{("torch.distributed.checkpoint.metadata", name): _bind(_dcp_metadata, name,
-                                                             "torch.distributed.checkpoint.metadata")
-       for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
-                    "ChunkStorageMetadata", "TensorProperties", "MetadataIndex", "StorageMeta",
-                    "_MEM_FORMAT_ENCODING")},
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"):
-        _bind(_dcp_filesystem, "_StorageInfo", "torch.distributed.checkpoint.filesystem"),
-    ("torch.serialization", "_get_layout"):
-        _bind(torch.serialization, "_get_layout", "torch.serialization"),
+    **{
+        ("torch.distributed.checkpoint.metadata", name): _bind(
+            _dcp_metadata, name, "torch.distributed.checkpoint.metadata"
+        )
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    },
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _bind(
+        _dcp_filesystem, "_StorageInfo", "torch.distributed.checkpoint.filesystem"
+    ),
+    ("torch.serialization", "_get_layout"): _bind(
+        torch.serialization, "_get_layout", "torch.serialization"
+    ),
     ("torch", "Size"): torch.Size,
     ("collections", "OrderedDict"): __import__("collections").OrderedDict,
     ("pathlib", "PosixPath"): __import__("pathlib").PosixPath,
@@ -281,8 +326,11 @@ end of the backward pass until its ``step`` consumes it."""
 
 def is_zero_optimizer(obj: Any) -> bool:
     """DeepSpeed's ZeRO stage 1/2 optimizer (it keeps the gradients in its own partitions)."""
-    return (type(obj).__module__ == "deepspeed.runtime.zero.stage_1_and_2" and
-            hasattr(obj, ZERO_PARTITIONED_GRADS) and hasattr(obj, "bit16_groups"))
+    return (
+        type(obj).__module__ == "deepspeed.runtime.zero.stage_1_and_2"
+        and hasattr(obj, ZERO_PARTITIONED_GRADS)
+        and hasattr(obj, "bit16_groups")
+    )
 
 
 def zero_loss_scaled(optimizer: Any) -> bool:
@@ -323,7 +371,7 @@ def zero_grad_fragment(param: torch.Tensor) -> torch.Tensor | None:
         return None
     try:
         return mapping.get_lp_grad_fragment(param._index_in_param_group)
-    except ValueError:        # "Gradients are only available ... before engine step"
+    except ValueError:  # "Gradients are only available ... before engine step"
         return None
 
 
@@ -341,8 +389,10 @@ def titan_checkpoint_to_load(checkpointer: Any, step: int = -1) -> tuple[int, st
     its ``initial_load_path``)."""
     for name in (TITAN_FIND_LOAD_STEP, TITAN_CHECKPOINT_ID):
         if not callable(getattr(checkpointer, name, None)):
-            raise CompatError(f"torchvitals needs torchtitan's CheckpointManager.{name} "
-                              "(torchtitan 0.3.0): it is gone")
+            raise CompatError(
+                f"torchvitals needs torchtitan's CheckpointManager.{name} "
+                "(torchtitan 0.3.0): it is gone"
+            )
     target = getattr(checkpointer, TITAN_FIND_LOAD_STEP)() if step == -1 else step
     if target < 0:
         return -1, None
@@ -363,8 +413,11 @@ ZERO3_GROUPS = "fp16_groups"
 
 def is_zero3_optimizer(obj: Any) -> bool:
     """DeepSpeed's ZeRO stage 3 optimizer (parameters, gradients and state all partitioned)."""
-    return (type(obj).__module__ == ZERO3_MODULE and hasattr(obj, ZERO3_GRADS)
-            and hasattr(obj, ZERO3_GROUPS))
+    return (
+        type(obj).__module__ == ZERO3_MODULE
+        and hasattr(obj, ZERO3_GRADS)
+        and hasattr(obj, ZERO3_GROUPS)
+    )
 
 
 def zero3_model_params(optimizer: Any) -> list[list[torch.Tensor]]:
@@ -397,8 +450,11 @@ class Zero3Partitions:
 
     def __init__(self, optimizer: Any) -> None:
         self._optimizer = optimizer
-        self._where = {id(p): (i, j) for i, group in enumerate(zero3_model_params(optimizer))
-                       for j, p in enumerate(group)}
+        self._where = {
+            id(p): (i, j)
+            for i, group in enumerate(zero3_model_params(optimizer))
+            for j, p in enumerate(group)
+        }
         self._valid: dict[int, int] = {}
 
     def _length(self, param: torch.Tensor) -> int:
@@ -406,6 +462,7 @@ class Zero3Partitions:
         n = self._valid.get(id(param))
         if n is None:
             import torch.distributed as dist
+
             size = param.ds_tensor.ds_numel
             start = size * dist.get_rank(group=param.ds_process_group)
             n = self._valid[id(param)] = max(0, min(size, param.ds_numel - start))
@@ -456,8 +513,10 @@ def zero3_unsupported_checkpoint(optimizer: Any) -> str | None:
     """Why this rank's ZeRO-3 state is not checkpointed in place, or None: offloaded, the
     optimizer's partitions (and with NVMe, its state) live in DeepSpeed's offload buffers, a
     layout torchvitals' restore does not cover."""
-    if any(getattr(optimizer, name, False)
-           for name in ("offload_optimizer", "swap_optimizer", "offload_param")):
+    if any(
+        getattr(optimizer, name, False)
+        for name in ("offload_optimizer", "swap_optimizer", "offload_param")
+    ):
         return "its optimizer state or parameters are offloaded (offload_optimizer/offload_param)"
     return None
 
@@ -479,9 +538,11 @@ def _deepspeed_problems() -> list[str]:
     """The DeepSpeed names above that do not hold in the installed DeepSpeed (none installed:
     nothing to check)."""
     import importlib.util
+
     if importlib.util.find_spec("deepspeed") is None:
         return []
     import importlib
+
     stage3 = importlib.import_module(ZERO3_MODULE)
     cls = getattr(stage3, "DeepSpeedZeroOptimizer_Stage3", None)
     if cls is None:
@@ -498,21 +559,36 @@ def _deepspeed_problems() -> list[str]:
     for name in ("checkpoint_event_prologue", "checkpoint_event_epilogue"):
         if not callable(getattr(cls, name, None)):
             out.append(f"{where}.{name} is gone")
-    if f"self.{ZERO3_MASTERS}[sub_group_id]" not in source or \
-            f"self.{ZERO3_SUB_GROUP_TO_GROUP}[sub_group_id]" not in source:
-        out.append(f"{where}: its step no longer steps {ZERO3_MASTERS} in the param group "
-                   f"{ZERO3_SUB_GROUP_TO_GROUP} names")
-    if "self._partition_all_parameters()" not in inspect.getsource(cls.checkpoint_event_prologue) \
-            or "all_gather(self.persistent_parameters)" not in inspect.getsource(
-                cls.checkpoint_event_epilogue):
-        out.append(f"{where}.checkpoint_event_prologue/epilogue no longer release and gather "
-                   "the parameters again")
+    if (
+        f"self.{ZERO3_MASTERS}[sub_group_id]" not in source
+        or f"self.{ZERO3_SUB_GROUP_TO_GROUP}[sub_group_id]" not in source
+    ):
+        out.append(
+            f"{where}: its step no longer steps {ZERO3_MASTERS} in the param group "
+            f"{ZERO3_SUB_GROUP_TO_GROUP} names"
+        )
+    if "self._partition_all_parameters()" not in inspect.getsource(
+        cls.checkpoint_event_prologue
+    ) or "all_gather(self.persistent_parameters)" not in inspect.getsource(
+        cls.checkpoint_event_epilogue
+    ):
+        out.append(
+            f"{where}.checkpoint_event_prologue/epilogue no longer release and gather "
+            "the parameters again"
+        )
     partitioning = importlib.import_module("deepspeed.runtime.zero.partition_parameters")
     parts = inspect.getsource(partitioning)
-    if not all(line in parts for line in ("param.ds_tensor.ds_numel = partition_size",
-                                          "start = partition_size * self._partition_rank(param)")):
-        out.append("deepspeed.runtime.zero.partition_parameters: a ZeRO-3 parameter's partition "
-                   "is no longer ds_tensor[:ds_numel - rank * ds_tensor.ds_numel]")
+    if not all(
+        line in parts
+        for line in (
+            "param.ds_tensor.ds_numel = partition_size",
+            "start = partition_size * self._partition_rank(param)",
+        )
+    ):
+        out.append(
+            "deepspeed.runtime.zero.partition_parameters: a ZeRO-3 parameter's partition "
+            "is no longer ds_tensor[:ds_numel - rank * ds_tensor.ds_numel]"
+        )
     return out
 
 
@@ -526,5 +602,7 @@ def check() -> None:
     """
     found = problems()
     if found:
-        raise CompatError(f"torchvitals cannot run on torch {torch.__version__} (it supports "
-                          f"{supported_range()}):\n  " + "\n  ".join(found))
+        raise CompatError(
+            f"torchvitals cannot run on torch {torch.__version__} (it supports "
+            f"{supported_range()}):\n  " + "\n  ".join(found)
+        )

@@ -70,12 +70,24 @@ class MeasureConfig:
     def __post_init__(self) -> None:
         _check(self, "measure")
         _need(self.sample_every >= 1, "sample_every", self.sample_every, "an integer >= 1")
-        _need(self.saturation_level > 0, "saturation_level", self.saturation_level,
-              "a number > 0 (|x| at or above it counts as saturated)")
-        _need(self.update_ratio_max_bytes >= 0, "update_ratio_max_bytes",
-              self.update_ratio_max_bytes, "an integer >= 0")
-        _need(self.clip_grad_norm is None or self.clip_grad_norm > 0, "clip_grad_norm",
-              self.clip_grad_norm, "a number > 0, or None")
+        _need(
+            self.saturation_level > 0,
+            "saturation_level",
+            self.saturation_level,
+            "a number > 0 (|x| at or above it counts as saturated)",
+        )
+        _need(
+            self.update_ratio_max_bytes >= 0,
+            "update_ratio_max_bytes",
+            self.update_ratio_max_bytes,
+            "an integer >= 0",
+        )
+        _need(
+            self.clip_grad_norm is None or self.clip_grad_norm > 0,
+            "clip_grad_norm",
+            self.clip_grad_norm,
+            "a number > 0, or None",
+        )
 
 
 @dataclass(kw_only=True, eq=False)
@@ -90,7 +102,9 @@ class DetectConfig(Mapping):
 
     def __post_init__(self) -> None:
         _check(self, "detect")
-        Thresholds.from_overrides(self.thresholds)  # an unknown threshold fails at watch(), not later
+        Thresholds.from_overrides(
+            self.thresholds
+        )  # an unknown threshold fails at watch(), not later
 
     def __getitem__(self, name: str) -> Any:
         return (self.thresholds or {})[name]
@@ -166,24 +180,47 @@ class RecoverConfig:
 
     def __post_init__(self) -> None:
         _check(self, "recover")
-        _need(self.checkpoint_dir is None or self.checkpoint_dir.strip() != "", "checkpoint_dir",
-              self.checkpoint_dir, "a folder, or None for no watchdog")
-        _need(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every,
-              "an integer >= 1 (steps between healthy checkpoints)")
-        _need(self.checkpoint_keep >= 1, "checkpoint_keep", self.checkpoint_keep,
-              "an integer >= 1 (checkpoints kept on disk)")
+        _need(
+            self.checkpoint_dir is None or self.checkpoint_dir.strip() != "",
+            "checkpoint_dir",
+            self.checkpoint_dir,
+            "a folder, or None for no watchdog",
+        )
+        _need(
+            self.checkpoint_every >= 1,
+            "checkpoint_every",
+            self.checkpoint_every,
+            "an integer >= 1 (steps between healthy checkpoints)",
+        )
+        _need(
+            self.checkpoint_keep >= 1,
+            "checkpoint_keep",
+            self.checkpoint_keep,
+            "an integer >= 1 (checkpoints kept on disk)",
+        )
         _need(self.healthy_window >= 0, "healthy_window", self.healthy_window, "an integer >= 0")
-        _need(self.resume in ("restart", "auto", "never"), "resume", self.resume,
-              "one of 'restart', 'auto', 'never'")
+        _need(
+            self.resume in ("restart", "auto", "never"),
+            "resume",
+            self.resume,
+            "one of 'restart', 'auto', 'never'",
+        )
         _need(0.0 < self.lr_backoff <= 1.0, "lr_backoff", self.lr_backoff, "a number in (0, 1]")
         _need(self.skip_margin >= 0, "skip_margin", self.skip_margin, "an integer >= 0")
         _need(self.max_rollbacks >= 0, "max_rollbacks", self.max_rollbacks, "an integer >= 0")
-        _need(self.rollback_window >= 1, "rollback_window", self.rollback_window,
-              "an integer >= 1")
-        _need(1 <= self.abort_exit_code <= 255, "abort_exit_code", self.abort_exit_code,
-              "an exit status in 1..255")
-        _need(self.snapshot_max_bytes >= 0, "snapshot_max_bytes", self.snapshot_max_bytes,
-              "an integer >= 0 (0: synchronous saves)")
+        _need(self.rollback_window >= 1, "rollback_window", self.rollback_window, "an integer >= 1")
+        _need(
+            1 <= self.abort_exit_code <= 255,
+            "abort_exit_code",
+            self.abort_exit_code,
+            "an exit status in 1..255",
+        )
+        _need(
+            self.snapshot_max_bytes >= 0,
+            "snapshot_max_bytes",
+            self.snapshot_max_bytes,
+            "an integer >= 0 (0: synchronous saves)",
+        )
 
 
 @dataclass(kw_only=True)
@@ -245,23 +282,49 @@ class OutputsConfig:
     def __post_init__(self) -> None:
         _check(self, "outputs")
         _need(self.log_every >= 1, "log_every", self.log_every, "an integer >= 1")
-        _need(0 <= self.metrics_port <= 65535, "metrics_port", self.metrics_port,
-              "a port in 0..65535 (0 turns /metrics off)")
-        _need(self.metrics_host.strip() != "", "metrics_host", self.metrics_host,
-              "an address or host name to bind")
-        _need(self.metrics_file_sd_dir is None or self.metrics_file_sd_dir.strip() != "",
-              "metrics_file_sd_dir", self.metrics_file_sd_dir,
-              "a folder Prometheus' file_sd_configs reads, or None for no target files")
+        _need(
+            0 <= self.metrics_port <= 65535,
+            "metrics_port",
+            self.metrics_port,
+            "a port in 0..65535 (0 turns /metrics off)",
+        )
+        _need(
+            self.metrics_host.strip() != "",
+            "metrics_host",
+            self.metrics_host,
+            "an address or host name to bind",
+        )
+        _need(
+            self.metrics_file_sd_dir is None or self.metrics_file_sd_dir.strip() != "",
+            "metrics_file_sd_dir",
+            self.metrics_file_sd_dir,
+            "a folder Prometheus' file_sd_configs reads, or None for no target files",
+        )
         for name in ("metrics_keyfile", "metrics_client_cafile", "metrics_client_auth_required"):
-            _need(not getattr(self, name) or bool(self.metrics_certfile), name,
-                  getattr(self, name), "needs metrics_certfile (HTTPS) as well")
-        _need(not self.metrics_client_auth_required or bool(self.metrics_client_cafile),
-              "metrics_client_auth_required", True,
-              "needs metrics_client_cafile: the CA whose client certificates are accepted")
-        _need(self.metrics_max_connections >= 1, "metrics_max_connections",
-              self.metrics_max_connections, "an integer >= 1")
-        _need(self.metrics_idle_timeout_s > 0, "metrics_idle_timeout_s",
-              self.metrics_idle_timeout_s, "seconds > 0")
+            _need(
+                not getattr(self, name) or bool(self.metrics_certfile),
+                name,
+                getattr(self, name),
+                "needs metrics_certfile (HTTPS) as well",
+            )
+        _need(
+            not self.metrics_client_auth_required or bool(self.metrics_client_cafile),
+            "metrics_client_auth_required",
+            True,
+            "needs metrics_client_cafile: the CA whose client certificates are accepted",
+        )
+        _need(
+            self.metrics_max_connections >= 1,
+            "metrics_max_connections",
+            self.metrics_max_connections,
+            "an integer >= 1",
+        )
+        _need(
+            self.metrics_idle_timeout_s > 0,
+            "metrics_idle_timeout_s",
+            self.metrics_idle_timeout_s,
+            "seconds > 0",
+        )
 
 
 @dataclass(kw_only=True)
@@ -282,8 +345,12 @@ class CollectorLink:
     def __post_init__(self) -> None:
         _check(self, "collector")
         _need(self.poll_seconds > 0, "collector_poll_seconds", self.poll_seconds, "seconds > 0")
-        _need(self.url is None or self.url.startswith(("http://", "https://")), "collector_url",
-              self.url, "an http:// or https:// URL, or None")
+        _need(
+            self.url is None or self.url.startswith(("http://", "https://")),
+            "collector_url",
+            self.url,
+            "an http:// or https:// URL, or None",
+        )
 
 
 def _need(ok: bool, field: str, value: Any, allowed: str) -> None:
@@ -293,21 +360,32 @@ def _need(ok: bool, field: str, value: Any, allowed: str) -> None:
 
 def _check(section: Any, name: str) -> None:
     """The section's values against their types, named by their flat names."""
-    check_types(section, {f.name: _RENAMED.get((name, f.name), f.name)
-                          for f in dataclasses.fields(section)})
+    check_types(
+        section, {f.name: _RENAMED.get((name, f.name), f.name) for f in dataclasses.fields(section)}
+    )
 
 
-SECTIONS: dict[str, type] = {"measure": MeasureConfig, "detect": DetectConfig,
-                             "recover": RecoverConfig, "outputs": OutputsConfig,
-                             "collector": CollectorLink}
+SECTIONS: dict[str, type] = {
+    "measure": MeasureConfig,
+    "detect": DetectConfig,
+    "recover": RecoverConfig,
+    "outputs": OutputsConfig,
+    "collector": CollectorLink,
+}
 """Section name -> its dataclass."""
 
-_RENAMED = {("detect", "thresholds"): "detect", ("collector", "url"): "collector_url",
-            ("collector", "job"): "collector_job", ("collector", "poll_seconds"): "collector_poll_seconds"}
+_RENAMED = {
+    ("detect", "thresholds"): "detect",
+    ("collector", "url"): "collector_url",
+    ("collector", "job"): "collector_job",
+    ("collector", "poll_seconds"): "collector_poll_seconds",
+}
 
 FLAT: dict[str, tuple[str, str]] = {
     _RENAMED.get((section, f.name), f.name): (section, f.name)
-    for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    for section, cls in SECTIONS.items()
+    for f in dataclasses.fields(cls)
+}
 """Flat name (keyword, attribute, ``TORCHVITALS_<NAME>``) -> (section, field)."""
 
 
@@ -330,31 +408,45 @@ class Config:
     collector: CollectorLink
     """The collector whose directives this job obeys."""
 
-    def __init__(self, *, measure: MeasureConfig | None = None,
-                 detect: DetectConfig | Mapping[str, Any] | None = None,
-                 recover: RecoverConfig | None = None, outputs: OutputsConfig | None = None,
-                 collector: CollectorLink | None = None, **flat: Any) -> None:
+    def __init__(
+        self,
+        *,
+        measure: MeasureConfig | None = None,
+        detect: DetectConfig | Mapping[str, Any] | None = None,
+        recover: RecoverConfig | None = None,
+        outputs: OutputsConfig | None = None,
+        collector: CollectorLink | None = None,
+        **flat: Any,
+    ) -> None:
         """Sections given whole, flat fields on top (each validated by its section).
 
         Raises:
             TypeError: a keyword names no field, or a section is of the wrong type.
             ValueError: a value out of range (the message names the field).
         """
-        if not isinstance(detect, DetectConfig):        # the flat ``detect``: threshold overrides
+        if not isinstance(detect, DetectConfig):  # the flat ``detect``: threshold overrides
             if detect is not None:
                 flat["detect"] = detect
             detect = None
         unknown = sorted(set(flat) - set(FLAT))
         if unknown:
             raise TypeError(f"Config got unexpected keyword argument(s) {', '.join(unknown)}")
-        given = {"measure": measure, "detect": detect, "recover": recover, "outputs": outputs,
-                 "collector": collector}
+        given = {
+            "measure": measure,
+            "detect": detect,
+            "recover": recover,
+            "outputs": outputs,
+            "collector": collector,
+        }
         for section, cls in SECTIONS.items():
             value = given[section]
             if value is not None and not isinstance(value, cls):
                 raise TypeError(f"{section} must be a {cls.__name__}, got {type(value).__name__}")
-            changes = {name: flat[key] for key, (sec, name) in FLAT.items()
-                       if sec == section and key in flat}
+            changes = {
+                name: flat[key]
+                for key, (sec, name) in FLAT.items()
+                if sec == section and key in flat
+            }
             if value is None:
                 value = cls(**changes)
             elif changes:
@@ -373,26 +465,41 @@ class Config:
         Returns:
             The validated Config.
         """
-        sections = {name: value for name, value in overrides.items()
-                    if name in SECTIONS and (name != "detect" or isinstance(value, DetectConfig))}
+        sections = {
+            name: value
+            for name, value in overrides.items()
+            if name in SECTIONS and (name != "detect" or isinstance(value, DetectConfig))
+        }
         flat = {name: value for name, value in overrides.items() if name not in sections}
-        values = settings(cls, environ, flat, lambda name: ENV_PREFIX + name.upper(),
-                          "torchvitals", fields=flat_fields())
-        values = {name: value for name, value in values.items()
-                  if name in flat or FLAT[name][0] not in sections}
+        values = settings(
+            cls,
+            environ,
+            flat,
+            lambda name: ENV_PREFIX + name.upper(),
+            "torchvitals",
+            fields=flat_fields(),
+        )
+        values = {
+            name: value
+            for name, value in values.items()
+            if name in flat or FLAT[name][0] not in sections
+        }
         try:
             return cls(**sections, **values)
         except ConfigError as e:
-            root = e.field.split(".")[0]        # detect.loss_spike_mads came from detect
+            root = e.field.split(".")[0]  # detect.loss_spike_mads came from detect
             env = ENV_PREFIX + root.upper()
             from_env = root not in flat and root in values
-            raise e.from_source(f"the environment variable {env}" if from_env
-                                else "an argument") from None
+            raise e.from_source(
+                f"the environment variable {env}" if from_env else "an argument"
+            ) from None
 
 
 def flat_fields() -> dict[str, dataclasses.Field]:
     """Flat name -> the section's field (its type and default), for settings and docs."""
-    fields = {section: {f.name: f for f in dataclasses.fields(cls)} for section, cls in SECTIONS.items()}
+    fields = {
+        section: {f.name: f for f in dataclasses.fields(cls)} for section, cls in SECTIONS.items()
+    }
     return {flat: fields[section][name] for flat, (section, name) in FLAT.items()}
 
 
@@ -402,9 +509,10 @@ def _flat(section: str, name: str, flat: str) -> property:
 
     def put(self: Config, value: Any) -> None:
         setattr(getattr(self, section), name, value)
+
     return property(get, put, doc=f"``config.{section}.{name}``, by its flat name {flat}.")
 
 
 for _name, (_section, _field) in FLAT.items():
-    if _name not in SECTIONS:            # ``detect`` is the section itself (a mapping)
+    if _name not in SECTIONS:  # ``detect`` is the section itself (a mapping)
         setattr(Config, _name, _flat(_section, _field, _name))

@@ -60,14 +60,21 @@ class StepGuard:
             optimizer, which steps ``optimizer`` once per param group: see ``wrappers``).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer | Optimizers, run: Callable[[Any], Any],
-                 watched: list[torch.nn.Parameter], patches: PatchSet,
-                 stepper: Any = None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer | Optimizers,
+        run: Callable[[Any], Any],
+        watched: list[torch.nn.Parameter],
+        patches: PatchSet,
+        stepper: Any = None,
+    ) -> None:
         self.optimizers = resolve(optimizer)
         optimizer = self.optimizers.stepped
         if any(isinstance(o, torch.optim.LBFGS) for o in self.optimizers.torch_optimizers):
-            raise TorchvitalsError("torchvitals cannot guard LBFGS: it re-evaluates its closure "
-                                   "many times per step, and the agent measures one gradient")
+            raise TorchvitalsError(
+                "torchvitals cannot guard LBFGS: it re-evaluates its closure "
+                "many times per step, and the agent measures one gradient"
+            )
         self.optimizer, self._run = optimizer, run
         self._inside = False
         self.closed = False
@@ -79,7 +86,7 @@ class StepGuard:
         # and skip (and do not warn) when it says it tells them it stepped, which real_step does.
         self._stepper = optimizer if stepper is None else stepper
         self._patch = patches.replace_step(self._stepper, self.guarded_step)
-        self._original = self._patch.wrapped     # e.g. an LR scheduler's wrapper
+        self._original = self._patch.wrapped  # e.g. an LR scheduler's wrapper
         # A container that is not a torch Optimizer has no step hooks: nothing to bypass there.
         register = getattr(optimizer, "register_step_pre_hook", None)
         self._hook = register(self._pre_hook) if register is not None else None
@@ -92,8 +99,9 @@ class StepGuard:
             # wrapper that outlived the guard still steps.
             return self._original(closure) if closure is not None else self._original()
         if kwargs:
-            raise TorchvitalsError(f"torchvitals' guarded step takes only a closure, got "
-                                   f"{sorted(kwargs)}")
+            raise TorchvitalsError(
+                f"torchvitals' guarded step takes only a closure, got {sorted(kwargs)}"
+            )
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -155,9 +163,14 @@ class StepGuard:
         """A backward pass reached the model since the last step (its probes' gradients are
         new tensors, or were changed in place)."""
         marks = self._mark()
-        return bool(marks) and not (self._marks and len(marks) == len(self._marks) and all(
-            new is old and version == seen
-            for (new, version), (old, seen) in zip(marks, self._marks)))
+        return bool(marks) and not (
+            self._marks
+            and len(marks) == len(self._marks)
+            and all(
+                new is old and version == seen
+                for (new, version), (old, seen) in zip(marks, self._marks)
+            )
+        )
 
     def _check_new_gradients(self) -> None:
         if self._mark() and not self.has_new_gradients():
@@ -165,14 +178,16 @@ class StepGuard:
                 "optimizer.step() was called again with no backward pass since the last step: "
                 "the same gradients would be applied twice. With torchvitals.watch() the "
                 "optimizer's own step() already runs the agent: call either agent.step(loss) or "
-                "optimizer.step(), once per training step (a framework callback must not step)")
+                "optimizer.step(), once per training step (a framework callback must not step)"
+            )
 
     def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._inside:
             raise GuardBypassedError(
                 "the optimizer stepped without torchvitals: its step() was called through a "
                 "reference taken before torchvitals.watch() (or the class method directly), so "
-                "no rank measured or agreed on this step. Call optimizer.step() after watch()")
+                "no rank measured or agreed on this step. Call optimizer.step() after watch()"
+            )
 
     def close(self) -> None:
         """Give the optimizer its own ``step`` back (unless a wrapper was put around the guard
@@ -218,4 +233,8 @@ class ClipWatch:
                 "look clipped before torchvitals measured them, so the reported norms are the "
                 "clipped ones. Clip with torch.nn.utils.clip_grad_norm_ (or clip_grads_with_norm_), "
                 "which torchvitals measures before, or let torchvitals clip: "
-                "watch(..., clip_grad_norm=%.6g)", total, self.steps, total)
+                "watch(..., clip_grad_norm=%.6g)",
+                total,
+                self.steps,
+                total,
+            )

@@ -65,7 +65,8 @@ def resolve(optimizer: Any) -> Optimizers:
     inner = _inner(optimizer)
     if inner:
         if not isinstance(optimizer, torch.optim.Optimizer) and not callable(
-                getattr(optimizer, "step", None)):
+            getattr(optimizer, "step", None)
+        ):
             raise _not_an_optimizer(optimizer)
         for opt in inner:
             _check_groups(opt)
@@ -84,8 +85,9 @@ def is_container(optimizer: Any) -> bool:
 def _inner(optimizer: Any) -> list[torch.optim.Optimizer]:
     """The optimizers a container holds ([] for a plain optimizer or anything else)."""
     if isinstance(optimizer, torch.optim.Optimizer) and all(
-            "lr" in g for g in optimizer.param_groups):
-        return []      # a real optimizer, even one that happens to be iterable
+        "lr" in g for g in optimizer.param_groups
+    ):
+        return []  # a real optimizer, even one that happens to be iterable
     held = getattr(optimizer, "optimizers", None)
     if held is None and hasattr(optimizer, "__iter__") and not isinstance(optimizer, (str, bytes)):
         try:
@@ -106,7 +108,8 @@ def _check_groups(optimizer: torch.optim.Optimizer) -> None:
             f"torchvitals: {type(optimizer).__name__}'s param groups {missing} have no 'lr', and "
             f"it holds no optimizers that do: pass the torch.optim.Optimizer that trains the "
             f"model (or a container whose .optimizers lists them, like torchtitan's "
-            f"OptimizersContainer)")
+            f"OptimizersContainer)"
+        )
 
 
 def _not_an_optimizer(optimizer: Any) -> TorchvitalsError:
@@ -114,4 +117,5 @@ def _not_an_optimizer(optimizer: Any) -> TorchvitalsError:
         f"torchvitals.watch() needs the optimizer, got {type(optimizer).__name__}: pass a "
         f"torch.optim.Optimizer, or a container of them whose .optimizers (or iteration) yields "
         f"torch.optim.Optimizer objects, like torchtitan's OptimizersContainer; for torchtitan's "
-        f"Trainer use torchvitals.watch_torchtitan(trainer)")
+        f"Trainer use torchvitals.watch_torchtitan(trainer)"
+    )

@@ -116,7 +116,6 @@ class Report:
         return json_safe(asdict(self))
 
 
-
 def json_safe(value: Any, *, strict: str | None = None, keep_nonfinite: bool = False) -> Any:
     """A copy of ``value`` that JSON can hold: tuples as lists, non-finite floats as the strings
     "nan", "inf", "-inf" (read back with ``json_number``).
@@ -134,16 +133,22 @@ def json_safe(value: Any, *, strict: str | None = None, keep_nonfinite: bool = F
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if isinstance(value, (list, tuple)):
-        return [json_safe(v, strict=strict and f"{strict}[{i}]", keep_nonfinite=keep_nonfinite)
-                for i, v in enumerate(value)]
+        return [
+            json_safe(v, strict=strict and f"{strict}[{i}]", keep_nonfinite=keep_nonfinite)
+            for i, v in enumerate(value)
+        ]
     if isinstance(value, dict):
         if strict and (bad := next((k for k in value if not isinstance(k, str)), None)) is not None:
             raise TypeError(f"{strict} has the non-string key {bad!r}")
-        return {k: json_safe(v, strict=strict and f"{strict}[{k!r}]", keep_nonfinite=keep_nonfinite)
-                for k, v in value.items()}
+        return {
+            k: json_safe(v, strict=strict and f"{strict}[{k!r}]", keep_nonfinite=keep_nonfinite)
+            for k, v in value.items()
+        }
     if strict:
-        raise TypeError(f"{strict} holds a {type(value).__name__}, which JSON cannot hold "
-                        "(numbers, strings, lists, dicts with string keys)")
+        raise TypeError(
+            f"{strict} holds a {type(value).__name__}, which JSON cannot hold "
+            "(numbers, strings, lists, dicts with string keys)"
+        )
     return value
 
 

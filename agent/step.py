@@ -131,7 +131,7 @@ class Steps:
         self.last_end = agent.clock()
         self.forward_end = -math.inf
         self.losses: deque[tuple[int, float]] = deque(maxlen=100_000)  # for diagnose(): bounded
-        self.detector_at: dict[int, Any] = {}   # step -> detector, per rollback target
+        self.detector_at: dict[int, Any] = {}  # step -> detector, per rollback target
         self.scheduler_follows_step = True
         """Whoever calls ``optimizer.step()`` (a framework, the loop) steps the scheduler right
         after each one; False for a scheduler stepped per epoch (a restart then takes no step)."""
@@ -153,7 +153,7 @@ class Steps:
         """The whole step; the Report is identical on every rank but its ``local_*`` fields."""
         a = self.a
         if self.aborted is not None:
-            raise self.aborted      # a loop that swallowed the abort must not train on
+            raise self.aborted  # a loop that swallowed the abort must not train on
         laps = _Laps(a.clock) if self.stage_times is not None else None
         step = self.step_count + 1
 
@@ -167,10 +167,18 @@ class Steps:
 
         # reduce: one SUM (+ one MAX on sampled steps), one copy to the host, read back
         reduced = a.reducer.reduce(packer)
-        report = Report(step=step, loss=math.nan, grad_norm={}, grad_norm_total=0.0,
-                        world_size=a.world_size, rank=a.rank, step_seconds=ctx.step_seconds,
-                        samples=inp.samples, tokens=inp.tokens,
-                        compute_seconds=ctx.compute_seconds)
+        report = Report(
+            step=step,
+            loss=math.nan,
+            grad_norm={},
+            grad_norm_total=0.0,
+            world_size=a.world_size,
+            rank=a.rank,
+            step_seconds=ctx.step_seconds,
+            samples=inp.samples,
+            tokens=inp.tokens,
+            compute_seconds=ctx.compute_seconds,
+        )
         seen = Observed()
         for signal, handle in zip(a.signals, handles):
             signal.unpack(ctx, handle, reduced, report, seen)
@@ -190,9 +198,13 @@ class Steps:
             laps.lap("detect")
 
         # decide and act: the same action on every rank
-        decision = (Decision(SKIP) if inp.skipped_by_framework else
-                    decide(report, watchdog=a.watchdog is not None,
-                           skip_nonfinite=a.config.skip_nonfinite))
+        decision = (
+            Decision(SKIP)
+            if inp.skipped_by_framework
+            else decide(
+                report, watchdog=a.watchdog is not None, skip_nonfinite=a.config.skip_nonfinite
+            )
+        )
         if decision.action == ROLLBACK:
             self._rollback(report, decision.reason)
         elif decision.action == SKIP:
@@ -201,8 +213,9 @@ class Steps:
             self._optimizer_step(report, inp, laps)
             self._save(report, inp)
         if scaler is not None:
-            amp.finish(scaler, a.optimizer, overflow=report.action != STEP,
-                       update=inp.update_scaler)
+            amp.finish(
+                scaler, a.optimizer, overflow=report.action != STEP, update=inp.update_scaler
+            )
         self.step_count = report.rollback["to_step"] if report.rollback else step
         if self.sampled(self.step_count + 1):
             self.arm()
@@ -216,8 +229,13 @@ class Steps:
         self.last_end = a.clock()
         if laps:
             laps.lap("publish")
-            kind = ("checkpoint" if report.checkpointed else
-                    "sampled" if ctx.sampled or self.sampled(step + 1) else "unsampled")
+            kind = (
+                "checkpoint"
+                if report.checkpointed
+                else "sampled"
+                if ctx.sampled or self.sampled(step + 1)
+                else "unsampled"
+            )
             self.stage_times.record(kind, laps.seconds)
         return report
 
@@ -228,14 +246,22 @@ class Steps:
     def _context(self, step: int, inp: StepInput, scaler: Any) -> StepContext:
         a = self.a
         step_seconds = a.clock() - self.last_end
-        compute = (self.forward_end - self.last_end if self.forward_end > self.last_end
-                   else step_seconds)
+        compute = (
+            self.forward_end - self.last_end if self.forward_end > self.last_end else step_seconds
+        )
         # Unscaled before any signal measures: the norms are the real ones.
         scale = amp.unscale(scaler, a.optimizer) if scaler is not None else None
-        return StepContext(step=step, sampled=self.sampled(step), step_seconds=step_seconds,
-                           compute_seconds=compute,
-                           loss=a.loss_book.take(inp.loss, inp.closure_loss), scale=scale,
-                           device=a.device, world_size=a.world_size, rank=a.rank)
+        return StepContext(
+            step=step,
+            sampled=self.sampled(step),
+            step_seconds=step_seconds,
+            compute_seconds=compute,
+            loss=a.loss_book.take(inp.loss, inp.closure_loss),
+            scale=scale,
+            device=a.device,
+            world_size=a.world_size,
+            rank=a.rank,
+        )
 
     def _optimizer_step(self, report: Report, inp: StepInput, laps: _Laps | None) -> None:
         """The real optimizer step (LR backed off), and the scheduler's when the agent owns it."""
@@ -264,24 +290,45 @@ class Steps:
         if a.watchdog is None:
             return
         report.checkpointed = a.watchdog.maybe_save(
-            report.step, a.model, a.state_holder, a.scheduler, a.detector,
-            scheduler_step_due=not inp.owns_scheduler and self.scheduler_follows_step)
+            report.step,
+            a.model,
+            a.state_holder,
+            a.scheduler,
+            a.detector,
+            scheduler_step_due=not inp.owns_scheduler and self.scheduler_follows_step,
+        )
         if report.checkpointed:
-            self.detector_at[report.step] = a.detector.snapshot()   # kept: committed + new
-            self.detector_at = {s: d for s, d in self.detector_at.items()
-                                if s in (report.step, a.watchdog.last_healthy)}
+            self.detector_at[report.step] = a.detector.snapshot()  # kept: committed + new
+            self.detector_at = {
+                s: d
+                for s, d in self.detector_at.items()
+                if s in (report.step, a.watchdog.last_healthy)
+            }
 
     def _rollback(self, report: Report, reason: str) -> None:
         """Every rank, same step: back to the last healthy checkpoint, or skip without one."""
         a = self.a
         try:
-            rolled = a.watchdog.rollback(report.step, self.ticks, reason, a.model, a.state_holder,
-                                         a.scheduler)
+            rolled = a.watchdog.rollback(
+                report.step, self.ticks, reason, a.model, a.state_holder, a.scheduler
+            )
         except TrainingAborted as aborted:
-            self._abort(report, aborted, Verdict(ROLLBACK_LOOP, CRITICAL, report.step, None, {
-                "reason": reason, "max_rollbacks": a.config.max_rollbacks,
-                "rollback_window": a.config.rollback_window,
-                "exit_code": a.config.abort_exit_code}))
+            self._abort(
+                report,
+                aborted,
+                Verdict(
+                    ROLLBACK_LOOP,
+                    CRITICAL,
+                    report.step,
+                    None,
+                    {
+                        "reason": reason,
+                        "max_rollbacks": a.config.max_rollbacks,
+                        "rollback_window": a.config.rollback_window,
+                        "exit_code": a.config.abort_exit_code,
+                    },
+                ),
+            )
         if rolled is None:
             report.action = SKIP
             return
@@ -298,14 +345,22 @@ class Steps:
             return
         taken = a.poller.take() if a.poller is not None else None
         if taken is not None:
-            log.warning("torchvitals: collector directive %s (%s) at step %d", taken["id"], action,
-                        report.step)
+            log.warning(
+                "torchvitals: collector directive %s (%s) at step %d",
+                taken["id"],
+                action,
+                report.step,
+            )
         verdict = Verdict(COLLECTOR_DIRECTIVE, CRITICAL, report.step, None, {"action": action})
         if action == "abort":
             if a.rank == 0:
-                log.error("torchvitals: ABORTING at step %d: the collector ordered it (%s). "
-                          "Exit code %d.", report.step, a.config.collector_url,
-                          a.config.abort_exit_code)
+                log.error(
+                    "torchvitals: ABORTING at step %d: the collector ordered it (%s). "
+                    "Exit code %d.",
+                    report.step,
+                    a.config.collector_url,
+                    a.config.abort_exit_code,
+                )
             self._abort(report, TrainingAborted(a.config.abort_exit_code), verdict)
         report.verdicts.append(verdict)
         a.detector.history.append(verdict)
@@ -324,5 +379,6 @@ class Steps:
 
     def _publish(self, report: Report) -> None:
         watchdog = self.a.watchdog
-        self.a.outputs.publish(report, self.a.detector,
-                               watchdog.metrics() if watchdog is not None else None)
+        self.a.outputs.publish(
+            report, self.a.detector, watchdog.metrics() if watchdog is not None else None
+        )

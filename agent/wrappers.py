@@ -24,9 +24,16 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..errors import TorchvitalsError
-from .compat import (Zero3Partitions, is_zero3_optimizer, is_zero_optimizer, zero3_model_params,
-                     zero3_unsupported_checkpoint, zero_grad_fragment, zero_loss_scaled,
-                     zero_model_params)
+from .compat import (
+    Zero3Partitions,
+    is_zero3_optimizer,
+    is_zero_optimizer,
+    zero3_model_params,
+    zero3_unsupported_checkpoint,
+    zero_grad_fragment,
+    zero_loss_scaled,
+    zero_model_params,
+)
 from .optimizers import is_container
 
 MAX_DEPTH = 4
@@ -71,16 +78,23 @@ def unwrap_optimizer(obj: Any) -> Unwrapped:
                 f"as .optimizer (accelerate's AcceleratedOptimizer, DeepSpeed's ZeRO optimizer), "
                 f"or a container of them (torchtitan's OptimizersContainer; for its Trainer use "
                 f"torchvitals.watch_torchtitan(trainer)); got {_name(obj)}"
-                + (f" (through {' -> '.join(_name(c) for c in chain[1:] + [inner])})"
-                   if chain else "")
-                + ", which holds no torch optimizer. Pass the optimizer that steps the model.")
+                + (
+                    f" (through {' -> '.join(_name(c) for c in chain[1:] + [inner])})"
+                    if chain
+                    else ""
+                )
+                + ", which holds no torch optimizer. Pass the optimizer that steps the model."
+            )
         chain.append(inner)
         inner = nested
     if not chain:
         return Unwrapped(inner, None)
-    return Unwrapped(inner, "torchvitals: guarding the torch optimizer "
-                            f"{_name(inner)} inside {' -> '.join(_name(c) for c in chain)}: "
-                            "stepping the wrapper steps it through torchvitals")
+    return Unwrapped(
+        inner,
+        "torchvitals: guarding the torch optimizer "
+        f"{_name(inner)} inside {' -> '.join(_name(c) for c in chain)}: "
+        "stepping the wrapper steps it through torchvitals",
+    )
 
 
 def unwrap_scheduler(obj: Any) -> Unwrapped:
@@ -108,19 +122,26 @@ def unwrap_scheduler(obj: Any) -> Unwrapped:
             raise TorchvitalsError(
                 f"torchvitals.watch()'s scheduler must have step(), state_dict() and "
                 f"load_state_dict() (a torch LR scheduler, accelerate's AcceleratedScheduler), "
-                f"or hold one as .scheduler; got {_name(obj)}")
+                f"or hold one as .scheduler; got {_name(obj)}"
+            )
         chain.append(inner)
         inner = nested
     if not chain:
         return Unwrapped(inner, None)
-    return Unwrapped(inner, f"torchvitals: checkpointing the scheduler {_name(inner)} inside "
-                            f"{' -> '.join(_name(c) for c in chain)}")
+    return Unwrapped(
+        inner,
+        f"torchvitals: checkpointing the scheduler {_name(inner)} inside "
+        f"{' -> '.join(_name(c) for c in chain)}",
+    )
 
 
 def _is_torch_optimizer(obj: Any) -> bool:
     """A torch optimizer initialised as one (its own step hooks), not a subclass wrapping one."""
-    return (isinstance(obj, torch.optim.Optimizer) and "_optimizer_step_pre_hooks" in vars(obj)
-            and not isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer))
+    return (
+        isinstance(obj, torch.optim.Optimizer)
+        and "_optimizer_step_pre_hooks" in vars(obj)
+        and not isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer)
+    )
 
 
 def _schedules(obj: Any) -> bool:
@@ -161,7 +182,8 @@ def step_owner(obj: Any) -> Any:
             # (which backs the scale off): not handled yet, refused rather than misread.
             raise TorchvitalsError(
                 "torchvitals does not support DeepSpeed ZeRO with fp16 yet (its gradients are "
-                "loss-scaled, and its overflow skip must run its own step); use bf16 or fp32")
+                "loss-scaled, and its overflow skip must run its own step); use bf16 or fp32"
+            )
         if zero:
             return inner
         if _is_torch_optimizer(inner):
@@ -172,7 +194,8 @@ def step_owner(obj: Any) -> Any:
             raise TorchvitalsError(
                 f"torchvitals does not support DeepSpeed's {_name(inner)} yet: its gradients "
                 f"live in DeepSpeed's own buffers, which torchvitals cannot read, so every norm "
-                f"would be missing. Supported: ZeRO stage 0 (fp32), 1, 2 and 3")
+                f"would be missing. Supported: ZeRO stage 0 (fp32), 1, 2 and 3"
+            )
         inner = getattr(inner, "optimizer", None)
     return unwrap_optimizer(obj).obj
 
@@ -198,7 +221,8 @@ def check_checkpointable(owner: Any, checkpoint_dir: str | None) -> None:
         raise TorchvitalsError(
             f"torchvitals cannot checkpoint or roll back this DeepSpeed ZeRO-3 engine: {why}. "
             "watch(engine, engine.optimizer) without checkpoint_dir (a non-finite step is then "
-            "skipped on every rank), and checkpoint with DeepSpeed's engine.save_checkpoint")
+            "skipped on every rank), and checkpoint with DeepSpeed's engine.save_checkpoint"
+        )
 
 
 def grad_source(owner: Any) -> Callable[[torch.Tensor], torch.Tensor | None] | None:

@@ -85,21 +85,33 @@ JOIN_TIMEOUT_S = 1800
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=9, help="interleaved timed rounds (default 9)")
-    p.add_argument("--steps", type=int, default=10,
-                   help="timed steps per variant per round; a multiple of 10 (default 10)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        help="timed steps per variant per round; a multiple of 10 (default 10)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant (default 3)")
     p.add_argument("--modes", default="single,ddp", help="comma list of single, ddp")
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma list of {', '.join(VARIANTS)}; bare is always added")
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma list of {', '.join(VARIANTS)}; bare is always added",
+    )
     p.add_argument("--small", action="store_true", help="a tiny model (smoke tests)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
-    p.add_argument("--sync-steps", type=int, default=10,
-                   help="steps per variant counted for host syncs on CUDA (default 10)")
+    p.add_argument(
+        "--sync-steps",
+        type=int,
+        default=10,
+        help="steps per variant counted for host syncs on CUDA (default 10)",
+    )
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     names = [v for v in args.variants.split(",") if v]
-    for bad in [m for m in args.modes if m not in ("single", "ddp")] + \
-               [v for v in names if v not in VARIANTS]:
+    for bad in [m for m in args.modes if m not in ("single", "ddp")] + [
+        v for v in names if v not in VARIANTS
+    ]:
         p.error(f"unknown mode or variant {bad!r}")
     args.variants = ["bare"] + [v for v in VARIANTS if v in names and v != "bare"]
     if min(args.rounds, args.steps) < 1 or args.warmup < 0:
@@ -110,6 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def free_port_pair() -> int:
     """A port p with p and p + 1 free: the exporter serves on base + LOCAL_RANK."""
     from torchvitals.agent.tools.demo.launch import free_ports
+
     return free_ports(2)
 
 
@@ -123,13 +136,16 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
     if missing:
         skipped["wandb"] = missing
     names = [v for v in args.variants if v not in skipped]
-    batches = list(random_batches(POOL, batch, model_kwargs["seq_len"], model_kwargs["vocab"],
-                                  seed=rank))
+    batches = list(
+        random_batches(POOL, batch, model_kwargs["seq_len"], model_kwargs["vocab"], seed=rank)
+    )
     tmp = tempfile.mkdtemp(prefix=f"tv-overhead-r{rank}-")
     # The checkpoints' folder must be the same on every rank: named after the shared port.
     shared = os.path.join(tempfile.gettempdir(), f"tv-overhead-ckpt-{port}")
-    runs = {v: build(v, model_kwargs, ddp=ddp, rank=rank, tmp=tmp, port=port, shared=shared)
-            for v in names}
+    runs = {
+        v: build(v, model_kwargs, ddp=ddp, rank=rank, tmp=tmp, port=port, shared=shared)
+        for v in names
+    }
     done = dict.fromkeys(names, 0)
 
     def run_steps(v: str, n: int) -> None:
@@ -146,7 +162,7 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
                 run.agent.stage_times = StageTimes()
         times: dict[str, list[float]] = {v: [] for v in names}
         for r in range(args.rounds):
-            for v in names[r % len(names):] + names[:r % len(names)]:
+            for v in names[r % len(names) :] + names[: r % len(names)]:
                 if ddp:
                     dist.barrier()
                 start = time.perf_counter()
@@ -155,8 +171,9 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
                 if ddp:
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 times[v].append(elapsed.item() / args.steps)
-        stages = {v: stage_summary(r.agent.stage_times) for v, r in runs.items()
-                  if hasattr(r, "agent")}
+        stages = {
+            v: stage_summary(r.agent.stage_times) for v, r in runs.items() if hasattr(r, "agent")
+        }
         syncs = count_syncs(runs, run_steps, args.sync_steps) if torch.cuda.is_available() else {}
     finally:
         for run in runs.values():
@@ -166,8 +183,11 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
             dist.barrier()
         if rank == 0:
             shutil.rmtree(shared, ignore_errors=True)
-    saves = {v: {"stalls": r.stalls, "restore_s": r.restore_s} for v, r in runs.items()
-             if hasattr(r, "stalls")}
+    saves = {
+        v: {"stalls": r.stalls, "restore_s": r.restore_s}
+        for v, r in runs.items()
+        if hasattr(r, "stalls")
+    }
     return {"times": times, "skipped": skipped, "saves": saves, "stages": stages, "syncs": syncs}
 
 
@@ -186,6 +206,7 @@ def count_syncs(runs: dict[str, Any], run_steps: Any, steps: int) -> dict[str, f
     """Host syncs per step of each variant on CUDA (torch's sync debug mode warns at each),
     counted after the timed rounds, over ``steps`` steps (a multiple of 10: sampled included)."""
     import warnings
+
     out = {}
     for v in runs:
         torch.cuda.synchronize()
@@ -200,26 +221,35 @@ def count_syncs(runs: dict[str, Any], run_steps: Any, steps: int) -> dict[str, f
     return out
 
 
-def print_stages(mode: str, summary: dict[str, dict[str, Any]], stages: dict[str, Any],
-                 syncs: dict[str, float]) -> None:
+def print_stages(
+    mode: str, summary: dict[str, dict[str, Any]], stages: dict[str, Any], syncs: dict[str, float]
+) -> None:
     """The agent's own host time per stage and step kind, in µs, beside the bare step's."""
     if not stages:
         return
     bare_us = 1e3 * summary["bare"]["step_ms"]
-    print(f"\n{mode}: the agent's own host time per step, median µs by stage (bare step "
-          f"{bare_us:.0f} µs; act excludes the optimizer's own step)")
+    print(
+        f"\n{mode}: the agent's own host time per step, median µs by stage (bare step "
+        f"{bare_us:.0f} µs; act excludes the optimizer's own step)"
+    )
     cols = ("measure", "reduce", "detect", "act", "publish", "total")
-    print(f"{'variant':<9} {'kind':<11} {'steps':>5} " + " ".join(f"{c:>8}" for c in cols)
-          + f" {'% bare':>7}" + (f" {'syncs':>6}" if syncs else ""))
+    print(
+        f"{'variant':<9} {'kind':<11} {'steps':>5} "
+        + " ".join(f"{c:>8}" for c in cols)
+        + f" {'% bare':>7}"
+        + (f" {'syncs':>6}" if syncs else "")
+    )
     for v, kinds in stages.items():
         for kind in ("unsampled", "sampled", "checkpoint"):
             row = kinds.get(kind)
             if row is None:
                 continue
-            print(f"{v:<9} {kind:<11} {row['steps']:>5} "
-                  + " ".join(f"{row.get(c, float('nan')):>8.0f}" for c in cols)
-                  + f" {100 * row['total'] / bare_us:>6.2f}%"
-                  + (f" {syncs.get(v, float('nan')):>6.1f}" if syncs else ""))
+            print(
+                f"{v:<9} {kind:<11} {row['steps']:>5} "
+                + " ".join(f"{row.get(c, float('nan')):>8.0f}" for c in cols)
+                + f" {100 * row['total'] / bare_us:>6.2f}%"
+                + (f" {syncs.get(v, float('nan')):>6.1f}" if syncs else "")
+            )
     if syncs:
         print(f"(syncs: host syncs per whole step on CUDA, bare {syncs.get('bare', 0):.1f})")
 
@@ -230,20 +260,30 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
     out = {}
     for v, ts in times.items():
         ratios = [t / b for t, b in zip(ts, bare)]
-        out[v] = {"step_ms": 1e3 * statistics.median(ts), "ratio": statistics.median(ratios),
-                  "ratio_min": min(ratios), "ratio_max": max(ratios),
-                  "round_ms": [1e3 * t for t in ts], "round_ratios": ratios}
+        out[v] = {
+            "step_ms": 1e3 * statistics.median(ts),
+            "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "round_ms": [1e3 * t for t in ts],
+            "round_ratios": ratios,
+        }
     return out
 
 
-def _ddp_rank(rank: int, world: int, args: argparse.Namespace, master: int, port: int,
-              queue: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+def _ddp_rank(
+    rank: int, world: int, args: argparse.Namespace, master: int, port: int, queue: Any
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
     torch.set_num_threads(1)  # two ranks on two cores
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=600))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
         try:
             result = measure(args, rank=rank, world=world, port=port)
         finally:
@@ -260,8 +300,10 @@ def run_ddp(args: argparse.Namespace, world: int = 2) -> dict[str, Any]:
     queue = ctx.Queue()
     master = free_port_pair()
     port = free_port_pair()
-    procs = [ctx.Process(target=_ddp_rank, args=(r, world, args, master, port, queue), daemon=True)
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_ddp_rank, args=(r, world, args, master, port, queue), daemon=True)
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -293,8 +335,13 @@ def cpu_sample() -> tuple[float, float, float, float]:
     children): the difference of two samples tells how much CPU other processes took."""
     t = psutil.cpu_times()
     busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
-    own = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+    own = sum(
+        r.ru_utime + r.ru_stime
+        for r in (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+    )
     return time.perf_counter(), busy, getattr(t, "steal", 0.0), own
 
 
@@ -307,14 +354,17 @@ def contention(before: tuple[float, ...], after: tuple[float, ...]) -> dict[str,
 def print_table(mode: str, summary: dict[str, dict[str, Any]], skipped: dict[str, str]) -> None:
     print(f"\n{'mode':<7} {'variant':<8} {'step ms':>8} {'ratio':>7} {'min-max':>13}  what")
     for v, s in summary.items():
-        print(f"{mode:<7} {v:<8} {s['step_ms']:>8.1f} {s['ratio']:>7.3f} "
-              f"{s['ratio_min']:>6.3f}-{s['ratio_max']:<6.3f}  {DESCRIPTIONS[v]}")
+        print(
+            f"{mode:<7} {v:<8} {s['step_ms']:>8.1f} {s['ratio']:>7.3f} "
+            f"{s['ratio_min']:>6.3f}-{s['ratio_max']:<6.3f}  {DESCRIPTIONS[v]}"
+        )
     for v, reason in skipped.items():
         print(f"{mode:<7} {v:<8} skipped: {reason}")
 
 
-def print_saves(mode: str, summary: dict[str, dict[str, Any]], saves: dict[str, Any],
-                every: int = 50) -> None:
+def print_saves(
+    mode: str, summary: dict[str, dict[str, Any]], saves: dict[str, Any], every: int = 50
+) -> None:
     """Each watchdog variant's stall per save, in ms and in steps of the bare loop, the share of
     training time it costs at one save per ``every`` steps, and one rollback from memory/disk."""
     if not saves:
@@ -325,25 +375,39 @@ def print_saves(mode: str, summary: dict[str, dict[str, Any]], saves: dict[str, 
             print(f"{mode:<7} {v:<9} no checkpoint was due (run >= 50 steps per variant)")
             continue
         stall = 1e3 * statistics.median(s["stalls"])
-        rollback = ", ".join(f"from {k} {1e3 * t:.1f} ms ({1e3 * t / bare_ms:.2f} steps)"
-                             for k, t in s["restore_s"].items())
-        print(f"{mode:<7} {v:<9} {len(s['stalls'])} saves, stall per save {stall:.1f} ms = "
-              f"{stall / bare_ms:.3f} steps of {bare_ms:.0f} ms, {100 * stall / (every * bare_ms):.2f}% "
-              f"of training time; rollback {rollback}")
+        rollback = ", ".join(
+            f"from {k} {1e3 * t:.1f} ms ({1e3 * t / bare_ms:.2f} steps)"
+            for k, t in s["restore_s"].items()
+        )
+        print(
+            f"{mode:<7} {v:<9} {len(s['stalls'])} saves, stall per save {stall:.1f} ms = "
+            f"{stall / bare_ms:.3f} steps of {bare_ms:.0f} ms, {100 * stall / (every * bare_ms):.2f}% "
+            f"of training time; rollback {rollback}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     model = SMALL if args.small else MODEL
-    print(f"torchvitals overhead: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cpus; model {model}, batch {SMALL_BATCH if args.small else BATCH}; "
-          f"{args.rounds} rounds x {args.steps} steps, warmup {args.warmup}", flush=True)
+    print(
+        f"torchvitals overhead: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cpus; model {model}, batch {SMALL_BATCH if args.small else BATCH}; "
+        f"{args.rounds} rounds x {args.steps} steps, warmup {args.warmup}",
+        flush=True,
+    )
     if args.steps % 10:
-        print("note: --steps is not a multiple of sample_every (10): rounds hold unequal "
-              "numbers of sampled steps", flush=True)
+        print(
+            "note: --steps is not a multiple of sample_every (10): rounds hold unequal "
+            "numbers of sampled steps",
+            flush=True,
+        )
     began = time.perf_counter()
-    report: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "json"},
-                              "model": model, "torch": torch.__version__, "modes": {}}
+    report: dict[str, Any] = {
+        "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "model": model,
+        "torch": torch.__version__,
+        "modes": {},
+    }
     for mode in args.modes:
         before = cpu_sample()
         if mode == "single":
@@ -357,16 +421,27 @@ def main(argv: list[str] | None = None) -> None:
         print_table(mode, summary, result["skipped"])
         print_saves(mode, summary, result.get("saves", {}))
         print_stages(mode, summary, result.get("stages", {}), result.get("syncs", {}))
-        print(f"({mode}: {threads} torch thread(s) per process, {load['wall_s']:.0f} s; other "
-              f"processes used {load['other_cores']:.2f} of {os.cpu_count()} cores on average, "
-              f"hypervisor steal {load['steal_cores']:.2f})", flush=True)
+        print(
+            f"({mode}: {threads} torch thread(s) per process, {load['wall_s']:.0f} s; other "
+            f"processes used {load['other_cores']:.2f} of {os.cpu_count()} cores on average, "
+            f"hypervisor steal {load['steal_cores']:.2f})",
+            flush=True,
+        )
         if load["other_cores"] + load["steal_cores"] > 0.1:
-            print(f"warning: the machine was not quiet during {mode}; these ratios measure "
-                  "contention as much as overhead", flush=True)
-        report["modes"][mode] = {"threads": threads, "load": load, "variants": summary,
-                                 "skipped": result["skipped"], "saves": result.get("saves", {}),
-                                 "stages": result.get("stages", {}),
-                                 "syncs": result.get("syncs", {})}
+            print(
+                f"warning: the machine was not quiet during {mode}; these ratios measure "
+                "contention as much as overhead",
+                flush=True,
+            )
+        report["modes"][mode] = {
+            "threads": threads,
+            "load": load,
+            "variants": summary,
+            "skipped": result["skipped"],
+            "saves": result.get("saves", {}),
+            "stages": result.get("stages", {}),
+            "syncs": result.get("syncs", {}),
+        }
     report["wall_s"] = time.perf_counter() - began
     print(f"\ntotal wall time {report['wall_s']:.0f} s")
     if args.json:

@@ -56,22 +56,33 @@ class Step:
         self.detector = Detector(NAMES, KINDS)
         self.timing = Timing(RankTiming(Thresholds(), rank, world))
         self.signals = [Loss(), DataWaitSignal(DataWait()), self.timing]
-        self.activations = Activations(None, None, NAMES)   # unpacks only: no hooks here
+        self.activations = Activations(None, None, NAMES)  # unpacks only: no hooks here
         self.reducer = Reducer(None, 1)
         self.rng = random.Random(0)
         self.runs: dict[int, int] = {}
         n = len(NAMES)
         self.grad_sq = torch.rand(n, dtype=F64)
-        self.act = (torch.rand(n, dtype=F64), torch.rand(5 * n, dtype=F64), torch.rand(n, dtype=F64))
+        self.act = (
+            torch.rand(n, dtype=F64),
+            torch.rand(5 * n, dtype=F64),
+            torch.rand(n, dtype=F64),
+        )
 
     def __call__(self, step: int) -> None:
         seconds, compute = 0.24 + 0.01 * self.rng.random(), 0.08 + 0.01 * self.rng.random()
-        ctx = StepContext(step=step, sampled=step % 10 == 0, step_seconds=seconds,
-                          compute_seconds=compute,
-                          loss=torch.tensor(2.0 + 0.01 * self.rng.random(), dtype=F64),
-                          scale=None, device=CPU, world_size=self.world, rank=self.rank)
+        ctx = StepContext(
+            step=step,
+            sampled=step % 10 == 0,
+            step_seconds=seconds,
+            compute_seconds=compute,
+            loss=torch.tensor(2.0 + 0.01 * self.rng.random(), dtype=F64),
+            scale=None,
+            device=CPU,
+            world_size=self.world,
+            rank=self.rank,
+        )
         packer = Packer(CPU)
-        packer.add_host_sum([0.0, 0.0])                       # the checkpoint flags
+        packer.add_host_sum([0.0, 0.0])  # the checkpoint flags
         hot = None
         if self.onehot:
             packer.add_host_sum(self._hot(seconds))
@@ -81,19 +92,28 @@ class Step:
         acts = None
         if ctx.sampled:
             counts, sums, maxes = self.act
-            acts = ActivationSlots(packer.add_host_sum(counts.tolist()), packer.add_sum(sums),
-                                   packer.add_max(maxes),
-                                   packer.add_host_sum([0.0] * len(NAMES)),   # no attention
-                                   packer.add_max(torch.zeros(len(NAMES), dtype=F64)),
-                                   packer.add_max(torch.zeros(len(NAMES), dtype=F64)))
+            acts = ActivationSlots(
+                packer.add_host_sum(counts.tolist()),
+                packer.add_sum(sums),
+                packer.add_max(maxes),
+                packer.add_host_sum([0.0] * len(NAMES)),  # no attention
+                packer.add_max(torch.zeros(len(NAMES), dtype=F64)),
+                packer.add_max(torch.zeros(len(NAMES), dtype=F64)),
+            )
         reduced = self.reducer.reduce(packer)
         if not ctx.sampled:
-            self.sum_floats = reduced.sum_len      # an unsampled step's payload
+            self.sum_floats = reduced.sum_len  # an unsampled step's payload
         # Every rank adds its own time: the SUM of a real world, here a world of equal ranks.
         start = handles[-1].seconds.start
         reduced.host[start], reduced.host[start + 1] = seconds * self.world, compute * self.world
-        report = Report(step=step, loss=math.nan, grad_norm={}, grad_norm_total=0.0,
-                        world_size=self.world, rank=self.rank)
+        report = Report(
+            step=step,
+            loss=math.nan,
+            grad_norm={},
+            grad_norm_total=0.0,
+            world_size=self.world,
+            rank=self.rank,
+        )
         seen = Observed()
         for signal, handle in zip(self.signals, handles):
             signal.unpack(ctx, handle, reduced, report, seen)
@@ -107,7 +127,7 @@ class Step:
         self.detector.observe(report, seen)
 
     def _hot(self, value: float) -> list[float]:
-        slots = [value] * self.world      # every rank's slot filled, as after the reduction
+        slots = [value] * self.world  # every rank's slot filled, as after the reduction
         slots[self.rank] = value
         return slots
 
@@ -123,7 +143,7 @@ def per_step_us(world: int, onehot: bool, steps: int, rounds: int) -> tuple[floa
     """Median microseconds per step over ``rounds``, and the floats in the SUM payload."""
     step = Step(world, onehot)
     for s in range(1, 12):
-        step(s)                                   # warm-up: allocations, first sampled step
+        step(s)  # warm-up: allocations, first sampled step
     times = []
     n = 12
     for _ in range(rounds):
@@ -140,10 +160,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--worlds", default="2,1024,4096,16384")
     p.add_argument("--steps", type=int, default=100, help="steps per round (default 100)")
     p.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
-    p.add_argument("--onehot-max", type=int, default=4096,
-                   help="largest world for the one-hot replay (its median is O(world²))")
-    p.add_argument("--onehot-steps", type=int, default=10,
-                   help="its steps per round (default 10: one sampled, as in --steps 100)")
+    p.add_argument(
+        "--onehot-max",
+        type=int,
+        default=4096,
+        help="largest world for the one-hot replay (its median is O(world²))",
+    )
+    p.add_argument(
+        "--onehot-steps",
+        type=int,
+        default=10,
+        help="its steps per round (default 10: one sampled, as in --steps 100)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     print(f"{'world':>7} {'payload':>8} {'us/step':>9}   {'one-hot payload':>15} {'us/step':>11}")

@@ -86,8 +86,15 @@ class Watchdog(Agent):
 
     def __init__(self, model_kwargs: dict[str, int], ddp: bool, root: str, staged: bool):
         shutil.rmtree(root, ignore_errors=True)
-        super().__init__(model_kwargs, ddp, metrics_port=0, log_dir="", checkpoint_dir=root,
-                         checkpoint_every=50, **({} if staged else {"snapshot_max_bytes": 0}))
+        super().__init__(
+            model_kwargs,
+            ddp,
+            metrics_port=0,
+            log_dir="",
+            checkpoint_dir=root,
+            checkpoint_every=50,
+            **({} if staged else {"snapshot_max_bytes": 0}),
+        )
         self.stalls: list[float] = []
         self.restore_s: dict[str, float] = {}
 
@@ -101,7 +108,7 @@ class Watchdog(Agent):
 
     def close(self) -> None:
         watchdog = self.agent.watchdog
-        self.agent.close()          # settles a write in flight: the memory copy is committed
+        self.agent.close()  # settles a write in flight: the memory copy is committed
         staged = watchdog.staged
         if watchdog.last_healthy is None:
             return
@@ -125,12 +132,20 @@ class Naive(Bare):
     def __init__(self, model_kwargs: dict[str, int], ddp: bool):
         super().__init__(model_kwargs, ddp)
         m = self.model
-        self.params = [(name.split(".")[0] if not name.startswith("blocks.")
-                        else ".".join(name.split(".")[:2]), p)
-                       for name, p in m.named_parameters()]
+        self.params = [
+            (
+                name.split(".")[0]
+                if not name.startswith("blocks.")
+                else ".".join(name.split(".")[:2]),
+                p,
+            )
+            for name, p in m.named_parameters()
+        ]
         watched = {"tok_emb": m.tok_emb, "pos_emb": m.pos_emb, "lm_head": m.lm_head}
         watched.update({f"blocks.{i}": b for i, b in enumerate(m.blocks)})
-        self.handles = [mod.register_forward_hook(self._hook(name)) for name, mod in watched.items()]
+        self.handles = [
+            mod.register_forward_hook(self._hook(name)) for name, mod in watched.items()
+        ]
         self.activations: dict[str, dict[str, float]] = {}
         self.grad_norm: dict[str, float] = {}
         self.update_ratio: dict[str, float] = {}
@@ -140,9 +155,13 @@ class Naive(Bare):
             if not module.training:
                 return
             x = output.detach()
-            self.activations[name] = {"mean": x.mean().item(), "std": x.std().item(),
-                                      "abs_max": x.abs().max().item(),
-                                      "zero_fraction": (x == 0).float().mean().item()}
+            self.activations[name] = {
+                "mean": x.mean().item(),
+                "std": x.std().item(),
+                "abs_max": x.abs().max().item(),
+                "zero_fraction": (x == 0).float().mean().item(),
+            }
+
         return hook
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -174,8 +193,13 @@ class Wandb(Bare):
 
         super().__init__(model_kwargs, ddp)
         self.wandb = wandb
-        self.run = wandb.init(mode="offline", dir=tmp, project="torchvitals-overhead",
-                              name=f"rank{rank}", settings=wandb.Settings(silent=True))
+        self.run = wandb.init(
+            mode="offline",
+            dir=tmp,
+            project="torchvitals-overhead",
+            name=f"rank{rank}",
+            settings=wandb.Settings(silent=True),
+        )
         wandb.watch(self.net, log="all", log_freq=1)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -219,9 +243,11 @@ class Abused(Agent):
 
     def __init__(self, model_kwargs: dict[str, int], ddp: bool, tmp: str, rank: int):
         from torchvitals.agent.tools.demo.launch import free_ports
+
         base = free_ports(2)
         super().__init__(model_kwargs, ddp, metrics_port=base, log_dir=os.path.join(tmp, "abused"))
         import subprocess
+
         self.load = subprocess.Popen([sys.executable, "-c", ABUSE, str(base + rank)])
 
     def close(self) -> None:
@@ -239,8 +265,18 @@ def wandb_missing() -> str | None:
     return None
 
 
-VARIANTS = ("bare", "default", "guarded", "export", "abused", "every", "watchdog", "watchsync",
-            "naive", "wandb")
+VARIANTS = (
+    "bare",
+    "default",
+    "guarded",
+    "export",
+    "abused",
+    "every",
+    "watchdog",
+    "watchsync",
+    "naive",
+    "wandb",
+)
 DESCRIPTIONS = {
     "bare": "no monitoring",
     "default": "torchvitals, sample_every=10, exporter and event log off",
@@ -255,8 +291,16 @@ DESCRIPTIONS = {
 }
 
 
-def build(name: str, model_kwargs: dict[str, int], *, ddp: bool, rank: int, tmp: str,
-          port: int, shared: str = "") -> Bare:
+def build(
+    name: str,
+    model_kwargs: dict[str, int],
+    *,
+    ddp: bool,
+    rank: int,
+    tmp: str,
+    port: int,
+    shared: str = "",
+) -> Bare:
     """One variant by name (see VARIANTS); ``port`` and ``tmp`` serve the exporter and logs,
     ``shared`` (a folder every rank sees) the checkpoints."""
     if name == "bare":

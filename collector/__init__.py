@@ -17,7 +17,21 @@ from .server import CollectorServer, create_app, serve
 from .supervisor import Supervisor, SupervisorConfig, supervise
 from .webhook import Notification, PayloadError, parse_notification
 
-__all__ = ["CollectorConfig", "CollectorServer", "Directive", "DirectiveStore", "Notification",
-           "PayloadError", "Principal", "StoreFull", "StoreLimits", "Supervisor",
-           "SupervisorConfig", "Tokens", "create_app", "parse_notification", "serve",
-           "supervise"]
+__all__ = [
+    "CollectorConfig",
+    "CollectorServer",
+    "Directive",
+    "DirectiveStore",
+    "Notification",
+    "PayloadError",
+    "Principal",
+    "StoreFull",
+    "StoreLimits",
+    "Supervisor",
+    "SupervisorConfig",
+    "Tokens",
+    "create_app",
+    "parse_notification",
+    "serve",
+    "supervise",
+]

@@ -90,7 +90,7 @@ def parse_job_tokens(text: str, where: str) -> dict[bytes, str]:
             raise TokenError(f"{where}: job {job!r} needs a non-empty token string")
         token = token.strip()
         if token.startswith(DIGEST_PREFIX):
-            hexdigest = token[len(DIGEST_PREFIX):]
+            hexdigest = token[len(DIGEST_PREFIX) :]
             try:
                 key = bytes.fromhex(hexdigest)
             except ValueError:
@@ -100,8 +100,9 @@ def parse_job_tokens(text: str, where: str) -> dict[bytes, str]:
         else:
             key = digest(token)
         if key in by_digest:
-            raise TokenError(f"{where}: jobs {by_digest[key]!r} and {job!r} share a token; "
-                             "give each job its own")
+            raise TokenError(
+                f"{where}: jobs {by_digest[key]!r} and {job!r} share a token; give each job its own"
+            )
         by_digest[key] = job
     return by_digest
 
@@ -118,8 +119,9 @@ class Tokens:
         TokenError: the tokens cannot be read, or a job's token equals the webhook token.
     """
 
-    def __init__(self, webhook_token: str, job_tokens: str | None = None,
-                 job_tokens_file: str | None = None) -> None:
+    def __init__(
+        self, webhook_token: str, job_tokens: str | None = None, job_tokens_file: str | None = None
+    ) -> None:
         self._webhook = digest(webhook_token)
         self._file = Path(job_tokens_file) if job_tokens_file else None
         self._lock = threading.Lock()
@@ -127,19 +129,24 @@ class Tokens:
         self._error: str | None = None
         self._jobs: dict[bytes, str] = {}
         if job_tokens is not None:
-            self._jobs = self._checked(parse_job_tokens(job_tokens,
-                                                        "TORCHVITALS_COLLECTOR_JOB_TOKENS"))
+            self._jobs = self._checked(
+                parse_job_tokens(job_tokens, "TORCHVITALS_COLLECTOR_JOB_TOKENS")
+            )
         elif self._file is not None:
             self._reload(strict=True)
         if not self._jobs:
-            log.warning("no job tokens (--job-tokens-file or TORCHVITALS_COLLECTOR_JOB_TOKENS): "
-                        "Alertmanager can post alerts, but no job can poll its directives")
+            log.warning(
+                "no job tokens (--job-tokens-file or TORCHVITALS_COLLECTOR_JOB_TOKENS): "
+                "Alertmanager can post alerts, but no job can poll its directives"
+            )
 
     def _checked(self, jobs: dict[bytes, str]) -> dict[bytes, str]:
         if self._webhook in jobs:
-            raise TokenError(f"job {jobs[self._webhook]!r} has the webhook token as its token: "
-                             "a job holding Alertmanager's token could order any job; give "
-                             "it its own")
+            raise TokenError(
+                f"job {jobs[self._webhook]!r} has the webhook token as its token: "
+                "a job holding Alertmanager's token could order any job; give "
+                "it its own"
+            )
         return jobs
 
     def _reload(self, strict: bool) -> None:
@@ -149,18 +156,22 @@ class Tokens:
         try:
             st = os.stat(self._file)
         except OSError as exc:
-            stamp, error = None, TokenError(f"{self._file}: cannot read the job tokens: "
-                                            f"{exc.strerror or exc}")
+            stamp, error = (
+                None,
+                TokenError(f"{self._file}: cannot read the job tokens: {exc.strerror or exc}"),
+            )
         else:
             stamp = (st.st_mtime_ns, st.st_size)
             if stamp == self._stamp:
                 return
             try:
-                jobs = self._checked(parse_job_tokens(self._file.read_text(encoding="utf-8"),
-                                                      str(self._file)))
+                jobs = self._checked(
+                    parse_job_tokens(self._file.read_text(encoding="utf-8"), str(self._file))
+                )
             except OSError as exc:
-                error = TokenError(f"{self._file}: cannot read the job tokens: "
-                                   f"{exc.strerror or exc}")
+                error = TokenError(
+                    f"{self._file}: cannot read the job tokens: {exc.strerror or exc}"
+                )
             except TokenError as exc:
                 error = exc
             else:

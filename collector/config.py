@@ -112,15 +112,17 @@ class CollectorConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("directive_ttl_seconds", "retention_seconds"):
             if not 0 < getattr(self, name) < float("inf"):
-                raise ValueError(f"{name} must be a positive number of seconds, "
-                                 f"got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{name} must be a positive number of seconds, got {getattr(self, name)!r}"
+                )
         if not self.state_dir:
             raise ValueError("state_dir must not be empty")
         if self.webhook_token is not None and self.webhook_token_file is not None:
             raise ValueError("set either webhook_token_file or TORCHVITALS_WEBHOOK_TOKEN, not both")
         if self.job_tokens is not None and self.job_tokens_file is not None:
-            raise ValueError("set either job_tokens_file or TORCHVITALS_COLLECTOR_JOB_TOKENS, "
-                             "not both")
+            raise ValueError(
+                "set either job_tokens_file or TORCHVITALS_COLLECTOR_JOB_TOKENS, not both"
+            )
 
     def token(self) -> str:
         """Read the webhook token.
@@ -134,15 +136,17 @@ class CollectorConfig:
         """
         token = read_token(self.webhook_token, self.webhook_token_file)
         if token is None:
-            raise TokenError(f"no webhook token: set --webhook-token-file, {TOKEN_FILE_ENV} "
-                             f"or {TOKEN_ENV}")
+            raise TokenError(
+                f"no webhook token: set --webhook-token-file, {TOKEN_FILE_ENV} or {TOKEN_ENV}"
+            )
         if not token:
             raise TokenError("the webhook token is empty")
         return token
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None,
-                 **overrides: Any) -> "CollectorConfig":
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> "CollectorConfig":
         """Build a config from defaults, then the variables of ``env_name``, then ``overrides``.
 
         Args:
@@ -155,8 +159,9 @@ class CollectorConfig:
         return cls(**settings(cls, environ, overrides, env_name, "collector"))
 
     @classmethod
-    def from_args(cls, argv: Sequence[str] | None = None,
-                  environ: Mapping[str, str] | None = None) -> "CollectorConfig":
+    def from_args(
+        cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    ) -> "CollectorConfig":
         """Parse command-line flags over the environment.
 
         Args:
@@ -169,15 +174,16 @@ class CollectorConfig:
         parser = argparse.ArgumentParser(
             prog="torchvitals-collector",
             description="Alertmanager webhook -> directives for torchvitals jobs. Every flag "
-                        "is also read from the variable shown; a flag wins over the variable. "
-                        "Alertmanager's token: TORCHVITALS_WEBHOOK_TOKEN or "
-                        "--webhook-token-file; the jobs' tokens: "
-                        "TORCHVITALS_COLLECTOR_JOB_TOKENS or --job-tokens-file.")
+            "is also read from the variable shown; a flag wins over the variable. "
+            "Alertmanager's token: TORCHVITALS_WEBHOOK_TOKEN or "
+            "--webhook-token-file; the jobs' tokens: "
+            "TORCHVITALS_COLLECTOR_JOB_TOKENS or --job-tokens-file.",
+        )
         add_flags(parser, cls, env_name, skip=_SECRET_FIELDS)
         args = parser.parse_args(argv)
         given = {k: v for k, v in vars(args).items() if v is not None}
         if "webhook_token_file" in given:
-            given["webhook_token"] = None   # the flag wins over a token in the environment
+            given["webhook_token"] = None  # the flag wins over a token in the environment
         if "job_tokens_file" in given:
             given["job_tokens"] = None
         try:

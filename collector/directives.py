@@ -66,8 +66,9 @@ CREATE INDEX IF NOT EXISTS directives_closed ON directives (closed_at)
 CREATE TABLE IF NOT EXISTS jobs (job TEXT PRIMARY KEY, run TEXT, seen_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS jobs_by_seen ON jobs (seen_at);
 """
-_COLUMNS = ("id, job, action, fingerprint, starts_at, labels, issued_at, acknowledged_at, "
-            "expired_at, run")
+_COLUMNS = (
+    "id, job, action, fingerprint, starts_at, labels, issued_at, acknowledged_at, expired_at, run"
+)
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,12 @@ class DirectiveStore:
         limits: the bounds on jobs, directives and time.
     """
 
-    def __init__(self, state_dir: str | Path, clock: Callable[[], float] = time.time,
-                 limits: StoreLimits = StoreLimits()) -> None:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        clock: Callable[[], float] = time.time,
+        limits: StoreLimits = StoreLimits(),
+    ) -> None:
         folder = Path(state_dir)
         folder.mkdir(parents=True, exist_ok=True)
         self._clock, self.limits = clock, limits
@@ -153,7 +158,7 @@ class DirectiveStore:
         if version not in (0, FORMAT):
             raise ValueError(f"{folder / FILE}: unknown format {version!r}")
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")   # a directive issued survives a power cut
+        self._db.execute("PRAGMA synchronous=FULL")  # a directive issued survives a power cut
         self._db.executescript(_SCHEMA)
         self._db.execute(f"PRAGMA user_version={FORMAT}")
         self._import_legacy(folder / LEGACY_FILE)
@@ -183,32 +188,59 @@ class DirectiveStore:
         with self._transaction() as db:
             for d in state["directives"]:
                 closed = d.get("acknowledged_at")
-                db.execute(f"INSERT OR IGNORE INTO directives ({_COLUMNS}, closed_at) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
-                           (d["id"], d["job"], d["action"], d["fingerprint"], d["starts_at"],
-                            json.dumps(d["labels"]), d["issued_at"], closed, closed))
-                db.execute("INSERT OR IGNORE INTO jobs (job, run, seen_at) VALUES (?, NULL, ?)",
-                           (d["job"], d["issued_at"]))
+                db.execute(
+                    f"INSERT OR IGNORE INTO directives ({_COLUMNS}, closed_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
+                    (
+                        d["id"],
+                        d["job"],
+                        d["action"],
+                        d["fingerprint"],
+                        d["starts_at"],
+                        json.dumps(d["labels"]),
+                        d["issued_at"],
+                        closed,
+                        closed,
+                    ),
+                )
+                db.execute(
+                    "INSERT OR IGNORE INTO jobs (job, run, seen_at) VALUES (?, NULL, ?)",
+                    (d["job"], d["issued_at"]),
+                )
         os.replace(path, path.with_name(path.name + ".migrated"))
 
     @staticmethod
     def _row(row: tuple) -> Directive:
-        (id_, job, action, fingerprint, starts_at, labels, issued_at, acked, expired,
-         run) = row
-        return Directive(id=id_, job=job, action=action, fingerprint=fingerprint,
-                         starts_at=starts_at, labels=json.loads(labels), issued_at=issued_at,
-                         acknowledged_at=acked, expired_at=expired, run=run)
+        (id_, job, action, fingerprint, starts_at, labels, issued_at, acked, expired, run) = row
+        return Directive(
+            id=id_,
+            job=job,
+            action=action,
+            fingerprint=fingerprint,
+            starts_at=starts_at,
+            labels=json.loads(labels),
+            issued_at=issued_at,
+            acknowledged_at=acked,
+            expired_at=expired,
+            run=run,
+        )
 
     def _prune(self, db: sqlite3.Connection, now: float) -> None:
         """Expire what waited too long, forget what closed long ago: cost in rows changed."""
-        db.execute("UPDATE directives SET expired_at = ?, closed_at = ? "
-                   "WHERE closed_at IS NULL AND issued_at < ?",
-                   (now, now, now - self.limits.ttl_s))
-        db.execute("DELETE FROM directives WHERE closed_at IS NOT NULL AND closed_at < ?",
-                   (now - self.limits.retention_s,))
-        gone = db.execute("DELETE FROM jobs WHERE seen_at < ? AND NOT EXISTS "
-                          "(SELECT 1 FROM directives d WHERE d.job = jobs.job)",
-                          (now - self.limits.retention_s,)).rowcount
+        db.execute(
+            "UPDATE directives SET expired_at = ?, closed_at = ? "
+            "WHERE closed_at IS NULL AND issued_at < ?",
+            (now, now, now - self.limits.ttl_s),
+        )
+        db.execute(
+            "DELETE FROM directives WHERE closed_at IS NOT NULL AND closed_at < ?",
+            (now - self.limits.retention_s,),
+        )
+        gone = db.execute(
+            "DELETE FROM jobs WHERE seen_at < ? AND NOT EXISTS "
+            "(SELECT 1 FROM directives d WHERE d.job = jobs.job)",
+            (now - self.limits.retention_s,),
+        ).rowcount
         self._jobs -= gone
 
     def _admit(self, db: sqlite3.Connection, job: str, now: float) -> str | None:
@@ -216,10 +248,12 @@ class DirectiveStore:
         row = db.execute("SELECT run FROM jobs WHERE job = ?", (job,)).fetchone()
         if row is None:
             if self._jobs >= self.limits.max_jobs:
-                raise StoreFull("too_many_jobs",
-                                f"job {_short(job)} would be a new job beyond the limit of "
-                                f"{self.limits.max_jobs} (max_jobs); nothing of this "
-                                "notification was stored")
+                raise StoreFull(
+                    "too_many_jobs",
+                    f"job {_short(job)} would be a new job beyond the limit of "
+                    f"{self.limits.max_jobs} (max_jobs); nothing of this "
+                    "notification was stored",
+                )
             db.execute("INSERT INTO jobs (job, run, seen_at) VALUES (?, NULL, ?)", (job, now))
             self._jobs += 1
             return None
@@ -228,16 +262,19 @@ class DirectiveStore:
         held = db.execute("SELECT COUNT(*) FROM directives WHERE job = ?", (job,)).fetchone()[0]
         if held >= cap:
             # Closed directives are only remembered for deduplication: the oldest make room.
-            db.execute("DELETE FROM directives WHERE id IN (SELECT id FROM directives WHERE "
-                       "job = ? AND closed_at IS NOT NULL ORDER BY closed_at LIMIT ?)",
-                       (job, held - cap + 1))
-            held = db.execute("SELECT COUNT(*) FROM directives WHERE job = ?",
-                              (job,)).fetchone()[0]
+            db.execute(
+                "DELETE FROM directives WHERE id IN (SELECT id FROM directives WHERE "
+                "job = ? AND closed_at IS NOT NULL ORDER BY closed_at LIMIT ?)",
+                (job, held - cap + 1),
+            )
+            held = db.execute("SELECT COUNT(*) FROM directives WHERE job = ?", (job,)).fetchone()[0]
             if held >= cap:
-                raise StoreFull("too_many_directives",
-                                f"job {_short(job)} already has {held} pending directives, the "
-                                f"limit (max_directives_per_job); nothing of this notification "
-                                "was stored")
+                raise StoreFull(
+                    "too_many_directives",
+                    f"job {_short(job)} already has {held} pending directives, the "
+                    f"limit (max_directives_per_job); nothing of this notification "
+                    "was stored",
+                )
         return row[0]
 
     # ------------------------------------------------------------------ the API
@@ -265,8 +302,10 @@ class DirectiveStore:
                 if alert.status == "resolved":
                     outcomes[RESOLVED] += 1
                     # A resolved alert is never repeated: its closed directive can go now.
-                    db.execute("DELETE FROM directives WHERE id = ? AND closed_at IS NOT NULL",
-                               (directive_id(alert.fingerprint, alert.starts_at),))
+                    db.execute(
+                        "DELETE FROM directives WHERE id = ? AND closed_at IS NOT NULL",
+                        (directive_id(alert.fingerprint, alert.starts_at),),
+                    )
                     continue
                 if order is None:
                     outcomes[RECORDED] += 1
@@ -276,13 +315,30 @@ class DirectiveStore:
                     outcomes[DUPLICATE] += 1
                     continue
                 run = self._admit(db, order.job, now)
-                d = Directive(id=id_, job=order.job, action=order.action,
-                              fingerprint=order.fingerprint, starts_at=order.starts_at,
-                              labels=dict(order.labels), issued_at=now, run=run)
-                db.execute(f"INSERT INTO directives ({_COLUMNS}) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
-                           (d.id, d.job, d.action, d.fingerprint, d.starts_at,
-                            json.dumps(d.labels), d.issued_at, d.run))
+                d = Directive(
+                    id=id_,
+                    job=order.job,
+                    action=order.action,
+                    fingerprint=order.fingerprint,
+                    starts_at=order.starts_at,
+                    labels=dict(order.labels),
+                    issued_at=now,
+                    run=run,
+                )
+                db.execute(
+                    f"INSERT INTO directives ({_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
+                    (
+                        d.id,
+                        d.job,
+                        d.action,
+                        d.fingerprint,
+                        d.starts_at,
+                        json.dumps(d.labels),
+                        d.issued_at,
+                        d.run,
+                    ),
+                )
                 issued.append(d)
                 outcomes[ISSUED] += 1
         return outcomes, issued
@@ -303,8 +359,10 @@ class DirectiveStore:
         fresh = now - self.limits.ttl_s
         if run is not None:
             self._seen(job, run, now, fresh)
-        query = (f"SELECT {_COLUMNS} FROM directives WHERE job = ? AND closed_at IS NULL "
-                 "AND issued_at >= ? AND (run IS NULL OR run = ?) ORDER BY issued_at, id")
+        query = (
+            f"SELECT {_COLUMNS} FROM directives WHERE job = ? AND closed_at IS NULL "
+            "AND issued_at >= ? AND (run IS NULL OR run = ?) ORDER BY issued_at, id"
+        )
         with self._lock:
             if run is None:
                 row = self._db.execute("SELECT run FROM jobs WHERE job = ?", (job,)).fetchone()
@@ -316,23 +374,30 @@ class DirectiveStore:
     def _seen(self, job: str, run: str, now: float, fresh: float) -> None:
         """Record a poll of ``run``; writes only when something changes (or once in a while)."""
         with self._lock:
-            row = self._db.execute("SELECT run, seen_at FROM jobs WHERE job = ?",
-                                   (job,)).fetchone()
+            row = self._db.execute("SELECT run, seen_at FROM jobs WHERE job = ?", (job,)).fetchone()
             unbound = self._db.execute(
                 "SELECT 1 FROM directives WHERE job = ? AND run IS NULL AND closed_at IS NULL "
-                "AND issued_at >= ? LIMIT 1", (job, fresh)).fetchone()
+                "AND issued_at >= ? LIMIT 1",
+                (job, fresh),
+            ).fetchone()
             stale = row is not None and now - row[1] > self.limits.retention_s / 100
             if row is not None and row[0] == run and not unbound and not stale:
                 return
             if row is None and self._jobs >= self.limits.max_jobs:
-                return      # no room to remember this run; it has no directives either
+                return  # no room to remember this run; it has no directives either
         with self._transaction() as db:
-            db.execute("UPDATE directives SET run = ? WHERE job = ? AND run IS NULL "
-                       "AND closed_at IS NULL AND issued_at >= ?", (run, job, fresh))
-            if db.execute("UPDATE jobs SET run = ?, seen_at = ? WHERE job = ?",
-                          (run, now, job)).rowcount == 0:
-                db.execute("INSERT INTO jobs (job, run, seen_at) VALUES (?, ?, ?)",
-                           (job, run, now))
+            db.execute(
+                "UPDATE directives SET run = ? WHERE job = ? AND run IS NULL "
+                "AND closed_at IS NULL AND issued_at >= ?",
+                (run, job, fresh),
+            )
+            if (
+                db.execute(
+                    "UPDATE jobs SET run = ?, seen_at = ? WHERE job = ?", (run, now, job)
+                ).rowcount
+                == 0
+            ):
+                db.execute("INSERT INTO jobs (job, run, seen_at) VALUES (?, ?, ?)", (job, run, now))
                 self._jobs += 1
 
     def get(self, directive_id_: str) -> Directive | None:
@@ -345,8 +410,9 @@ class DirectiveStore:
             The directive, or None when the id is unknown (or pruned).
         """
         with self._lock:
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM directives WHERE id = ?",
-                                   (directive_id_,)).fetchone()
+            row = self._db.execute(
+                f"SELECT {_COLUMNS} FROM directives WHERE id = ?", (directive_id_,)
+            ).fetchone()
         return None if row is None else self._row(row)
 
     def acknowledge(self, directive_id_: str) -> tuple[Directive, bool] | None:
@@ -364,9 +430,12 @@ class DirectiveStore:
             self._prune(db, now)
             changed = db.execute(
                 "UPDATE directives SET acknowledged_at = ?, closed_at = COALESCE(closed_at, ?) "
-                "WHERE id = ? AND acknowledged_at IS NULL", (now, now, directive_id_)).rowcount
-            row = db.execute(f"SELECT {_COLUMNS} FROM directives WHERE id = ?",
-                             (directive_id_,)).fetchone()
+                "WHERE id = ? AND acknowledged_at IS NULL",
+                (now, now, directive_id_),
+            ).rowcount
+            row = db.execute(
+                f"SELECT {_COLUMNS} FROM directives WHERE id = ?", (directive_id_,)
+            ).fetchone()
         return None if row is None else (self._row(row), bool(changed))
 
     def stats(self) -> dict[str, int]:
@@ -378,9 +447,15 @@ class DirectiveStore:
                 "SELECT COUNT(*) FILTER (WHERE closed_at IS NULL AND issued_at >= ?), "
                 "COUNT(acknowledged_at), "
                 "COUNT(*) FILTER (WHERE acknowledged_at IS NULL AND (expired_at IS NOT NULL "
-                "OR issued_at < ?)) FROM directives", (fresh, fresh)).fetchone()
-            return {"pending": pending, "acknowledged": acked, "expired": expired,
-                    "jobs": self._jobs}
+                "OR issued_at < ?)) FROM directives",
+                (fresh, fresh),
+            ).fetchone()
+            return {
+                "pending": pending,
+                "acknowledged": acked,
+                "expired": expired,
+                "jobs": self._jobs,
+            }
 
     def counts(self) -> dict[str, int]:
         """Returns: the number of ``pending`` and ``acknowledged`` directives (for /healthz)."""

@@ -18,8 +18,14 @@ from ..protocol import ACTIONS
 
 PREFIX = "torchvitals_collector_"
 
-REJECT_REASONS = ("unauthorized", "body_too_large", "invalid_json", "unsupported_version",
-                  "missing_field", "invalid_field")
+REJECT_REASONS = (
+    "unauthorized",
+    "body_too_large",
+    "invalid_json",
+    "unsupported_version",
+    "missing_field",
+    "invalid_field",
+)
 """The ``reason`` labels of the rejection counter exposed at 0 from the start."""
 
 LIMIT_REASONS = ("forbidden", "label_too_large", "too_many_jobs", "too_many_directives")
@@ -37,14 +43,20 @@ class _DirectiveGauges:
         # One family with a state label: a gauge named like a counter's base name
         # (directives_acknowledged) would be a second TYPE line for the same family.
         stats = self._store.stats()
-        g = GaugeMetricFamily(f"{PREFIX}directives", "Directives in the store, pending, "
-                              "acknowledged or expired (kept across restarts until pruned).",
-                              labels=["state"])
+        g = GaugeMetricFamily(
+            f"{PREFIX}directives",
+            "Directives in the store, pending, "
+            "acknowledged or expired (kept across restarts until pruned).",
+            labels=["state"],
+        )
         for state in ("pending", "acknowledged", "expired"):
             g.add_metric([state], stats[state])
         yield g
-        yield GaugeMetricFamily(f"{PREFIX}jobs", "Jobs the store holds directives or a run "
-                                "for (bounded by max_jobs).", value=stats["jobs"])
+        yield GaugeMetricFamily(
+            f"{PREFIX}jobs",
+            "Jobs the store holds directives or a run for (bounded by max_jobs).",
+            value=stats["jobs"],
+        )
 
 
 class CollectorMetrics:
@@ -59,20 +71,33 @@ class CollectorMetrics:
     def __init__(self, store: DirectiveStore, registry: CollectorRegistry | None = None) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self.webhooks_accepted = Counter(
-            f"{PREFIX}webhooks_accepted", "Webhook notifications accepted.",
-            registry=self.registry)
+            f"{PREFIX}webhooks_accepted", "Webhook notifications accepted.", registry=self.registry
+        )
         self.webhooks_rejected = Counter(
-            f"{PREFIX}webhooks_rejected", "Webhook notifications rejected, by reason.",
-            ["reason"], registry=self.registry)
+            f"{PREFIX}webhooks_rejected",
+            "Webhook notifications rejected, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.alerts = Counter(
-            f"{PREFIX}alerts", "Alerts received in accepted notifications, by outcome "
-            "(issued, duplicate, resolved, recorded).", ["outcome"], registry=self.registry)
+            f"{PREFIX}alerts",
+            "Alerts received in accepted notifications, by outcome "
+            "(issued, duplicate, resolved, recorded).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.directives_issued = Counter(
-            f"{PREFIX}directives_issued", "Directives issued, by action.", ["action"],
-            registry=self.registry)
+            f"{PREFIX}directives_issued",
+            "Directives issued, by action.",
+            ["action"],
+            registry=self.registry,
+        )
         self.directives_acknowledged = Counter(
-            f"{PREFIX}directives_acknowledged", "Directives acknowledged by their job, by action.",
-            ["action"], registry=self.registry)
+            f"{PREFIX}directives_acknowledged",
+            "Directives acknowledged by their job, by action.",
+            ["action"],
+            registry=self.registry,
+        )
         # Zero series up front: a rate() over a reason that never happened reads 0, not nothing.
         for reason in REJECT_REASONS:
             self.webhooks_rejected.labels(reason)

@@ -62,9 +62,11 @@ def _require_web_stack() -> None:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
-        raise WebStackMissing(f"the collector's HTTP service needs starlette and uvicorn "
-                              f"({exc.name or exc} is missing), from the collector extra: "
-                              f"{EXTRA}") from exc
+        raise WebStackMissing(
+            f"the collector's HTTP service needs starlette and uvicorn "
+            f"({exc.name or exc} is missing), from the collector extra: "
+            f"{EXTRA}"
+        ) from exc
 
 
 class _Rejected(Exception):
@@ -79,9 +81,11 @@ MAX_RUN_BYTES = 256
 
 def _error(exc: _Rejected) -> JSONResponse:
     from starlette.responses import JSONResponse
+
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return JSONResponse({"error": exc.reason, "message": exc.message}, status_code=exc.status,
-                        headers=headers)
+    return JSONResponse(
+        {"error": exc.reason, "message": exc.message}, status_code=exc.status, headers=headers
+    )
 
 
 def _principal(request: Request, tokens: Tokens) -> Principal:
@@ -95,18 +99,28 @@ def _principal(request: Request, tokens: Tokens) -> Principal:
 def _job_only(principal: Principal, job: str, verb: str) -> None:
     """403 unless ``principal`` is ``job``'s own token (``verb``: what it tried, for the reason)."""
     if principal.kind == ALERTMANAGER:
-        raise _Rejected(403, "forbidden", f"the webhook token may post alerts only: to {verb} "
-                        "of a job, use that job's own token")
+        raise _Rejected(
+            403,
+            "forbidden",
+            f"the webhook token may post alerts only: to {verb} of a job, use that job's own token",
+        )
     if principal.job != job:
-        raise _Rejected(403, "forbidden", f"{principal.describe()} cannot {verb} of job "
-                        f"{job[:64]!r}: a job's token serves that job only")
+        raise _Rejected(
+            403,
+            "forbidden",
+            f"{principal.describe()} cannot {verb} of job "
+            f"{job[:64]!r}: a job's token serves that job only",
+        )
 
 
 def store_limits(config: CollectorConfig) -> StoreLimits:
     """Args: config: the collector's configuration. Returns: the store's bounds from it."""
-    return StoreLimits(max_jobs=config.max_jobs,
-                       max_directives_per_job=config.max_directives_per_job,
-                       ttl_s=config.directive_ttl_seconds, retention_s=config.retention_seconds)
+    return StoreLimits(
+        max_jobs=config.max_jobs,
+        max_directives_per_job=config.max_directives_per_job,
+        ttl_s=config.directive_ttl_seconds,
+        retention_s=config.retention_seconds,
+    )
 
 
 async def _read_capped(request: Request, cap: int) -> bytes:
@@ -116,18 +130,20 @@ async def _read_capped(request: Request, cap: int) -> bytes:
         if not declared.isdigit():
             raise _Rejected(400, "invalid_field", "Content-Length is not a number")
         if int(declared) > cap:
-            raise _Rejected(413, "body_too_large",
-                            f"body of {declared} bytes exceeds the limit of {cap}")
+            raise _Rejected(
+                413, "body_too_large", f"body of {declared} bytes exceeds the limit of {cap}"
+            )
     body = bytearray()
-    async for chunk in request.stream():   # a chunked body declares no length: count it
+    async for chunk in request.stream():  # a chunked body declares no length: count it
         body += chunk
         if len(body) > cap:
             raise _Rejected(413, "body_too_large", f"body exceeds the limit of {cap} bytes")
     return bytes(body)
 
 
-def create_app(config: CollectorConfig, store: DirectiveStore,
-               metrics: CollectorMetrics) -> Starlette:
+def create_app(
+    config: CollectorConfig, store: DirectiveStore, metrics: CollectorMetrics
+) -> Starlette:
     """Build the ASGI application.
 
     Args:
@@ -156,9 +172,13 @@ def create_app(config: CollectorConfig, store: DirectiveStore,
         try:
             principal = _principal(request, tokens)
             if principal.kind != ALERTMANAGER:
-                raise _Rejected(403, "forbidden", f"{principal.describe()} may read and "
-                                "acknowledge its own directives only; alerts need the webhook "
-                                "token")
+                raise _Rejected(
+                    403,
+                    "forbidden",
+                    f"{principal.describe()} may read and "
+                    "acknowledge its own directives only; alerts need the webhook "
+                    "token",
+                )
             body = await _read_capped(request, config.max_body_bytes)
             try:
                 notification = parse_notification(body, labels)
@@ -177,8 +197,13 @@ def create_app(config: CollectorConfig, store: DirectiveStore,
             metrics.alerts.labels(outcome).inc(n)
         for d in issued:
             metrics.directives_issued.labels(d.action).inc()
-            log.info("directive %s issued: %s for job %r (alert %s)", d.id, d.action, d.job,
-                     d.labels.get("alertname", "?"))
+            log.info(
+                "directive %s issued: %s for job %r (alert %s)",
+                d.id,
+                d.action,
+                d.job,
+                d.labels.get("alertname", "?"),
+            )
         return JSONResponse({"outcomes": dict(outcomes), "issued": [d.id for d in issued]})
 
     async def directives(request: Request) -> Response:
@@ -190,8 +215,11 @@ def create_app(config: CollectorConfig, store: DirectiveStore,
             _job_only(principal, job, "read the directives")
             run = request.query_params.get(RUN_PARAM) or None
             if run is not None and len(run.encode()) > MAX_RUN_BYTES:
-                raise _Rejected(400, "invalid_field", f"query parameter {RUN_PARAM!r} is over "
-                                f"{MAX_RUN_BYTES} bytes")
+                raise _Rejected(
+                    400,
+                    "invalid_field",
+                    f"query parameter {RUN_PARAM!r} is over {MAX_RUN_BYTES} bytes",
+                )
         except _Rejected as exc:
             return _error(exc)
         found = await run_in_threadpool(store.pending, job, run)
@@ -209,7 +237,7 @@ def create_app(config: CollectorConfig, store: DirectiveStore,
         except _Rejected as exc:
             return _error(exc)
         found = await run_in_threadpool(store.acknowledge, known.id)
-        if found is None:       # pruned between the two calls
+        if found is None:  # pruned between the two calls
             return _error(_Rejected(404, "not_found", "no such directive"))
         directive, now = found
         if now:
@@ -223,13 +251,15 @@ def create_app(config: CollectorConfig, store: DirectiveStore,
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return Starlette(routes=[
-        Route("/alerts", alerts, methods=["POST"]),
-        Route("/directives", directives, methods=["GET"]),
-        Route("/directives/{id}/ack", acknowledge, methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", prometheus, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/alerts", alerts, methods=["POST"]),
+            Route("/directives", directives, methods=["GET"]),
+            Route("/directives/{id}/ack", acknowledge, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"]),
+        ]
+    )
 
 
 class CollectorServer:
@@ -245,17 +275,27 @@ class CollectorServer:
             opened, so nothing is left half-built).
     """
 
-    def __init__(self, config: CollectorConfig, registry=None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, config: CollectorConfig, registry=None, clock: Callable[[], float] = time.time
+    ) -> None:
         _require_web_stack()
         import uvicorn
+
         self.config = config
         self.store = DirectiveStore(config.state_dir, clock=clock, limits=store_limits(config))
         self.metrics = CollectorMetrics(self.store, registry)
         app = create_app(config, self.store, self.metrics)
-        self._server = uvicorn.Server(uvicorn.Config(
-            app, host=config.host, port=config.port, lifespan="off", server_header=False,
-            access_log=config.access_log, log_config=None))
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=config.host,
+                port=config.port,
+                lifespan="off",
+                server_header=False,
+                access_log=config.access_log,
+                log_config=None,
+            )
+        )
         self._thread: threading.Thread | None = None
 
     @property
@@ -276,8 +316,9 @@ class CollectorServer:
         Returns:
             self, listening.
         """
-        self._thread = threading.Thread(target=self._server.run, name="torchvitals-collector",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, name="torchvitals-collector", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:

@@ -86,8 +86,11 @@ class Order:
         return f"{self.fingerprint}@{self.starts_at}"
 
 
-_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
-                      r"(?:([Zz])|([+-])(\d{2}):(\d{2}))", re.ASCII)
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
+    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))",
+    re.ASCII,
+)
 
 
 def parse_rfc3339(text: str) -> datetime:
@@ -123,7 +126,7 @@ def parse_rfc3339(text: str) -> datetime:
         tz = timezone(-offset if match.group(9) == "-" else offset)
     try:
         return datetime(year, month, day, hour, minute, second, micro, tzinfo=tz)
-    except ValueError as exc:       # month 13, February 30, second 60, ...
+    except ValueError as exc:  # month 13, February 30, second 60, ...
         raise ValueError(f"not an RFC 3339 time ({exc}): {text!r}") from None
 
 
@@ -132,25 +135,28 @@ def _require(obj: Mapping[str, Any], name: str, kind: type, where: str) -> Any:
         raise PayloadError("missing_field", f"{where}: missing field {name!r}")
     value = obj[name]
     if not isinstance(value, kind):
-        raise PayloadError("invalid_field",
-                           f"{where}: field {name!r} must be {kind.__name__}, "
-                           f"got {type(value).__name__}")
+        raise PayloadError(
+            "invalid_field",
+            f"{where}: field {name!r} must be {kind.__name__}, got {type(value).__name__}",
+        )
     return value
 
 
 def _status(value: str, where: str) -> str:
     if value not in STATUSES:
-        raise PayloadError("invalid_field",
-                           f"{where}: status must be 'firing' or 'resolved', got {value!r}")
+        raise PayloadError(
+            "invalid_field", f"{where}: status must be 'firing' or 'resolved', got {value!r}"
+        )
     return value
 
 
 def _bounded(text: str, what: str, limits: LabelLimits) -> None:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > limits.max_label_bytes:
-        raise PayloadError("label_too_large",
-                           f"{what} is {size} bytes, over the limit of {limits.max_label_bytes} "
-                           "(max_label_bytes)")
+        raise PayloadError(
+            "label_too_large",
+            f"{what} is {size} bytes, over the limit of {limits.max_label_bytes} (max_label_bytes)",
+        )
 
 
 def _alert(obj: Any, index: int, limits: LabelLimits) -> Alert:
@@ -162,9 +168,10 @@ def _alert(obj: Any, index: int, limits: LabelLimits) -> Alert:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise PayloadError("invalid_field", f"{where}: labels must map strings to strings")
     if len(labels) > limits.max_labels:
-        raise PayloadError("label_too_large",
-                           f"{where}: {len(labels)} labels, over the limit of "
-                           f"{limits.max_labels} (max_labels)")
+        raise PayloadError(
+            "label_too_large",
+            f"{where}: {len(labels)} labels, over the limit of {limits.max_labels} (max_labels)",
+        )
     for name, value in labels.items():
         _bounded(name, f"{where}: a label name ({name[:40]!r}...)", limits)
         _bounded(value, f"{where}: label {name!r}", limits)
@@ -176,10 +183,10 @@ def _alert(obj: Any, index: int, limits: LabelLimits) -> Alert:
     try:
         parse_rfc3339(starts_at)
     except ValueError:
-        raise PayloadError("invalid_field",
-                           f"{where}: startsAt is not an RFC 3339 time: {starts_at!r}") from None
-    return Alert(status=status, labels=dict(labels), fingerprint=fingerprint,
-                 starts_at=starts_at)
+        raise PayloadError(
+            "invalid_field", f"{where}: startsAt is not an RFC 3339 time: {starts_at!r}"
+        ) from None
+    return Alert(status=status, labels=dict(labels), fingerprint=fingerprint, starts_at=starts_at)
 
 
 def parse_notification(body: bytes, limits: LabelLimits = LabelLimits()) -> Notification:
@@ -205,15 +212,20 @@ def parse_notification(body: bytes, limits: LabelLimits = LabelLimits()) -> Noti
         raise PayloadError("invalid_field", "body must be a JSON object")
     version = _require(obj, "version", str, "payload")
     if version != VERSION:
-        raise PayloadError("unsupported_version",
-                           f"payload version {version!r} is not supported (expected {VERSION!r})")
+        raise PayloadError(
+            "unsupported_version",
+            f"payload version {version!r} is not supported (expected {VERSION!r})",
+        )
     group_key = _require(obj, "groupKey", str, "payload")
     status = _status(_require(obj, "status", str, "payload"), "payload")
     receiver = obj.get("receiver", "")
     alerts = _require(obj, "alerts", list, "payload")
-    return Notification(group_key=group_key, status=status,
-                        receiver=receiver if isinstance(receiver, str) else "",
-                        alerts=tuple(_alert(a, i, limits) for i, a in enumerate(alerts)))
+    return Notification(
+        group_key=group_key,
+        status=status,
+        receiver=receiver if isinstance(receiver, str) else "",
+        alerts=tuple(_alert(a, i, limits) for i, a in enumerate(alerts)),
+    )
 
 
 def order_of(alert: Alert) -> Order | None:
@@ -230,5 +242,10 @@ def order_of(alert: Alert) -> Order | None:
     job = alert.labels.get(JOB_LABEL)
     if alert.status != "firing" or action not in ACTIONS or not job:
         return None
-    return Order(job=job, action=action, fingerprint=alert.fingerprint,
-                 starts_at=alert.starts_at, labels=alert.labels)
+    return Order(
+        job=job,
+        action=action,
+        fingerprint=alert.fingerprint,
+        starts_at=alert.starts_at,
+        labels=alert.labels,
+    )

@@ -19,6 +19,9 @@ plots (matplotlib)."""
 
 with open(sys.argv[1], "rb") as f:
     project = tomllib.load(f)["project"]
-wanted = [d for d in project["dependencies"]
-          if re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] not in TRAINING_ONLY]
+wanted = [
+    d
+    for d in project["dependencies"]
+    if re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] not in TRAINING_ONLY
+]
 print("\n".join(wanted + project["optional-dependencies"]["collector"]))

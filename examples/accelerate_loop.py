@@ -27,7 +27,9 @@ from torchvitals.agent.tools.demo.regression import micro_batches, mlp  # noqa: 
 ACCUMULATE, CLIP = 2, 0.5
 
 
-def build(lr: float = 0.05) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def build(
+    lr: float = 0.05,
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The model (the same initial weights on every rank), AdamW and a warmup schedule."""
     model = mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -45,28 +47,35 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--checkpoint-dir", default="")
     args = parser.parse_args()
-    accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATE, cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(
+        gradient_accumulation_steps=ACCUMULATE, cpu=not torch.cuda.is_available()
+    )
     model, optimizer, scheduler = accelerator.prepare(*build())
     # What prepare returned, as it returned it: the guard goes on the optimizer inside.
-    agent = torchvitals.watch(model, optimizer, scheduler, checkpoint_dir=args.checkpoint_dir or None,
-                              metrics_port=0)
+    agent = torchvitals.watch(
+        model, optimizer, scheduler, checkpoint_dir=args.checkpoint_dir or None, metrics_port=0
+    )
     report = None
     for x, y in batches(args.steps * ACCUMULATE, seed=accelerator.process_index):
         with accelerator.accumulate(model):
-            loss = torch.nn.functional.mse_loss(model(x.to(accelerator.device)), y.to(accelerator.device))
-            agent.record_loss(loss.detach())         # each micro-batch; the step's is their mean
+            loss = torch.nn.functional.mse_loss(
+                model(x.to(accelerator.device)), y.to(accelerator.device)
+            )
+            agent.record_loss(loss.detach())  # each micro-batch; the step's is their mean
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(model.parameters(), CLIP)
-            optimizer.step()            # a no-op until the gradients are synchronised
+            optimizer.step()  # a no-op until the gradients are synchronised
             scheduler.step()
             optimizer.zero_grad()
         if accelerator.sync_gradients:
             report = agent.last_report
     if accelerator.is_main_process and report is not None:
-        print(f"step {report.step} {report.action} loss {report.loss:.4f} "
-              f"grad_norm {report.grad_norm_total:.4f} (before clipping to {CLIP})"
-              + ("" if math.isfinite(report.loss) else " (non-finite)"))
+        print(
+            f"step {report.step} {report.action} loss {report.loss:.4f} "
+            f"grad_norm {report.grad_norm_total:.4f} (before clipping to {CLIP})"
+            + ("" if math.isfinite(report.loss) else " (non-finite)")
+        )
     agent.close()
     accelerator.end_training()
 

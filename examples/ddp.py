@@ -26,7 +26,7 @@ rank, local_rank = dist.get_rank(), int(os.environ["LOCAL_RANK"])
 device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
 if cuda:
     torch.cuda.set_device(device)
-torch.manual_seed(0)                                            # the same initial weights
+torch.manual_seed(0)  # the same initial weights
 model = DistributedDataParallel(TinyGPT(vocab=64, d_model=64, n_layers=2, seq_len=32).to(device))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 agent = torchvitals.watch(model, optimizer)
@@ -34,10 +34,12 @@ for inputs, targets in random_batches(args.steps, batch=8, seq_len=32, vocab=64,
     logits = model(inputs.to(device))
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.to(device).flatten())
     loss.backward()
-    report = agent.step(loss)                                   # identical on every rank
+    report = agent.step(loss)  # identical on every rank
     optimizer.zero_grad(set_to_none=True)
 if rank == 0:
-    print(f"step {report.step} loss {report.loss:.4f} grad_norm {report.grad_norm_total:.4f} "
-          f"blocks {len(report.grad_norm)}")
+    print(
+        f"step {report.step} loss {report.loss:.4f} grad_norm {report.grad_norm_total:.4f} "
+        f"blocks {len(report.grad_norm)}"
+    )
 agent.close()
 dist.destroy_process_group()

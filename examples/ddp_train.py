@@ -34,8 +34,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200, help="0: train until stopped")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--sleep", type=float, default=0.0,
-                        help="seconds to pause after each step (a demo you can watch live)")
+    parser.add_argument(
+        "--sleep",
+        type=float,
+        default=0.0,
+        help="seconds to pause after each step (a demo you can watch live)",
+    )
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -48,29 +52,40 @@ def main() -> int:
     try:
         torch.manual_seed(0)
         model = TinyGPT(**MODEL).to(device)
-        ddp = torch.nn.parallel.DistributedDataParallel(model,
-                                                        device_ids=[local_rank] if cuda else None)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[local_rank] if cuda else None
+        )
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
         # The deployment decides (TORCHVITALS_RESUME): the chart's job says "restart", continued
         # by its job id after a new pod or a new supervisor and refused to another job; run by
         # hand (and in the compose demo), a job continues the folder it finds.
-        agent = torchvitals.watch(ddp, optimizer,
-                                  resume=os.environ.get("TORCHVITALS_RESUME", "auto"))
+        agent = torchvitals.watch(
+            ddp, optimizer, resume=os.environ.get("TORCHVITALS_RESUME", "auto")
+        )
         if agent.resumed_from is not None and rank == 0:
             print(f"resumed from step {agent.resumed_from}", flush=True)
         # An endless, repeatable stream: agent.batches() counts its position, so a rollback or
         # a restart skips exactly the batches the ledger says to.
-        stream = (batch for epoch in itertools.count()
-                  for batch in random_batches(1000, batch=args.batch, seq_len=MODEL["seq_len"],
-                                              vocab=MODEL["vocab"], seed=1000 * epoch + rank))
+        stream = (
+            batch
+            for epoch in itertools.count()
+            for batch in random_batches(
+                1000,
+                batch=args.batch,
+                seq_len=MODEL["seq_len"],
+                vocab=MODEL["vocab"],
+                seed=1000 * epoch + rank,
+            )
+        )
         for inputs, targets in agent.batches(stream):
             loss = _loss(ddp, inputs.to(device), targets.to(device))
             loss.backward()
             report = agent.step(loss, samples=inputs.shape[0])
             optimizer.zero_grad(set_to_none=True)
             if rank == 0 and (report.step % 20 == 0 or report.action != "step"):
-                print(f"step {report.step} loss {report.loss:.4f} action {report.action}",
-                      flush=True)
+                print(
+                    f"step {report.step} loss {report.loss:.4f} action {report.action}", flush=True
+                )
             if args.sleep:
                 time.sleep(args.sleep)
             if args.steps and agent.step_count >= args.steps:
@@ -84,8 +99,9 @@ def main() -> int:
 def _loss(ddp: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     # Through the DDP wrapper's forward, so its gradient all-reduce hooks run.
     logits = ddp(inputs)
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             targets.reshape(-1))
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torchvitals  # noqa: E402
 from torchvitals.agent.tools.demo.regression import BLOCKS, deepspeed_config, micro_batch, mlp  # noqa: E402,F401
 
+
 def build() -> torch.nn.Module:
     """The same initial weights on every rank."""
     return mlp(named=True)
@@ -40,8 +41,9 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     model = build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                   config=config(args.stage, 2, 1.0))
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=config(args.stage, 2, 1.0)
+    )
     agent = torchvitals.watch(engine, engine.optimizer, blocks=BLOCKS, metrics_port=0)
     gen = torch.Generator().manual_seed(engine.global_rank)
     for _ in range(args.steps * engine.gradient_accumulation_steps()):
@@ -49,11 +51,13 @@ def main() -> None:
         loss = torch.nn.functional.mse_loss(engine(x.to(engine.device)), y.to(engine.device))
         agent.record_loss(loss.detach())
         engine.backward(loss)
-        engine.step()             # at the accumulation boundary: the agent's step, then ZeRO's
+        engine.step()  # at the accumulation boundary: the agent's step, then ZeRO's
     report = agent.last_report
     if engine.global_rank == 0:
-        print(f"step {report.step} {report.action} loss {report.loss:.4f} grad_norm "
-              f"{report.grad_norm_total:.4f} deepspeed {float(engine.get_global_grad_norm()):.4f}")
+        print(
+            f"step {report.step} {report.action} loss {report.loss:.4f} grad_norm "
+            f"{report.grad_norm_total:.4f} deepspeed {float(engine.get_global_grad_norm()):.4f}"
+        )
     agent.close()
 
 

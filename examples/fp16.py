@@ -26,8 +26,10 @@ for inputs, targets in random_batches(args.steps, batch=8, seq_len=32, vocab=64)
     with torch.autocast(device, dtype=torch.float16):
         loss = model.loss(inputs.to(device), targets.to(device))
     scaler.scale(loss).backward()
-    report = agent.step(loss, scaler=scaler)                    # no scaler.step()/update() of yours
+    report = agent.step(loss, scaler=scaler)  # no scaler.step()/update() of yours
     optimizer.zero_grad(set_to_none=True)
-print(f"step {report.step} loss {report.loss:.4f} grad_norm {report.grad_norm_total:.4f} "
-      f"loss_scale {report.loss_scale:g} overflow {report.overflow}")
+print(
+    f"step {report.step} loss {report.loss:.4f} grad_norm {report.grad_norm_total:.4f} "
+    f"loss_scale {report.loss_scale:g} overflow {report.overflow}"
+)
 agent.close()

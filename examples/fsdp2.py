@@ -1,6 +1,6 @@
 """FSDP2 (``fully_shard``) with torchvitals: each rank reduces its local shards; the norms are exact.
 
-    torchrun --nproc-per-node 2 examples/fsdp2.py --steps 50
+torchrun --nproc-per-node 2 examples/fsdp2.py --steps 50
 """
 
 import argparse
@@ -28,7 +28,7 @@ if cuda:
 mesh = init_device_mesh(device.type, (dist.get_world_size(),))
 torch.manual_seed(0)
 model = TinyGPT(vocab=64, d_model=64, n_layers=2, seq_len=32).to(device)
-for block in model.blocks:                                      # shard each block, then the root
+for block in model.blocks:  # shard each block, then the root
     fully_shard(block, mesh=mesh)
 fully_shard(model, mesh=mesh)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -39,7 +39,9 @@ for inputs, targets in random_batches(args.steps, batch=8, seq_len=32, vocab=64,
     report = agent.step(loss)
     optimizer.zero_grad(set_to_none=True)
 if rank == 0:
-    print(f"step {report.step} loss {report.loss:.4f} grad_norm {report.grad_norm_total:.4f} "
-          f"blocks {len(report.grad_norm)}")
+    print(
+        f"step {report.step} loss {report.loss:.4f} grad_norm {report.grad_norm_total:.4f} "
+        f"blocks {len(report.grad_norm)}"
+    )
 agent.close()
 dist.destroy_process_group()

@@ -34,7 +34,9 @@ class GPTModule(pl.LightningModule):
         self.model = TinyGPT(**MODEL)
         self.lr, self.total_steps = lr, total_steps
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
         x, y = batch
         return self.model.loss(x, y)
 
@@ -52,16 +54,32 @@ class GPTModule(pl.LightningModule):
 
 
 def loader(n: int, seed: int = 0) -> DataLoader:
-    xs, ys = zip(*random_batches(n, batch=1, seq_len=MODEL["seq_len"], vocab=MODEL["vocab"], seed=seed))
-    return DataLoader(TensorDataset(torch.cat(xs), torch.cat(ys)), batch_size=8, shuffle=True,
-                      generator=torch.Generator().manual_seed(seed))
+    xs, ys = zip(
+        *random_batches(n, batch=1, seq_len=MODEL["seq_len"], vocab=MODEL["vocab"], seed=seed)
+    )
+    return DataLoader(
+        TensorDataset(torch.cat(xs), torch.cat(ys)),
+        batch_size=8,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def trainer(out: str, steps: int, devices: int, callbacks: list) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                      max_steps=steps, gradient_clip_val=1.0, accumulate_grad_batches=2,
-                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=out, callbacks=callbacks)
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_steps=steps,
+        gradient_clip_val=1.0,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out,
+        callbacks=callbacks,
+    )
 
 
 def main() -> None:
@@ -71,14 +89,21 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
     args = parser.parse_args()
     pl.seed_everything(0, workers=True)
-    vitals = torchvitals.LightningCallback(checkpoint_dir=os.path.join(args.out, "ckpt"),
-                                           log_dir=args.out, run_name="events", metrics_port=0)
+    vitals = torchvitals.LightningCallback(
+        checkpoint_dir=os.path.join(args.out, "ckpt"),
+        log_dir=args.out,
+        run_name="events",
+        metrics_port=0,
+    )
     trainer(args.out, args.steps, args.devices, [vitals]).fit(
-        GPTModule(total_steps=args.steps), loader(4000))
+        GPTModule(total_steps=args.steps), loader(4000)
+    )
     report = vitals.last_report
     if trainer_rank() == 0 and report is not None:
-        print(f"step {report.step}: loss {report.loss:.3f}, lr {report.lr[0]:.2e}, "
-              f"grad norm (before clipping) {report.grad_norm_total:.3f}")
+        print(
+            f"step {report.step}: loss {report.loss:.3f}, lr {report.lr[0]:.2e}, "
+            f"grad norm (before clipping) {report.grad_norm_total:.3f}"
+        )
 
 
 def trainer_rank() -> int:

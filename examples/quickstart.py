@@ -23,25 +23,35 @@ def _num(values: dict, key: str, width: int, fmt: str) -> str:
 
 
 def show(report: torchvitals.Report) -> None:
-    print(f"step {report.step:4d}  loss {report.loss:7.4f}  grad_norm_total "
-          f"{report.grad_norm_total:8.4f}  action {report.action}")
+    print(
+        f"step {report.step:4d}  loss {report.loss:7.4f}  grad_norm_total "
+        f"{report.grad_norm_total:8.4f}  action {report.action}"
+    )
     if not report.activations:
         return
-    print(f"  {'block':<12} {'grad_norm':>10} {'update_ratio':>13} {'act_rms':>9} "
-          f"{'act_abs_max':>12} {'zero_frac':>10}")
+    print(
+        f"  {'block':<12} {'grad_norm':>10} {'update_ratio':>13} {'act_rms':>9} "
+        f"{'act_abs_max':>12} {'zero_frac':>10}"
+    )
     for name, norm in report.grad_norm.items():
         ratio = report.update_ratio.get(name)
         act = report.activations.get(name, {})
-        print(f"  {name:<12} {norm:>10.4f} {'' if ratio is None else f'{ratio:.2e}':>13} "
-              f"{_num(act, 'rms', 9, '.3f')} {_num(act, 'abs_max', 12, '.3f')} "
-              f"{_num(act, 'zero_fraction', 10, '.4f')}")
+        print(
+            f"  {name:<12} {norm:>10.4f} {'' if ratio is None else f'{ratio:.2e}':>13} "
+            f"{_num(act, 'rms', 9, '.3f')} {_num(act, 'abs_max', 12, '.3f')} "
+            f"{_num(act, 'zero_fraction', 10, '.4f')}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="base port of /metrics (default: TORCHVITALS_METRICS_PORT or 19400; 0 = off)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="base port of /metrics (default: TORCHVITALS_METRICS_PORT or 19400; 0 = off)",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     model = TinyGPT(vocab=128, d_model=128, n_layers=4, n_heads=4, seq_len=64)

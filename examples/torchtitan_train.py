@@ -24,11 +24,11 @@ def main() -> None:
     agent = None
     try:
         trainer = config.build()
-        agent = torchvitals.watch_torchtitan(trainer)       # the one line torchvitals adds
+        agent = torchvitals.watch_torchtitan(trainer)  # the one line torchvitals adds
         trainer.train()
     finally:
         if agent is not None:
-            agent.close()                                   # hands back the trainer's attributes
+            agent.close()  # hands back the trainer's attributes
         if trainer is not None:
             trainer.close()
     if torch.distributed.is_initialized():

@@ -44,9 +44,11 @@ def plan() -> tuple[dict[Path, Path], list[Path]]:
 def stale() -> list[str]:
     """Returns: one line per copy that is missing, differs, or has no canonical file."""
     copies, extra = plan()
-    problems = [f"{dst.relative_to(ROOT)} differs from {src.relative_to(ROOT)}"
-                for src, dst in copies.items()
-                if not dst.exists() or dst.read_bytes() != src.read_bytes()]
+    problems = [
+        f"{dst.relative_to(ROOT)} differs from {src.relative_to(ROOT)}"
+        for src, dst in copies.items()
+        if not dst.exists() or dst.read_bytes() != src.read_bytes()
+    ]
     problems += [f"{p.relative_to(ROOT)} has no canonical file in grafana/" for p in extra]
     return problems
 

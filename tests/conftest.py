@@ -18,13 +18,21 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-TORCH_FREE = frozenset({
-    "unit/test_collector_config.py", "unit/test_config.py", "unit/test_diagnose.py",
-    "unit/test_eventlog.py", "unit/test_rfc3339.py", "unit/test_supervisor_unit.py",
-    "unit/test_tiers.py",
-    "integration/test_collector_bounds.py", "integration/test_collector_restart.py",
-    "integration/test_collector_tokens.py", "integration/test_collector_webhook.py",
-})
+TORCH_FREE = frozenset(
+    {
+        "unit/test_collector_config.py",
+        "unit/test_config.py",
+        "unit/test_diagnose.py",
+        "unit/test_eventlog.py",
+        "unit/test_rfc3339.py",
+        "unit/test_supervisor_unit.py",
+        "unit/test_tiers.py",
+        "integration/test_collector_bounds.py",
+        "integration/test_collector_restart.py",
+        "integration/test_collector_tokens.py",
+        "integration/test_collector_webhook.py",
+    }
+)
 """Test files (under tests/) that need no torch, nor a process that imports it: the collector's,
 and the unit tests of the torch-free modules. A file listed here that imports torch fails the
 torch-free run at collection, never a silent skip."""
@@ -36,9 +44,11 @@ class _NoTorch(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path, target=None):
         if name == "torch" or name.startswith("torch."):
-            raise ImportError(f"{name}: blocked (TORCHVITALS_TESTS_WITHOUT_TORCH=1 runs the "
-                              "torch-free tests only; list a file in tests/conftest.py "
-                              "TORCH_FREE only if it needs no torch)")
+            raise ImportError(
+                f"{name}: blocked (TORCHVITALS_TESTS_WITHOUT_TORCH=1 runs the "
+                "torch-free tests only; list a file in tests/conftest.py "
+                "TORCH_FREE only if it needs no torch)"
+            )
         return None
 
 
@@ -54,8 +64,14 @@ else:
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-TIERS = {"unit": "unit", "distributed": "distributed", "integration": "integration",
-         "scenarios": "scenarios", "deploy": "deploy", "multinode": "multinode"}
+TIERS = {
+    "unit": "unit",
+    "distributed": "distributed",
+    "integration": "integration",
+    "scenarios": "scenarios",
+    "deploy": "deploy",
+    "multinode": "multinode",
+}
 """Folder -> the marker every test in it carries."""
 
 # Children spawned by the distributed tests inherit these; a test that wants a port or a log
@@ -77,8 +93,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """In a torch-free run, every test file outside ``TORCH_FREE`` is left out (None: pytest's
     own rules decide)."""
-    if not WITHOUT_TORCH or collection_path.suffix != ".py" or \
-            not collection_path.name.startswith("test_"):
+    if (
+        not WITHOUT_TORCH
+        or collection_path.suffix != ".py"
+        or not collection_path.name.startswith("test_")
+    ):
         return None
     return collection_path.resolve().relative_to(HERE).as_posix() not in TORCH_FREE or None
 
@@ -88,8 +107,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         folder = item.path.resolve().relative_to(HERE).parts[0]
         if folder not in TIERS:
-            raise pytest.UsageError(f"{item.nodeid}: every test lives in a tier folder "
-                                    f"({', '.join(sorted(TIERS))}) under tests/")
+            raise pytest.UsageError(
+                f"{item.nodeid}: every test lives in a tier folder "
+                f"({', '.join(sorted(TIERS))}) under tests/"
+            )
         item.add_marker(TIERS[folder])
 
 

@@ -14,9 +14,16 @@ from typing import TYPE_CHECKING
 
 from ...lazy import lazy_exports
 
-_EXPORTS = {"Detector": ".detector", "Thresholds": ".thresholds", "Verdict": ".verdict",
-            "PATTERNS": ".verdict", "SEVERITIES": ".verdict", "INFO": ".verdict",
-            "WARNING": ".verdict", "CRITICAL": ".verdict"}
+_EXPORTS = {
+    "Detector": ".detector",
+    "Thresholds": ".thresholds",
+    "Verdict": ".verdict",
+    "PATTERNS": ".verdict",
+    "SEVERITIES": ".verdict",
+    "INFO": ".verdict",
+    "WARNING": ".verdict",
+    "CRITICAL": ".verdict",
+}
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:

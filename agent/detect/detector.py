@@ -29,12 +29,20 @@ def _key(v: Verdict) -> tuple[str, str | None, Any]:
 class Detector:
     """Runs the pattern rules over each report; keeps the active set and the history."""
 
-    def __init__(self, block_names: list[str], block_kinds: list[str],
-                 thresholds: Thresholds | None = None, static: list[Verdict] | None = None):
+    def __init__(
+        self,
+        block_names: list[str],
+        block_kinds: list[str],
+        thresholds: Thresholds | None = None,
+        static: list[Verdict] | None = None,
+    ):
         self.thresholds = thresholds or Thresholds()
         self.block_names, self.block_kinds = block_names, block_kinds
-        self.rules = (make_rules(block_names, block_kinds, self.thresholds)
-                      + [Straggler(self.thresholds)] + make_vital_rules(self.thresholds))
+        self.rules = (
+            make_rules(block_names, block_kinds, self.thresholds)
+            + [Straggler(self.thresholds)]
+            + make_vital_rules(self.thresholds)
+        )
         self._static = list(static or [])
         # Keyed by (pattern, block, rank): a straggler has no block but one verdict per rank.
         self.active: dict[tuple[str, str | None, Any], Verdict] = {}
@@ -65,11 +73,14 @@ class Detector:
             self._static = []
         for rule in self.rules:
             found = rule.observe(report, seen)
-            if found is None:          # the rule had nothing to judge this step
+            if found is None:  # the rule had nothing to judge this step
                 continue
             keys = {_key(v) for v in found}
-            for key in [k for k in self.active
-                        if k[0] in rule.patterns and k not in keys and k not in self.pinned]:
+            for key in [
+                k
+                for k in self.active
+                if k[0] in rule.patterns and k not in keys and k not in self.pinned
+            ]:
                 del self.active[key]
             for v in found:
                 key = _key(v)

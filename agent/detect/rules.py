@@ -17,12 +17,28 @@ from ..measure.blocks import LAYER, OTHER
 from ..report import Report
 from .observed import Observed
 from .thresholds import Thresholds
-from .verdict import (ACTIVATION_EXPLOSION, ATTENTION_SATURATION, CRITICAL, DEAD_LAYER, DEAD_PIPELINE,
-                      DEAD_RELU, FP16_OVERFLOW, GENERALIZATION_GAP, GRAD_EXPLOSION, HOT_LR,
-                      LAYER_DIVERGENCE, LOSS_SPIKE, NONFINITE_GRAD, NONFINITE_LOSS, SATURATION,
-                      VANISHING_GRADIENTS, WARNING, Verdict)
+from .verdict import (
+    ACTIVATION_EXPLOSION,
+    ATTENTION_SATURATION,
+    CRITICAL,
+    DEAD_LAYER,
+    DEAD_PIPELINE,
+    DEAD_RELU,
+    FP16_OVERFLOW,
+    GENERALIZATION_GAP,
+    GRAD_EXPLOSION,
+    HOT_LR,
+    LAYER_DIVERGENCE,
+    LOSS_SPIKE,
+    NONFINITE_GRAD,
+    NONFINITE_LOSS,
+    SATURATION,
+    VANISHING_GRADIENTS,
+    WARNING,
+    Verdict,
+)
 
-MAD_SCALE = 1.4826   # MAD -> standard deviation for normal noise
+MAD_SCALE = 1.4826  # MAD -> standard deviation for normal noise
 
 
 def median(values: Iterable[float]) -> float:
@@ -53,13 +69,24 @@ class NonFinite(Rule):
     def observe(self, report, seen):
         found = []
         if report.nonfinite_loss:
-            found.append(Verdict(NONFINITE_LOSS, CRITICAL, report.step, None,
-                                 {"loss": report.loss}))
+            found.append(
+                Verdict(NONFINITE_LOSS, CRITICAL, report.step, None, {"loss": report.loss})
+            )
         if report.nonfinite_grad and not report.overflow:
-            bad = [b for b, v in report.grad_norm.items()
-                   if not math.isfinite(v) and b not in report.grad_norm_missing]
-            found.append(Verdict(NONFINITE_GRAD, CRITICAL, report.step, bad[0] if bad else None,
-                                 {"blocks": bad, "grad_norm_total": report.grad_norm_total}))
+            bad = [
+                b
+                for b, v in report.grad_norm.items()
+                if not math.isfinite(v) and b not in report.grad_norm_missing
+            ]
+            found.append(
+                Verdict(
+                    NONFINITE_GRAD,
+                    CRITICAL,
+                    report.step,
+                    bad[0] if bad else None,
+                    {"blocks": bad, "grad_norm_total": report.grad_norm_total},
+                )
+            )
         return found
 
 
@@ -79,7 +106,7 @@ class LossSpike(Rule):
         if not math.isfinite(loss):
             return []
         if self.early is None:
-            self.early = abs(loss)      # the loss's natural scale: where training started
+            self.early = abs(loss)  # the loss's natural scale: where training started
         if report.step <= self.t.warmup_steps or len(self.losses) < self.t.min_history:
             if report.step > self.t.warmup_steps:
                 self.losses.append(loss)
@@ -91,8 +118,11 @@ class LossSpike(Rule):
         values = list(self.losses)
         diffs = [b - a for a, b in zip(values, values[1:])]
         spread = mad(diffs, median(diffs)) / math.sqrt(2)
-        scale = max(MAD_SCALE * spread, self.t.loss_spike_floor * abs(center),
-                    self.t.loss_spike_abs_floor * self.early)
+        scale = max(
+            MAD_SCALE * spread,
+            self.t.loss_spike_floor * abs(center),
+            self.t.loss_spike_abs_floor * self.early,
+        )
         threshold = center + self.t.loss_spike_mads * scale
         self.above.append(loss > threshold)
         # One noisy batch a little past the threshold is not a spike (seen once in 40 healthy
@@ -100,10 +130,17 @@ class LossSpike(Rule):
         # twice as far out. (A rising spike can dip once on its way up: 2 of 3, not 2 in a row.)
         severe = loss > center + 2 * self.t.loss_spike_mads * scale
         if self.above[-1] and (sum(self.above) >= 2 or severe):
-            evidence = {"loss": loss, "median": center, "mad": spread, "scale": scale,
-                        "threshold": threshold, "fired": "loss_spike_mads",
-                        "loss_spike_mads": self.t.loss_spike_mads, "window": len(self.losses),
-                        "z": (loss - center) / scale}
+            evidence = {
+                "loss": loss,
+                "median": center,
+                "mad": spread,
+                "scale": scale,
+                "threshold": threshold,
+                "fired": "loss_spike_mads",
+                "loss_spike_mads": self.t.loss_spike_mads,
+                "window": len(self.losses),
+                "z": (loss - center) / scale,
+            }
             return [Verdict(LOSS_SPIKE, CRITICAL, report.step, self.norms.leader(), evidence)]
         if not self.above[-1]:
             self.losses.append(loss)
@@ -142,19 +179,33 @@ class BlockNorms(Rule):
         self.recent.append(total)
         judged = len(self.totals) >= self.t.min_history
         if judged and len(self.recent) == self.recent.maxlen:
-            growth = [b / a if a > 0 else math.inf for a, b in zip(self.recent, list(self.recent)[1:])]
+            growth = [
+                b / a if a > 0 else math.inf for a, b in zip(self.recent, list(self.recent)[1:])
+            ]
             base = median(self.totals)
             if min(growth) >= self.t.explosion_growth and total >= self.t.explosion_factor * base:
-                found.append(Verdict(GRAD_EXPLOSION, WARNING, report.step, self.leader(), {
-                    "grad_norm_total": total, "median": base, "growth": growth,
-                    "fired": "explosion_growth", "explosion_growth": self.t.explosion_growth,
-                    "explosion_factor": self.t.explosion_factor}))
+                found.append(
+                    Verdict(
+                        GRAD_EXPLOSION,
+                        WARNING,
+                        report.step,
+                        self.leader(),
+                        {
+                            "grad_norm_total": total,
+                            "median": base,
+                            "growth": growth,
+                            "fired": "explosion_growth",
+                            "explosion_growth": self.t.explosion_growth,
+                            "explosion_factor": self.t.explosion_factor,
+                        },
+                    )
+                )
         if judged:
             found += self._divergence(report)
         if report.step > self.t.warmup_steps and not found:
             self.totals.append(total)
             for b, v in report.grad_norm.items():
-                if b not in report.grad_norm_missing:      # unmeasured: no history either
+                if b not in report.grad_norm_missing:  # unmeasured: no history either
                     self.blocks[b].append(v)
         return found
 
@@ -167,10 +218,21 @@ class BlockNorms(Rule):
         out = finite[top] >= self.t.divergence_factor and others <= self.t.divergence_cluster
         previous, self.diverging = self.diverging, top if out else None
         if out and previous == top:
-            return [Verdict(LAYER_DIVERGENCE, WARNING, report.step, top, {
-                "ratio_to_median": finite[top], "others_median_ratio": others,
-                "grad_norm": report.grad_norm[top], "fired": "divergence_factor",
-                "divergence_factor": self.t.divergence_factor})]
+            return [
+                Verdict(
+                    LAYER_DIVERGENCE,
+                    WARNING,
+                    report.step,
+                    top,
+                    {
+                        "ratio_to_median": finite[top],
+                        "others_median_ratio": others,
+                        "grad_norm": report.grad_norm[top],
+                        "fired": "divergence_factor",
+                        "divergence_factor": self.t.divergence_factor,
+                    },
+                )
+            ]
         return []
 
 
@@ -191,12 +253,28 @@ class UpdateRatios(Rule):
         found = []
         for b, r in ratios.items():
             past = self.history[b]
-            if (report.step > self.t.warmup_steps and len(past) >= 2 and r >= self.t.hot_lr_ratio
-                    and r >= self.t.hot_lr_rise * median(past)):
-                found.append(Verdict(HOT_LR, WARNING, report.step, b, {
-                    "update_ratio": r, "earlier_median": median(past), "healthy": 1e-3,
-                    "fired": "hot_lr_ratio", "hot_lr_ratio": self.t.hot_lr_ratio,
-                    "hot_lr_rise": self.t.hot_lr_rise}))
+            if (
+                report.step > self.t.warmup_steps
+                and len(past) >= 2
+                and r >= self.t.hot_lr_ratio
+                and r >= self.t.hot_lr_rise * median(past)
+            ):
+                found.append(
+                    Verdict(
+                        HOT_LR,
+                        WARNING,
+                        report.step,
+                        b,
+                        {
+                            "update_ratio": r,
+                            "earlier_median": median(past),
+                            "healthy": 1e-3,
+                            "fired": "hot_lr_ratio",
+                            "hot_lr_ratio": self.t.hot_lr_ratio,
+                            "hot_lr_rise": self.t.hot_lr_rise,
+                        },
+                    )
+                )
             else:
                 past.append(r)
         for b, r in ratios.items():
@@ -204,9 +282,21 @@ class UpdateRatios(Rule):
             moving = others and median(others) >= 100 * self.t.dead_ratio
             self.dead_run[b] = self.dead_run[b] + 1 if r <= self.t.dead_ratio and moving else 0
             if self.dead_run[b] >= self.t.dead_samples:
-                found.append(Verdict(DEAD_LAYER, WARNING, report.step, b, {
-                    "update_ratio": r, "others_median": median(others), "samples": self.dead_run[b],
-                    "fired": "dead_ratio", "dead_ratio": self.t.dead_ratio}))
+                found.append(
+                    Verdict(
+                        DEAD_LAYER,
+                        WARNING,
+                        report.step,
+                        b,
+                        {
+                            "update_ratio": r,
+                            "others_median": median(others),
+                            "samples": self.dead_run[b],
+                            "fired": "dead_ratio",
+                            "dead_ratio": self.t.dead_ratio,
+                        },
+                    )
+                )
         return found
 
 
@@ -230,16 +320,30 @@ class Vanishing(Rule):
         if self.first is None or report.nonfinite:
             return []
         if self.first in report.grad_norm_missing or self.last in report.grad_norm_missing:
-            self.run = 0        # an unmeasured end is no evidence either way
+            self.run = 0  # an unmeasured end is no evidence either way
             return []
         first, last = report.grad_norm[self.first], report.grad_norm[self.last]
         ratio = last / first if first > 0 else (math.inf if last > 0 else 0.0)
         self.run = self.run + 1 if ratio >= self.t.vanishing_ratio else 0
         if self.run >= self.t.vanishing_steps:
-            return [Verdict(VANISHING_GRADIENTS, WARNING, report.step, self.first, {
-                "first": self.first, "last": self.last, "ratio": ratio,
-                "first_grad_norm": first, "last_grad_norm": last, "steps": self.run,
-                "fired": "vanishing_ratio", "vanishing_ratio": self.t.vanishing_ratio})]
+            return [
+                Verdict(
+                    VANISHING_GRADIENTS,
+                    WARNING,
+                    report.step,
+                    self.first,
+                    {
+                        "first": self.first,
+                        "last": self.last,
+                        "ratio": ratio,
+                        "first_grad_norm": first,
+                        "last_grad_norm": last,
+                        "steps": self.run,
+                        "fired": "vanishing_ratio",
+                        "vanishing_ratio": self.t.vanishing_ratio,
+                    },
+                )
+            ]
         return []
 
 
@@ -259,22 +363,57 @@ class Activations(Rule):
             return None
         found = []
         for b, a in acts.items():
-            if a["abs_max"] <= 1.0 + 1e-6 and a["saturation_fraction"] >= self.t.saturation_fraction:
-                found.append(Verdict(SATURATION, WARNING, report.step, b, {
-                    "saturation_fraction": a["saturation_fraction"], "abs_max": a["abs_max"],
-                    "fired": "saturation_fraction", "saturation_fraction_threshold":
-                    self.t.saturation_fraction}))
+            if (
+                a["abs_max"] <= 1.0 + 1e-6
+                and a["saturation_fraction"] >= self.t.saturation_fraction
+            ):
+                found.append(
+                    Verdict(
+                        SATURATION,
+                        WARNING,
+                        report.step,
+                        b,
+                        {
+                            "saturation_fraction": a["saturation_fraction"],
+                            "abs_max": a["abs_max"],
+                            "fired": "saturation_fraction",
+                            "saturation_fraction_threshold": self.t.saturation_fraction,
+                        },
+                    )
+                )
             if a["zero_fraction"] >= self.t.dead_relu_fraction:
-                found.append(Verdict(DEAD_RELU, WARNING, report.step, b, {
-                    "zero_fraction": a["zero_fraction"], "fired": "dead_relu_fraction",
-                    "dead_relu_fraction": self.t.dead_relu_fraction}))
+                found.append(
+                    Verdict(
+                        DEAD_RELU,
+                        WARNING,
+                        report.step,
+                        b,
+                        {
+                            "zero_fraction": a["zero_fraction"],
+                            "fired": "dead_relu_fraction",
+                            "dead_relu_fraction": self.t.dead_relu_fraction,
+                        },
+                    )
+                )
             first = self.first.setdefault(b, a["abs_max"])
             high = first >= self.t.explosion_abs_max and a["abs_max"] >= 0.5 * first
-            self.high_run[b] = self.high_run.get(b, 0) + 1 if high else -10 ** 9
+            self.high_run[b] = self.high_run.get(b, 0) + 1 if high else -(10**9)
             if self.high_run[b] >= self.t.explosion_samples:
-                found.append(Verdict(ACTIVATION_EXPLOSION, WARNING, report.step, b, {
-                    "abs_max": a["abs_max"], "first_abs_max": first, "samples": self.high_run[b],
-                    "fired": "explosion_abs_max", "explosion_abs_max": self.t.explosion_abs_max}))
+                found.append(
+                    Verdict(
+                        ACTIVATION_EXPLOSION,
+                        WARNING,
+                        report.step,
+                        b,
+                        {
+                            "abs_max": a["abs_max"],
+                            "first_abs_max": first,
+                            "samples": self.high_run[b],
+                            "fired": "explosion_abs_max",
+                            "explosion_abs_max": self.t.explosion_abs_max,
+                        },
+                    )
+                )
         return found
 
 
@@ -294,11 +433,23 @@ class AttentionSaturation(Rule):
         for b, a in seen.items():
             entropy, logit = a["attention_entropy"], a.get("attention_logit_max", math.nan)
             if entropy <= self.t.attention_entropy or logit >= self.t.attention_logit:
-                found.append(Verdict(ATTENTION_SATURATION, WARNING, report.step, b, {
-                    "entropy_min": entropy, "logit_max": logit,
-                    "fired": "attention_entropy" if entropy <= self.t.attention_entropy
-                    else "attention_logit", "attention_entropy": self.t.attention_entropy,
-                    "attention_logit": self.t.attention_logit}))
+                found.append(
+                    Verdict(
+                        ATTENTION_SATURATION,
+                        WARNING,
+                        report.step,
+                        b,
+                        {
+                            "entropy_min": entropy,
+                            "logit_max": logit,
+                            "fired": "attention_entropy"
+                            if entropy <= self.t.attention_entropy
+                            else "attention_logit",
+                            "attention_entropy": self.t.attention_entropy,
+                            "attention_logit": self.t.attention_logit,
+                        },
+                    )
+                )
         return found
 
 
@@ -316,9 +467,12 @@ class DeadPipeline(Rule):
     def observe(self, report, seen):
         if not self.live:
             return []
-        if report.grad_norm_missing and not math.isfinite(report.grad_norm_total) \
-                and not report.nonfinite_grad:
-            return []           # no block's gradient could be read: nothing to judge
+        if (
+            report.grad_norm_missing
+            and not math.isfinite(report.grad_norm_total)
+            and not report.nonfinite_grad
+        ):
+            return []  # no block's gradient could be read: nothing to judge
         self.losses.append(report.loss)
         self.norms.append(report.grad_norm_total)
         zero = all(n == 0 for n in self.norms)
@@ -329,10 +483,23 @@ class DeadPipeline(Rule):
         flat = spread <= 1e-4 * abs(median(self.losses)) + 1e-8
         tiny = max(self.norms) <= self.t.tiny_grad
         if (flat or zero) and tiny:
-            return [Verdict(DEAD_PIPELINE, WARNING, report.step, None, {
-                "steps": len(self.norms), "loss_spread": spread, "max_grad_norm": max(self.norms),
-                "detached": zero, "fired": "tiny_grad", "tiny_grad": self.t.tiny_grad})]
-        self.live = False    # the run came alive: the pattern is "from the start" only
+            return [
+                Verdict(
+                    DEAD_PIPELINE,
+                    WARNING,
+                    report.step,
+                    None,
+                    {
+                        "steps": len(self.norms),
+                        "loss_spread": spread,
+                        "max_grad_norm": max(self.norms),
+                        "detached": zero,
+                        "fired": "tiny_grad",
+                        "tiny_grad": self.t.tiny_grad,
+                    },
+                )
+            ]
+        self.live = False  # the run came alive: the pattern is "from the start" only
         return []
 
 
@@ -347,7 +514,7 @@ class Fp16Overflow(Rule):
         self.scales: deque[float] = deque(maxlen=8)
 
     def observe(self, report, seen):
-        if report.loss_scale is None:       # the step went through no GradScaler
+        if report.loss_scale is None:  # the step went through no GradScaler
             return None
         self.scales.append(report.loss_scale)
         if report.overflow:
@@ -355,10 +522,21 @@ class Fp16Overflow(Rule):
         while self.overflows and self.overflows[0] <= report.step - self.t.window:
             self.overflows.popleft()
         if len(self.overflows) >= self.t.overflow_skips:
-            return [Verdict(FP16_OVERFLOW, WARNING, report.step, None, {
-                "skipped_steps": list(self.overflows), "scales": list(self.scales),
-                "window": self.t.window, "fired": "overflow_skips",
-                "overflow_skips": self.t.overflow_skips})]
+            return [
+                Verdict(
+                    FP16_OVERFLOW,
+                    WARNING,
+                    report.step,
+                    None,
+                    {
+                        "skipped_steps": list(self.overflows),
+                        "scales": list(self.scales),
+                        "window": self.t.window,
+                        "fired": "overflow_skips",
+                        "overflow_skips": self.t.overflow_skips,
+                    },
+                )
+            ]
         return []
 
 
@@ -374,34 +552,61 @@ class GeneralizationGap(Rule):
 
     def observe(self, report, seen):
         if math.isfinite(report.loss):
-            self.train_ema = report.loss if self.train_ema is None else 0.9 * self.train_ema + 0.1 * report.loss
+            self.train_ema = (
+                report.loss if self.train_ema is None else 0.9 * self.train_ema + 0.1 * report.loss
+            )
         new = seen.validation
         if not new:
             return None
         for step, loss in new:
-            self.points.append((step, loss, self.train_ema if self.train_ema is not None else math.nan))
+            self.points.append(
+                (step, loss, self.train_ema if self.train_ema is not None else math.nan)
+            )
         n = self.t.gap_validations
         if len(self.points) < n + 1:
             return []
-        recent = self.points[-(n + 1):]
+        recent = self.points[-(n + 1) :]
         val = [p[1] for p in recent]
         train = [p[2] for p in recent]
         best = min(p[1] for p in self.points)
         rise = 1 + self.t.gap_min_rise
         # Each rise must add up to a real one inside the window, not creep on a plateau.
-        rising = (all(b > a for a, b in zip(val, val[1:])) and val[-1] >= best * rise
-                  and val[-1] >= val[0] * rise)
+        rising = (
+            all(b > a for a, b in zip(val, val[1:]))
+            and val[-1] >= best * rise
+            and val[-1] >= val[0] * rise
+        )
         falling = all(b < a for a, b in zip(train, train[1:]))
         if rising and falling:
-            return [Verdict(GENERALIZATION_GAP, WARNING, report.step, None, {
-                "validation": val, "training": train, "best_validation": best,
-                "fired": "gap_min_rise", "gap_min_rise": self.t.gap_min_rise})]
+            return [
+                Verdict(
+                    GENERALIZATION_GAP,
+                    WARNING,
+                    report.step,
+                    None,
+                    {
+                        "validation": val,
+                        "training": train,
+                        "best_validation": best,
+                        "fired": "gap_min_rise",
+                        "gap_min_rise": self.t.gap_min_rise,
+                    },
+                )
+            ]
         return []
 
 
 def make_rules(names: list[str], kinds: list[str], t: Thresholds) -> list[Rule]:
     norms = BlockNorms(t, names)
-    return [NonFinite(), norms, LossSpike(t, norms), UpdateRatios(t, names), Vanishing(t, names, kinds),
-            Activations(t), AttentionSaturation(t), DeadPipeline(t), Fp16Overflow(t),
-            GeneralizationGap(t)]
-
+    return [
+        NonFinite(),
+        norms,
+        LossSpike(t, norms),
+        UpdateRatios(t, names),
+        Vanishing(t, names, kinds),
+        Activations(t),
+        AttentionSaturation(t),
+        DeadPipeline(t),
+        Fp16Overflow(t),
+        GeneralizationGap(t),
+    ]

@@ -38,16 +38,32 @@ class MemoryGrowth(Rule):
             values = [v for _, v in series]
             rise = values[-1] - values[0]
             steady = all(b > a for a, b in zip(values, values[1:]))
-            if (steady and rise >= self.t.memory_growth_min_bytes
-                    and rise >= self.t.memory_growth_min_ratio * values[0]):
+            if (
+                steady
+                and rise >= self.t.memory_growth_min_bytes
+                and rise >= self.t.memory_growth_min_ratio * values[0]
+            ):
                 steps = series[-1][0] - series[0][0]
-                found.append(Verdict(MEMORY_GROWTH, WARNING, report.step, None, {
-                    "memory": key, "bytes": value, "first_bytes": values[0], "rise_bytes": rise,
-                    "bytes_per_step": rise / steps if steps > 0 else rise,
-                    "samples": len(values) - 1, "from_step": series[0][0],
-                    "fired": "memory_growth_min_bytes",
-                    "memory_growth_min_bytes": self.t.memory_growth_min_bytes,
-                    "memory_growth_samples": self.t.memory_growth_samples}))
+                found.append(
+                    Verdict(
+                        MEMORY_GROWTH,
+                        WARNING,
+                        report.step,
+                        None,
+                        {
+                            "memory": key,
+                            "bytes": value,
+                            "first_bytes": values[0],
+                            "rise_bytes": rise,
+                            "bytes_per_step": rise / steps if steps > 0 else rise,
+                            "samples": len(values) - 1,
+                            "from_step": series[0][0],
+                            "fired": "memory_growth_min_bytes",
+                            "memory_growth_min_bytes": self.t.memory_growth_min_bytes,
+                            "memory_growth_samples": self.t.memory_growth_samples,
+                        },
+                    )
+                )
         return found
 
 
@@ -63,14 +79,27 @@ class DataStall(Rule):
     def observe(self, report: Report, seen):
         if report.step <= self.t.warmup_steps:
             return []
-        stalled = (report.data_wait_ratio >= self.t.data_stall_ratio
-                   and report.data_wait_mean_seconds >= self.t.data_stall_min_seconds)
+        stalled = (
+            report.data_wait_ratio >= self.t.data_stall_ratio
+            and report.data_wait_mean_seconds >= self.t.data_stall_min_seconds
+        )
         self.run = self.run + 1 if stalled else 0
         if self.run >= self.t.data_stall_steps:
-            return [Verdict(DATA_STALL, WARNING, report.step, None, {
-                "data_wait_ratio": report.data_wait_ratio,
-                "data_wait_seconds": report.data_wait_mean_seconds, "steps": self.run,
-                "fired": "data_stall_ratio", "data_stall_ratio": self.t.data_stall_ratio})]
+            return [
+                Verdict(
+                    DATA_STALL,
+                    WARNING,
+                    report.step,
+                    None,
+                    {
+                        "data_wait_ratio": report.data_wait_ratio,
+                        "data_wait_seconds": report.data_wait_mean_seconds,
+                        "steps": self.run,
+                        "fired": "data_stall_ratio",
+                        "data_stall_ratio": self.t.data_stall_ratio,
+                    },
+                )
+            ]
         return []
 
 
@@ -91,10 +120,21 @@ class ReplicaDivergence(Rule):
             return []
         blocks = report.replica_mismatch
         ranks = sorted({r for rs in blocks.values() for r in rs})
-        return [Verdict(REPLICA_DIVERGENCE, CRITICAL, report.step, next(iter(blocks)), {
-            "blocks": blocks, "ranks": ranks, "samples": self.run,
-            "fired": "replica_mismatch_samples",
-            "replica_mismatch_samples": self.t.replica_mismatch_samples})]
+        return [
+            Verdict(
+                REPLICA_DIVERGENCE,
+                CRITICAL,
+                report.step,
+                next(iter(blocks)),
+                {
+                    "blocks": blocks,
+                    "ranks": ranks,
+                    "samples": self.run,
+                    "fired": "replica_mismatch_samples",
+                    "replica_mismatch_samples": self.t.replica_mismatch_samples,
+                },
+            )
+        ]
 
 
 def make_vital_rules(t: Thresholds) -> list[Rule]:

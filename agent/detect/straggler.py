@@ -58,12 +58,17 @@ class RankTiming:
         if self.world_size < 2:
             return
         others = (total_seconds - own_seconds) / (self.world_size - 1)
-        slow = (own_seconds >= self.t.straggler_factor * others
-                and own_seconds - others >= self.t.straggler_min_seconds)
+        slow = (
+            own_seconds >= self.t.straggler_factor * others
+            and own_seconds - others >= self.t.straggler_min_seconds
+        )
         self.run = self.run + 1 if slow else 0
         r = float(self.rank)
-        self._flag = ([1.0, r, r * r, own_seconds, others, float(self.run), data_wait]
-                      if self.run >= self.t.straggler_steps else [0.0] * SLOTS)
+        self._flag = (
+            [1.0, r, r * r, own_seconds, others, float(self.run), data_wait]
+            if self.run >= self.t.straggler_steps
+            else [0.0] * SLOTS
+        )
 
 
 def slow_ranks(summed: list[float]) -> tuple[int, list[int | None]]:
@@ -103,11 +108,21 @@ class Straggler(Rule):
         if count == 0:
             return []
         # Exact for one rank; the mean over the flagged ranks otherwise.
-        evidence = {"seconds": flags[3] / count, "others_mean": flags[4] / count,
-                    "steps": int(flags[5] / count), "slow_ranks": count,
-                    "fired": "straggler_factor", "straggler_factor": self.t.straggler_factor}
-        return [straggler_cause(Verdict(STRAGGLER, WARNING, report.step, None, dict(evidence, rank=r)),
-                                flags[6] / count) for r in ranks]
+        evidence = {
+            "seconds": flags[3] / count,
+            "others_mean": flags[4] / count,
+            "steps": int(flags[5] / count),
+            "slow_ranks": count,
+            "fired": "straggler_factor",
+            "straggler_factor": self.t.straggler_factor,
+        }
+        return [
+            straggler_cause(
+                Verdict(STRAGGLER, WARNING, report.step, None, dict(evidence, rank=r)),
+                flags[6] / count,
+            )
+            for r in ranks
+        ]
 
 
 def straggler_cause(verdict: Verdict, data_wait: float | None) -> Verdict:

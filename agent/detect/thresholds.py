@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from ...errors import ConfigError, ConfigTypeError
 from ...settings import check_types
 
+
 @dataclass(kw_only=True)
 class Thresholds:
     """Detection thresholds (``watch(..., detect={...})`` or ``TORCHVITALS_DETECT='{...}'``).
@@ -89,7 +90,7 @@ class Thresholds:
     (past warm-up) ... A healthy run's memory plateaus once the optimizer state and the
     allocator's pools exist (flat after step 2 in the scenarios); a leak climbs sample after
     sample."""
-    memory_growth_min_bytes: float = 64 * 2 ** 20
+    memory_growth_min_bytes: float = 64 * 2**20
     """... by at least this many bytes in all ..."""
     memory_growth_min_ratio: float = 0.02
     """... and by at least this fraction of where it started is memory growth. (64 MiB and 2%:
@@ -125,8 +126,11 @@ class Thresholds:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(overrides) - known
         if unknown:
-            raise ConfigTypeError("detect", overrides, f"unknown detection threshold(s) "
-                                  f"{sorted(unknown)}; known: {sorted(known)}")
+            raise ConfigTypeError(
+                "detect",
+                overrides,
+                f"unknown detection threshold(s) {sorted(unknown)}; known: {sorted(known)}",
+            )
         return cls(**overrides)
 
     def __post_init__(self) -> None:

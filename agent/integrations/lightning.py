@@ -36,7 +36,7 @@ class LightningCallback(pl.Callback):
     """
 
     def __init__(self, **config: Any) -> None:
-        Config.from_env(**config)          # a wrong setting fails at construction, not mid-fit
+        Config.from_env(**config)  # a wrong setting fails at construction, not mid-fit
         self.config = config
         self.agent: Agent | None = None
         """The rank's agent while the framework trains (None before and after)."""
@@ -48,30 +48,42 @@ class LightningCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if len(trainer.optimizers) != 1:
-            raise TorchvitalsError(f"LightningCallback watches one optimizer; this module "
-                                   f"configures {len(trainer.optimizers)}")
+            raise TorchvitalsError(
+                f"LightningCallback watches one optimizer; this module "
+                f"configures {len(trainer.optimizers)}"
+            )
         configs = trainer.lr_scheduler_configs
         scheduler = configs[0].scheduler if configs else None
-        self.agent = watch(trainer.strategy.model or pl_module, trainer.optimizers[0], scheduler,
-                           **self.config)
-        self.agent.scheduler_follows_step = bool(configs) and configs[0].interval == "step" \
-            and configs[0].frequency == 1
+        self.agent = watch(
+            trainer.strategy.model or pl_module, trainer.optimizers[0], scheduler, **self.config
+        )
+        self.agent.scheduler_follows_step = (
+            bool(configs) and configs[0].interval == "step" and configs[0].frequency == 1
+        )
         # The training step's output passes through the module's forward; the loss is
         # recorded in on_before_backward instead (once, unnormalised).
         self.agent.loss_book.capture = False
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                             batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         # From the last batch's end to this one's start: Lightning drew (and moved) the batch.
         if self.agent is not None and self._batch_end is not None:
             self.agent.record_data_wait(time.perf_counter() - self._batch_end)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         self._batch_end = time.perf_counter()
 
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           loss: Any) -> None:
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
+    ) -> None:
         if self.agent is not None:
             # Lightning divides each micro-batch's loss by the accumulation before backward,
             # and with a GradScaler (16-mixed) this hook sees the scaled loss.
@@ -81,16 +93,18 @@ class LightningCallback(pl.Callback):
                 loss = loss / scaler_scale_async(scaler)
             self.agent.record_loss(loss)
 
-    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                                 optimizer: Any) -> None:
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
         if self.agent is not None:
-            self.agent.capture_gradients()      # before Lightning clips them
+            self.agent.capture_gradients()  # before Lightning clips them
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._close()
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                     exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         self._close()
 
     def _close(self) -> None:

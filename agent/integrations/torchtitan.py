@@ -76,16 +76,20 @@ class TorchtitanAdapter:
         # Under pipeline parallelism the last stage's schedule calls the loss function it was
         # built with, not the trainer's attribute: each microbatch's loss is taken there.
         schedule = getattr(trainer, "pp_schedule", None)
-        self._patches = [AttributePatch(trainer, "loss_fn", lambda _: self.loss_fn)
-                         if schedule is None else
-                         AttributePatch(schedule, PIPELINE_LOSS, lambda _: self.loss_fn),
-                         AttributePatch(trainer, "train_step", lambda _: self.train_step)]
+        self._patches = [
+            AttributePatch(trainer, "loss_fn", lambda _: self.loss_fn)
+            if schedule is None
+            else AttributePatch(schedule, PIPELINE_LOSS, lambda _: self.loss_fn),
+            AttributePatch(trainer, "train_step", lambda _: self.train_step),
+        ]
         for patch in self._patches:
             patch.install()
         self._loss_fn, self._train_step = (p.wrapped for p in self._patches)
-        self.checkpoints = (TitanCheckpoints(trainer, agent, self.resume_at)
-                            if getattr(getattr(trainer, "checkpointer", None), "enable", False)
-                            else None)
+        self.checkpoints = (
+            TitanCheckpoints(trainer, agent, self.resume_at)
+            if getattr(getattr(trainer, "checkpointer", None), "enable", False)
+            else None
+        )
         """torchtitan's own checkpoints, carrying torchvitals' state (None: its checkpointer
         is off)."""
         if agent.resumed_from is not None:
@@ -106,14 +110,20 @@ class TorchtitanAdapter:
             return self._train_step(data_iterator)
         except RuntimeError as error:
             report = self.agent.last_report
-            dealt = (report is not None and report is not before
-                     and report.action in ("rollback", "skip"))
+            dealt = (
+                report is not None
+                and report is not before
+                and report.action in ("rollback", "skip")
+            )
             if not (dealt and NONFINITE_MESSAGE in str(error)):
                 raise
             self.absorbed.append(report.step)
-            log.info("torchvitals: step %d was %s by torchvitals; torchtitan's non-finite loss "
-                     "check for it is absorbed", report.step,
-                     "rolled back" if report.action == "rollback" else "skipped")
+            log.info(
+                "torchvitals: step %d was %s by torchvitals; torchtitan's non-finite loss "
+                "check for it is absorbed",
+                report.step,
+                "rolled back" if report.action == "rollback" else "skipped",
+            )
             return None
         finally:
             self._set_step(self.agent.step_count)
@@ -163,7 +173,8 @@ def watch_torchtitan(trainer: Any, **config: Any) -> Agent:
             f"watch_torchtitan watches one pipeline stage per rank; this trainer has "
             f"{len(parts)} model parts on this rank (pipeline parallelism with an interleaved "
             f"schedule): use a schedule with one stage per rank "
-            f"(parallelism.pipeline_parallel_schedule 1F1B or GPipe)")
+            f"(parallelism.pipeline_parallel_schedule 1F1B or GPipe)"
+        )
     agent = watch(parts[0], trainer.optimizers, trainer.lr_schedulers, **config)
     try:
         adapter = TorchtitanAdapter(trainer, agent)
@@ -182,4 +193,3 @@ def _loss_mesh_size(trainer: Any) -> int:
         return 1
     mesh = dims.get_optional_mesh("loss")
     return mesh.size() if mesh is not None else 1
-

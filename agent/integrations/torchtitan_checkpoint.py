@@ -87,14 +87,16 @@ class TitanCheckpoints(Stateful):
         if ours is not None and ours > target:
             self.agent.watchdog.say(
                 "torchvitals: resumed from its own checkpoint of step %d; torchtitan's "
-                "checkpoint load is left off (its folder's latest: %s)", ours,
-                f"step {target}" if target >= 0 else "none")
+                "checkpoint load is left off (its folder's latest: %s)",
+                ours,
+                f"step {target}" if target >= 0 else "none",
+            )
             return True
         carries = target > 0 and folder is not None and _holds_state(folder)
         states = self.checkpointer.states
         excluded = STATE_KEY in getattr(self.checkpointer, "exclude_from_loading", ())
         if not carries and not excluded:
-            del states[STATE_KEY]           # DCP would refuse a key the checkpoint lacks
+            del states[STATE_KEY]  # DCP would refuse a key the checkpoint lacks
         try:
             loaded = self._load(step)
         finally:
@@ -107,19 +109,32 @@ class TitanCheckpoints(Stateful):
         self.agent.resumed_from = titan_step
         source = f"torchtitan checkpoint {folder}"
         if state is None:
-            log.warning("torchvitals: %s holds no torchvitals state (written without it, or "
-                        "%r excluded from loading): no back-off or skip list carried over",
-                        source, STATE_KEY)
+            log.warning(
+                "torchvitals: %s holds no torchvitals state (written without it, or "
+                "%r excluded from loading): no back-off or skip list carried over",
+                source,
+                STATE_KEY,
+            )
         elif state.step != titan_step:
-            log.warning("torchvitals: %s carries torchvitals' state of step %d, not of its "
-                        "train state's step %d: not adopted", source, state.step, titan_step)
+            log.warning(
+                "torchvitals: %s carries torchvitals' state of step %d, not of its "
+                "train state's step %d: not adopted",
+                source,
+                state.step,
+                titan_step,
+            )
         elif self.agent.watchdog is not None:
             adopt(self.agent.watchdog, state, tick=self.agent.steps.ticks, source=source)
             self.adopted = state
         elif state.lr_scale < 1 or state.skipped:
-            log.warning("torchvitals: %s carries a learning-rate scale of %g and %d skipped "
-                        "ranges, not applied: without checkpoint_dir torchvitals does not roll "
-                        "back or back off", source, state.lr_scale, len(state.skipped))
+            log.warning(
+                "torchvitals: %s carries a learning-rate scale of %g and %d skipped "
+                "ranges, not applied: without checkpoint_dir torchvitals does not roll "
+                "back or back off",
+                source,
+                state.lr_scale,
+                len(state.skipped),
+            )
         return loaded
 
     def close(self) -> None:
@@ -135,7 +150,11 @@ def _holds_state(folder: str) -> bool:
     try:
         metadata = SafeReader(folder).read_metadata()
     except (UntrustedCheckpoint, OSError) as error:
-        log.warning("torchvitals: cannot read %s's DCP metadata (%s): loading it without "
-                    "torchvitals' state", folder, error)
+        log.warning(
+            "torchvitals: cannot read %s's DCP metadata (%s): loading it without "
+            "torchvitals' state",
+            folder,
+            error,
+        )
         return False
     return f"{STATE_KEY}.{DOCUMENT}" in metadata.state_dict_metadata

@@ -64,10 +64,18 @@ class TransformersCallback(TrainerCallback):
         (the Trainer's model and optimizer keep it alive, see the module's docstring)."""
         return self._agent() if self._agent is not None else None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                       optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
-        self._close()                # a train() that raised left its agent: done with it
-        inner = getattr(optimizer, "optimizer", optimizer)     # accelerate's wrapper
+    def on_train_begin(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self._close()  # a train() that raised left its agent: done with it
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
         agent = watch(model, inner, lr_scheduler, **self.config)
         self._agent = weakref.ref(agent)
         if getattr(args, "average_tokens_across_devices", False):
@@ -81,21 +89,21 @@ class TransformersCallback(TrainerCallback):
         if agent is not None and self._step_end is not None:
             agent.record_data_wait(time.perf_counter() - self._step_end)
 
-    def on_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
-                          **kwargs: Any) -> None:
+    def on_optimizer_step(
+        self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any
+    ) -> None:
         # accelerate's fp16 path takes a step with no real optimizer step for an overflow skip,
         # and the Trainer then leaves its scheduler alone. After a rollback the restored
         # scheduler needs the step the Trainer gives it on every other path.
         agent = self.agent
         report = agent.last_report if agent is not None else None
-        if report is not None and report.action == "rollback" and \
-                accelerate_overflow(optimizer):
+        if report is not None and report.action == "rollback" and accelerate_overflow(optimizer):
             clear_accelerate_overflow(optimizer)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._step_end = time.perf_counter()
         agent = self.agent
-        if agent is not None:         # kept if train() raises and the agent goes with it
+        if agent is not None:  # kept if train() raises and the agent goes with it
             self.last_report = agent.last_report
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

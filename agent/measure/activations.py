@@ -64,6 +64,7 @@ class ActivationStats:
                 return
             with torch.no_grad():
                 self._record(b, x.detach())
+
         return hook
 
     def _record(self, b: int, x: torch.Tensor) -> None:
@@ -76,9 +77,17 @@ class ActivationStats:
         # x - x is 0 exactly where x is finite (inf - inf and NaN give NaN); on CPU this is ~10x
         # faster than counting torch.isfinite(x), the costliest statistic otherwise.
         nonfinite = n - torch.count_nonzero((x - x) == 0)
-        self._sums[b].append(torch.stack([
-            total.to(F64), norm.to(F64).square(), zeros.to(F64), saturated.to(F64),
-            nonfinite.to(F64)]))
+        self._sums[b].append(
+            torch.stack(
+                [
+                    total.to(F64),
+                    norm.to(F64).square(),
+                    zeros.to(F64),
+                    saturated.to(F64),
+                    nonfinite.to(F64),
+                ]
+            )
+        )
         self._maxes[b].append(torch.maximum(-low, high).to(F64))
         self._counts[b] += n
 

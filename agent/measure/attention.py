@@ -18,8 +18,9 @@ F64 = torch.float64
 _ARMED: list["AttentionStats"] = []
 
 
-def record_attention(module: nn.Module, *, probs: torch.Tensor | None = None,
-                     logits: torch.Tensor | None = None) -> None:
+def record_attention(
+    module: nn.Module, *, probs: torch.Tensor | None = None, logits: torch.Tensor | None = None
+) -> None:
     """Record a custom attention's scores; a no-op unless a watching agent samples this step.
 
     Args:
@@ -34,7 +35,7 @@ def record_attention(module: nn.Module, *, probs: torch.Tensor | None = None,
 def _per_head_entropy(probs: torch.Tensor) -> torch.Tensor:
     """Mean entropy (nats) of the rows of each head: [..., heads, q, k] -> [heads]."""
     p = probs.detach().float()
-    rows = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)     # [..., heads, q]
+    rows = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # [..., heads, q]
     if rows.dim() >= 2:
         return rows.transpose(0, -2).reshape(rows.shape[-2], -1).mean(-1)
     return rows.reshape(1, -1).mean(-1)
@@ -73,8 +74,13 @@ class AttentionStats:
             # Averaged weights come as [batch, q, k]: one "head", the average of them.
             self.record(module, probs=weights if weights.dim() == 4 else weights.unsqueeze(-3))
 
-    def record(self, module: nn.Module, *, probs: torch.Tensor | None = None,
-               logits: torch.Tensor | None = None) -> None:
+    def record(
+        self,
+        module: nn.Module,
+        *,
+        probs: torch.Tensor | None = None,
+        logits: torch.Tensor | None = None,
+    ) -> None:
         b = self._block_of.get(id(module))
         if b is None or (probs is None and logits is None):
             return
@@ -95,7 +101,9 @@ class AttentionStats:
             handle.remove()
         self._handles = []
         none = torch.full((), -float("inf"), dtype=F64, device=device)
-        neg = torch.stack([torch.stack(v).amax().to(device) if v else none for v in self._neg_entropy])
+        neg = torch.stack(
+            [torch.stack(v).amax().to(device) if v else none for v in self._neg_entropy]
+        )
         logit = torch.stack([torch.stack(v).amax().to(device) if v else none for v in self._logit])
         counts = self._counts
         self._reset()

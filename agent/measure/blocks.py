@@ -56,8 +56,9 @@ class Blocks:
         best, best_len = None, -1
         for b, prefixes in enumerate(self.paths):
             for prefix in prefixes:
-                if (path == prefix or path.startswith(prefix + ".") or prefix == "") \
-                        and len(prefix) > best_len:
+                if (path == prefix or path.startswith(prefix + ".") or prefix == "") and len(
+                    prefix
+                ) > best_len:
                     best, best_len = b, len(prefix)
         return best
 
@@ -90,13 +91,17 @@ def discover(model: nn.Module, named: Mapping[str, Any] | list[str] | None = Non
     modules = dict(root.named_modules())
     missing = [p for paths, _, _ in spec.values() for p in paths if p not in modules]
     if missing:
-        raise ValueError(f"torchvitals blocks: no module at path(s) {missing}; "
-                         f"top-level modules are {[n for n, _ in root.named_children()]}")
+        raise ValueError(
+            f"torchvitals blocks: no module at path(s) {missing}; "
+            f"top-level modules are {[n for n, _ in root.named_children()]}"
+        )
     names = list(spec)
     owner: list[list[tuple[str, nn.Parameter]]] = [[] for _ in names]
     other: list[tuple[str, nn.Parameter]] = []
-    prefixes = sorted(((path, i) for i, n in enumerate(names) for path in spec[n][0]),
-                      key=lambda item: -len(item[0]))
+    prefixes = sorted(
+        ((path, i) for i, n in enumerate(names) for path in spec[n][0]),
+        key=lambda item: -len(item[0]),
+    )
     for pname, p in root.named_parameters():
         for path, i in prefixes:
             if path == "" or pname == path or pname.startswith(path + "."):
@@ -124,7 +129,9 @@ def discover(model: nn.Module, named: Mapping[str, Any] | list[str] | None = Non
     return Blocks(names=names, params=params, output_modules=outputs, kinds=kinds, paths=paths)
 
 
-def _normalise_named(named: Mapping[str, Any] | list[str]) -> dict[str, tuple[list[str], str | None, str]]:
+def _normalise_named(
+    named: Mapping[str, Any] | list[str],
+) -> dict[str, tuple[list[str], str | None, str]]:
     """name -> (module paths, path of the module whose output is measured)."""
     if isinstance(named, (list, tuple)):
         named = {_strip(str(p)): str(p) for p in named}
@@ -206,5 +213,5 @@ def _strip(path: str) -> str:
         changed = False
         for prefix in WRAPPER_PREFIXES:
             if path.startswith(prefix):
-                path, changed = path[len(prefix):], True
+                path, changed = path[len(prefix) :], True
     return path

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from .blocks import Blocks
 
 F64 = torch.float64
-_MASK = (1 << 52) - 1      # float64 holds every integer below 2**53 exactly
+_MASK = (1 << 52) - 1  # float64 holds every integer below 2**53 exactly
 _INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
 """Element size -> the integer type whose bits a parameter is read as (8-byte: two halves)."""
 _LOW32 = (1 << 32) - 1
@@ -52,8 +52,12 @@ class Fingerprint:
 
     def __init__(self, blocks: Blocks):
         self.names = list(blocks.names)
-        self._params = [(p, b) for b, ps in enumerate(blocks.params) for _, p in ps
-                        if p.element_size() in _INT and not p.is_complex()]
+        self._params = [
+            (p, b)
+            for b, ps in enumerate(blocks.params)
+            for _, p in ps
+            if p.element_size() in _INT and not p.is_complex()
+        ]
         self._index: torch.Tensor | None = None
         self.local: torch.Tensor | None = None
         """This rank's fingerprints of the last ``pack`` (float64, on the device)."""
@@ -96,8 +100,13 @@ class Fingerprint:
         n = len(self.names)
         return [b for b in range(n) if reduced[b] != -reduced[n + b]]
 
-    def name_ranks(self, mismatched: list[int], group: dist.ProcessGroup | None,
-                   world_size: int, device: torch.device) -> dict[str, list[int]]:
+    def name_ranks(
+        self,
+        mismatched: list[int],
+        group: dist.ProcessGroup | None,
+        world_size: int,
+        device: torch.device,
+    ) -> dict[str, list[int]]:
         """Which ranks hold the odd fingerprint of each mismatched block (one all_gather).
 
         Every rank must call it in the same step (they all see the same mismatch). A rank is
@@ -116,7 +125,7 @@ class Fingerprint:
         mine = self.local[mismatched].to(device)
         gathered = [torch.empty_like(mine) for _ in range(world_size)]
         dist.all_gather(gathered, mine, group=group)
-        table = torch.stack(gathered).cpu().tolist()        # rank -> values, the rare step only
+        table = torch.stack(gathered).cpu().tolist()  # rank -> values, the rare step only
         out: dict[str, list[int]] = {}
         for i, b in enumerate(mismatched):
             column = [row[i] for row in table]

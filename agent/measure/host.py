@@ -34,8 +34,13 @@ def process_vitals(proc: psutil.Process | None = None) -> dict[str, float]:
         ``host_available_bytes``; a value that cannot be read is NaN.
     """
     proc = proc or psutil.Process()
-    out = {"resident_bytes": math.nan, "cpu_seconds": math.nan, "open_fds": math.nan,
-           "children": math.nan, "host_available_bytes": math.nan}
+    out = {
+        "resident_bytes": math.nan,
+        "cpu_seconds": math.nan,
+        "open_fds": math.nan,
+        "children": math.nan,
+        "host_available_bytes": math.nan,
+    }
     readers = {
         "resident_bytes": lambda: proc.memory_info().rss,
         "cpu_seconds": lambda: sum(proc.cpu_times()[:2]),
@@ -46,7 +51,7 @@ def process_vitals(proc: psutil.Process | None = None) -> dict[str, float]:
     for key, read in readers.items():
         try:
             out[key] = float(read())
-        except (psutil.Error, OSError):     # a child that exited mid-read, a hardened /proc
+        except (psutil.Error, OSError):  # a child that exited mid-read, a hardened /proc
             continue
     return out
 
@@ -71,8 +76,12 @@ def accelerator_memory(device: torch.device) -> dict[str, float] | None:
     reserved = float(torch.cuda.memory_reserved(device))
     peak = float(torch.cuda.max_memory_allocated(device))
     torch.cuda.reset_peak_memory_stats(device)
-    return {"allocated_bytes": allocated, "reserved_bytes": reserved, "peak_bytes": peak,
-            "fragmentation_bytes": reserved - allocated}
+    return {
+        "allocated_bytes": allocated,
+        "reserved_bytes": reserved,
+        "peak_bytes": peak,
+        "fragmentation_bytes": reserved - allocated,
+    }
 
 
 class MemorySample:

@@ -47,8 +47,9 @@ class LossBook:
         """Losses were recorded since the last step took them."""
         return bool(self._means or self._shares)
 
-    def capture_output(self, module: nn.Module, args: Any, kwargs: dict[str, Any],
-                       output: Any) -> None:
+    def capture_output(
+        self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any
+    ) -> None:
         """Forward hook: record the ``loss`` of a training forward's output (HF models)."""
         if not (self.capture and module.training and torch.is_grad_enabled()):
             return
@@ -75,13 +76,19 @@ class LossBook:
 
 
 def _combine(values: list[torch.Tensor | float], mean: bool) -> torch.Tensor | float:
-    if len(values) == 1:            # one micro-batch: nothing to combine, no kernel to launch
+    if len(values) == 1:  # one micro-batch: nothing to combine, no kernel to launch
         return values[0]
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if not tensors:
         total = sum(float(v) for v in values)
         return total / len(values) if mean else total
     device = tensors[0].device
-    stacked = torch.stack([v.to(device, F64) if isinstance(v, torch.Tensor)
-                           else torch.tensor(float(v), dtype=F64, device=device) for v in values])
+    stacked = torch.stack(
+        [
+            v.to(device, F64)
+            if isinstance(v, torch.Tensor)
+            else torch.tensor(float(v), dtype=F64, device=device)
+            for v in values
+        ]
+    )
     return stacked.mean() if mean else stacked.sum()

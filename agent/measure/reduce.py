@@ -48,7 +48,7 @@ class Reduced:
     """Floats in the MAX vector (0 on steps without one)."""
 
     def __getitem__(self, slot: Slot) -> list[float]:
-        return self.host[slot.start:slot.stop]
+        return self.host[slot.start : slot.stop]
 
     def scalar(self, slot: Slot) -> float:
         return self.host[slot.start]
@@ -112,8 +112,11 @@ class Packer:
         max_len = pos - sum_len
         for slot, _ in self._local:
             slot.start, pos = pos, pos + slot.length
-        local_vec = (torch.cat([t for _, t in self._local]) if self._local
-                     else torch.zeros(0, dtype=F64, device=self.device))
+        local_vec = (
+            torch.cat([t for _, t in self._local])
+            if self._local
+            else torch.zeros(0, dtype=F64, device=self.device)
+        )
         return sum_len, max_len, sum_vec, max_vec, local_vec
 
 
@@ -161,8 +164,8 @@ class Reducer:
             parts = [sum_vec] + ([max_vec] if max_vec is not None else []) + [local_vec]
             flat = torch.cat(parts).cpu()
             sum_vec = flat[:sum_len].clone()
-            max_vec = flat[sum_len:sum_len + max_len].clone() if max_vec is not None else None
-            local_vec = flat[sum_len + max_len:]
+            max_vec = flat[sum_len : sum_len + max_len].clone() if max_vec is not None else None
+            local_vec = flat[sum_len + max_len :]
         dist.all_reduce(sum_vec, op=dist.ReduceOp.SUM, group=self.group)
         self.collectives += 1
         if max_vec is not None:

@@ -63,8 +63,9 @@ def _listing(blocks: Blocks) -> list[Listing]:
     return out
 
 
-def agree(blocks: Blocks, static: list[Verdict], group: dist.ProcessGroup | None, rank: int,
-          world: int) -> Agreed:
+def agree(
+    blocks: Blocks, static: list[Verdict], group: dist.ProcessGroup | None, rank: int, world: int
+) -> Agreed:
     """The blocks (and wiring verdicts) every rank packs; collective when ``world`` > 1.
 
     Args:
@@ -88,9 +89,10 @@ def agree(blocks: Blocks, static: list[Verdict], group: dist.ProcessGroup | None
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, (mine, static), group=group)
     listings = [entry[0] for entry in everyone]
-    if all(listing == mine for listing in listings):      # data parallel: one layout already
-        return Agreed(replace(blocks, holders=[list(range(world)) for _ in blocks.names]),
-                      static, 0, [world])
+    if all(listing == mine for listing in listings):  # data parallel: one layout already
+        return Agreed(
+            replace(blocks, holders=[list(range(world)) for _ in blocks.names]), static, 0, [world]
+        )
     layouts: list[list[Listing]] = []
     for listing in listings:
         if listing not in layouts:
@@ -98,7 +100,7 @@ def agree(blocks: Blocks, static: list[Verdict], group: dist.ProcessGroup | None
     stage_sizes = [sum(listing == layout for listing in listings) for layout in layouts]
     order: list[str] = []
     kinds: dict[str, str] = {}
-    numels: dict[str, dict[str, int]] = {}          # name -> digest -> numel
+    numels: dict[str, dict[str, int]] = {}  # name -> digest -> numel
     holders: dict[tuple[str, str], list[int]] = {}
     for r, listing in enumerate(listings):
         for item in listing:
@@ -109,7 +111,8 @@ def agree(blocks: Blocks, static: list[Verdict], group: dist.ProcessGroup | None
                 raise TorchvitalsError(
                     f"torchvitals: rank {r} calls block {item.name!r} a {item.kind}, an earlier "
                     f"rank a {kinds[item.name]}: the ranks watch different models. Every rank "
-                    f"must watch its part of one model (pipeline stages) or the same model")
+                    f"must watch its part of one model (pipeline stages) or the same model"
+                )
             numels.setdefault(item.name, {})[item.digest] = item.numel
             holders.setdefault((item.name, item.digest), []).append(r)
     if OTHER in order:
@@ -122,7 +125,8 @@ def agree(blocks: Blocks, static: list[Verdict], group: dist.ProcessGroup | None
         params=[blocks.params[at[n]] if n in at else [] for n in order],
         output_modules=[blocks.output_modules[at[n]] if n in at else None for n in order],
         kinds=[kinds[n] for n in order],
-        paths=[blocks.paths[at[n]] if n in at else [] for n in order])
+        paths=[blocks.paths[at[n]] if n in at else [] for n in order],
+    )
     merged.numels = [sum(numels[n].values()) for n in order]
     merged.holders = [holders[(n, digest[n])] if n in digest else [] for n in order]
     agreed: dict[tuple[str, str | None], Verdict] = {}

@@ -68,8 +68,9 @@ class _Measured:
             self._counted = (key, counts)
         return self._counted[1]
 
-    def block_sums(self, tensors: list[torch.Tensor], positions: list[int],
-                   device: torch.device) -> torch.Tensor:
+    def block_sums(
+        self, tensors: list[torch.Tensor], positions: list[int], device: torch.device
+    ) -> torch.Tensor:
         """Per-block sums of squared L2 norms of ``tensors`` (entry ``positions``), float64."""
         out = torch.zeros(self.num_blocks, dtype=F64, device=device)
         if not tensors:
@@ -114,10 +115,16 @@ class GradStats:
     shards).
     """
 
-    def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool,
-                 source: Callable[[torch.Tensor], torch.Tensor | None] | None = None):
+    def __init__(
+        self,
+        blocks: Blocks,
+        owned: list[bool],
+        world_size: int,
+        split: bool,
+        source: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+    ):
         if source is not None:
-            owned, split = [True] * len(blocks), True      # disjoint fragments: weight 1
+            owned, split = [True] * len(blocks), True  # disjoint fragments: weight 1
         self._measured = _Measured(blocks, owned, world_size, split)
         self._source = source
 
@@ -142,8 +149,10 @@ class GradStats:
         """Per-block sums of squares (device, float64) and how many gradient tensors of each
         block this rank read (host floats: a SUM of them that is 0 means no rank read any)."""
         tensors, positions = self.grads()
-        return (self._measured.block_sums(tensors, positions, device),
-                self._measured.block_counts(positions))
+        return (
+            self._measured.block_sums(tensors, positions, device),
+            self._measured.block_counts(positions),
+        )
 
 
 class UpdateRatio:
@@ -158,16 +167,29 @@ class UpdateRatio:
     outside forward (DeepSpeed ZeRO-3: disjoint partitions, every block measured, weight 1).
     """
 
-    def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool,
-                 max_bytes: int, source: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    def __init__(
+        self,
+        blocks: Blocks,
+        owned: list[bool],
+        world_size: int,
+        split: bool,
+        max_bytes: int,
+        source: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         if source is not None:
-            owned, split = [True] * len(blocks), True      # disjoint partitions: weight 1
+            owned, split = [True] * len(blocks), True  # disjoint partitions: weight 1
         self._blocks = blocks
         self._measured = _Measured(blocks, owned, world_size, split)
         self._local = (lambda p: local(p.detach())) if source is None else source
-        self._bytes = [sum(p.numel() * p.element_size() // _shards(p) if source is None
-                           else source(p).numel() * p.element_size() for _, p in ps)
-                       for ps in blocks.params]
+        self._bytes = [
+            sum(
+                p.numel() * p.element_size() // _shards(p)
+                if source is None
+                else source(p).numel() * p.element_size()
+                for _, p in ps
+            )
+            for ps in blocks.params
+        ]
         self._max_bytes = max_bytes
         self._cursor = 0
         self._snapshot: tuple[list[torch.Tensor], list[int], list[bool]] | None = None
@@ -200,7 +222,9 @@ class UpdateRatio:
     def cancel(self) -> None:
         self._snapshot = None
 
-    def after_step(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[bool]] | None:
+    def after_step(
+        self, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, list[bool]] | None:
         """Per-block (||dw||^2, ||w_old||^2) device tensors and the measured mask; frees the snapshot."""
         if self._snapshot is None:
             return None

@@ -57,8 +57,12 @@ class TargetFile:
             # Renamed into place: Prometheus re-reads a changed file and must never see half.
             replace_json(self.path, [{"targets": [target], "labels": labels}])
         except OSError as exc:
-            log.warning("torchvitals: cannot write the file_sd target %s (%s); Prometheus will "
-                        "not find this rank's /metrics through it", self.path, exc)
+            log.warning(
+                "torchvitals: cannot write the file_sd target %s (%s); Prometheus will "
+                "not find this rank's /metrics through it",
+                self.path,
+                exc,
+            )
             return False
         self.written = True
         return True
@@ -71,4 +75,4 @@ class TargetFile:
         try:
             self.path.unlink()
         except OSError:
-            pass            # already gone, or a read-only folder: Prometheus drops a dead target
+            pass  # already gone, or a read-only folder: Prometheus drops a dead target

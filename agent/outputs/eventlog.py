@@ -40,8 +40,12 @@ class EventLog:
         Returns:
             Whether a line was written.
         """
-        due = (report.step % self.every == 0 or report.action != "step" or report.nonfinite
-               or bool(report.verdicts))
+        due = (
+            report.step % self.every == 0
+            or report.action != "step"
+            or report.nonfinite
+            or bool(report.verdicts)
+        )
         if not due:
             return False
         self.write_event({"event": "step", **report.to_dict()})

@@ -19,8 +19,12 @@ from typing import Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily,
-                                            HistogramMetricFamily, Metric)
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from ...errors import ConfigError, TorchvitalsError
@@ -28,8 +32,17 @@ from ...protocol import ENV_PREFIX
 from ..detect.verdict import PATTERNS
 from ..measure.host import process_vitals
 from ..report import Report
-from .metrics import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, Buckets,  # noqa: F401
-                      MetricSpec, _Snapshot)
+from .metrics import (
+    BLOCK,
+    GLOBAL,
+    GROUP,
+    METRICS,
+    PATTERN,
+    RANK,
+    Buckets,  # noqa: F401
+    MetricSpec,
+    _Snapshot,
+)
 from .ports import candidates
 from .render import RenderCache
 from .server import MetricsServer
@@ -74,11 +87,23 @@ class Exporter:
         ConfigError: ``host`` does not resolve.
     """
 
-    def __init__(self, block_names: list[str], *, rank: int, local_rank: int, world_size: int,
-                 port: int, host: str = "127.0.0.1", registry: CollectorRegistry | None = None,
-                 port_setting: str = "metrics_port", tls: TLS | None = None,
-                 max_connections: int = 32, idle_timeout_s: float = 10.0,
-                 strict: bool = False, local_size: int = 1) -> None:
+    def __init__(
+        self,
+        block_names: list[str],
+        *,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        port: int,
+        host: str = "127.0.0.1",
+        registry: CollectorRegistry | None = None,
+        port_setting: str = "metrics_port",
+        tls: TLS | None = None,
+        max_connections: int = 32,
+        idle_timeout_s: float = 10.0,
+        strict: bool = False,
+        local_size: int = 1,
+    ) -> None:
         self.block_names = list(block_names)
         self.rank, self.host, self.port = rank, host, port
         self.registry = CollectorRegistry() if registry is None else registry
@@ -110,15 +135,24 @@ class Exporter:
             socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
             self.registry.unregister(self._collector)
-            raise ConfigError("metrics_host", host, f"an address or host name that resolves "
-                              f"here ({exc.strerror or exc}); 127.0.0.1 serves this host only, "
-                              f"0.0.0.0 every interface") from None
+            raise ConfigError(
+                "metrics_host",
+                host,
+                f"an address or host name that resolves "
+                f"here ({exc.strerror or exc}); 127.0.0.1 serves this host only, "
+                f"0.0.0.0 every interface",
+            ) from None
         tried: list[int] = []
         for candidate in candidates(port - local_rank, local_rank, local_size):
             try:
-                self._server = MetricsServer(self.cache, host, candidate, tls=tls,
-                                             max_connections=max_connections,
-                                             idle_timeout_s=idle_timeout_s)
+                self._server = MetricsServer(
+                    self.cache,
+                    host,
+                    candidate,
+                    tls=tls,
+                    max_connections=max_connections,
+                    idle_timeout_s=idle_timeout_s,
+                )
                 break
             except OSError as exc:
                 err = self._bind_error(exc, host, port, rank, local_rank, port_setting)
@@ -128,31 +162,47 @@ class Exporter:
                 if exc.errno not in _TAKEN:
                     # Not a busy port (an address this host does not have, say): no other port
                     # would bind either. The training goes on; nothing is served, loudly.
-                    log.warning("%s Serving no /metrics on this rank; the training goes on "
-                                "(metrics_port_strict=True makes this an error).", err)
+                    log.warning(
+                        "%s Serving no /metrics on this rank; the training goes on "
+                        "(metrics_port_strict=True makes this an error).",
+                        err,
+                    )
                     return
                 tried.append(candidate)
-        assert self._server is not None          # the last candidate, port 0, always binds
+        assert self._server is not None  # the last candidate, port 0, always binds
         self.port = self._server.port
         if tried:
             log.warning(
                 "torchvitals: /metrics port %s on %s is taken (rank %d, local rank %d; "
                 "dcgm-exporter holds 9400, node-exporter 9100); serving on %s instead. Set "
                 "%s (env %s%s) to a free base port, or metrics_port_strict=True to make a taken "
-                "port an error.", ", ".join(map(str, tried)), host, rank, local_rank,
-                self.url, port_setting, ENV_PREFIX, port_setting.upper())
+                "port an error.",
+                ", ".join(map(str, tried)),
+                host,
+                rank,
+                local_rank,
+                self.url,
+                port_setting,
+                ENV_PREFIX,
+                port_setting.upper(),
+            )
 
-    def _bind_error(self, exc: OSError, host: str, port: int, rank: int, local_rank: int,
-                    port_setting: str) -> MetricsPortError:
+    def _bind_error(
+        self, exc: OSError, host: str, port: int, rank: int, local_rank: int, port_setting: str
+    ) -> MetricsPortError:
         """The strict mode's error for the configured port (the message the fallback logs)."""
-        taken = (" Another process (another job on this host, dcgm-exporter?) holds the port."
-                 if exc.errno == errno.EADDRINUSE else "")
+        taken = (
+            " Another process (another job on this host, dcgm-exporter?) holds the port."
+            if exc.errno == errno.EADDRINUSE
+            else ""
+        )
         err = MetricsPortError(
             f"torchvitals cannot serve /metrics on {host}:{port} (rank {rank}, local rank "
             f"{local_rank}): {exc.strerror or exc}.{taken} Each rank serves on "
             f"{port_setting} + LOCAL_RANK = {port - local_rank} + {local_rank}. Set "
             f"{port_setting} (env {ENV_PREFIX}{port_setting.upper()}) to a free base port, "
-            f"or to 0 to turn the endpoint off.")
+            f"or to 0 to turn the endpoint off."
+        )
         err.errno = exc.errno
         return err
 
@@ -175,8 +225,12 @@ class Exporter:
         url = self.url
         return None if url is None else url.split("://", 1)[1].rsplit("/metrics", 1)[0]
 
-    def update(self, report: Report, active: dict[str, int] | None = None,
-               recovery: dict[str, float] | None = None) -> None:
+    def update(
+        self,
+        report: Report,
+        active: dict[str, int] | None = None,
+        recovery: dict[str, float] | None = None,
+    ) -> None:
         """Cache the step's report; called on the training thread, so it only swaps references.
 
         Args:
@@ -224,14 +278,28 @@ class Exporter:
         return encoder(self.registry), content_type
 
     def _snapshot(self) -> _Snapshot:
-        host = process_vitals()      # on the scrape thread, outside the lock: training never waits
+        host = process_vitals()  # on the scrape thread, outside the lock: training never waits
         with self._lock:
-            histograms = {m.name: Buckets(m.buckets, tuple(self._counts[m.name]),
-                                          self._sums[m.name]) for m in self._observed}
-            return _Snapshot(self._report, self._steps, self._skipped, self._nonfinite,
-                             self._world_size, self._update_ratio, self._activations,
-                             self._verdicts, self._active, self._recovery, self._replica_checks,
-                             host, histograms, dict(self._totals))
+            histograms = {
+                m.name: Buckets(m.buckets, tuple(self._counts[m.name]), self._sums[m.name])
+                for m in self._observed
+            }
+            return _Snapshot(
+                self._report,
+                self._steps,
+                self._skipped,
+                self._nonfinite,
+                self._world_size,
+                self._update_ratio,
+                self._activations,
+                self._verdicts,
+                self._active,
+                self._recovery,
+                self._replica_checks,
+                host,
+                histograms,
+                dict(self._totals),
+            )
 
     def close(self) -> None:
         """Stop serving and unregister the collector; safe to call twice."""
@@ -301,5 +369,6 @@ def _block_names(named: list[str], snap: _Snapshot) -> list[str]:
 
 def _family(m: MetricSpec, labels: tuple[str, ...]) -> Metric:
     kind = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily}.get(
-        m.kind, GaugeMetricFamily)
+        m.kind, GaugeMetricFamily
+    )
     return kind(m.name, m.doc, labels=labels)

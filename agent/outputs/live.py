@@ -36,8 +36,9 @@ def sparkline(values: Iterable[float]) -> str:
         return " " * len(values)
     lo, hi = min(finite), max(finite)
     span = hi - lo or 1.0
-    return "".join(SPARKS[min(7, int((v - lo) / span * 8))] if math.isfinite(v) else " "
-                   for v in values)
+    return "".join(
+        SPARKS[min(7, int((v - lo) / span * 8))] if math.isfinite(v) else " " for v in values
+    )
 
 
 def ratio_bar(ratio: float, width: int = 12) -> str:
@@ -56,7 +57,7 @@ def ratio_bar(ratio: float, width: int = 12) -> str:
 
 
 def ratio_state(ratio: float) -> str:
-    """"hot", "dead" or "ok": where an update ratio sits against the detector's defaults."""
+    """ "hot", "dead" or "ok": where an update ratio sits against the detector's defaults."""
     if not math.isfinite(ratio) or ratio >= 1e-2:
         return "hot"
     if ratio <= 1e-6:
@@ -73,17 +74,30 @@ def describe_event(report: Report) -> list[tuple[str, str]]:
     lines = []
     for v in report.verdicts:
         ev = v.evidence or {}
-        shown = ", ".join(f"{k}={_fmt(ev[k], '.3g') if isinstance(ev[k], float) else ev[k]}"
-                          for k in list(ev)[:3] if isinstance(ev[k], (int, float, str)))
+        shown = ", ".join(
+            f"{k}={_fmt(ev[k], '.3g') if isinstance(ev[k], float) else ev[k]}"
+            for k in list(ev)[:3]
+            if isinstance(ev[k], (int, float, str))
+        )
         where = f" in {v.block}" if v.block else ""
-        lines.append((v.severity, f"{v.severity.upper()} step {v.step}: {v.pattern}{where}"
-                                  + (f" ({shown})" if shown else "")))
+        lines.append(
+            (
+                v.severity,
+                f"{v.severity.upper()} step {v.step}: {v.pattern}{where}"
+                + (f" ({shown})" if shown else ""),
+            )
+        )
     if report.action == "rollback" and report.rollback:
         rb = report.rollback
         start, stop = rb["skipped"]
-        lines.append(("rollback", f"ROLLBACK at step {report.step}: back to the healthy checkpoint "
-                                  f"of step {rb['to_step']}, learning rate x{rb['lr_scale']:g}, "
-                                  f"batches {start}..{stop - 1} skipped ({stop - start})"))
+        lines.append(
+            (
+                "rollback",
+                f"ROLLBACK at step {report.step}: back to the healthy checkpoint "
+                f"of step {rb['to_step']}, learning rate x{rb['lr_scale']:g}, "
+                f"batches {start}..{stop - 1} skipped ({stop - start})",
+            )
+        )
     elif report.action == "skip":
         lines.append(("warning", f"SKIP step {report.step}: optimizer step skipped on every rank"))
     elif report.action == "abort":
@@ -104,9 +118,17 @@ class LiveView:
         clock: seconds, for throttling the panel's redraws.
     """
 
-    def __init__(self, blocks: list[str], *, stream: TextIO | None = None,
-                 terminal: bool | None = None, every: int = 10, title: str = "torchvitals",
-                 history: int = 16, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        blocks: list[str],
+        *,
+        stream: TextIO | None = None,
+        terminal: bool | None = None,
+        every: int = 10,
+        title: str = "torchvitals",
+        history: int = 16,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.blocks = list(blocks)
         self.stream = stream or sys.stdout
         if terminal is None:
@@ -128,13 +150,16 @@ class LiveView:
         if terminal:
             from rich.console import Console
             from rich.live import Live
+
             self._console = Console(file=self.stream)
-            self._live = Live(console=self._console, refresh_per_second=4, transient=False,
-                              auto_refresh=False)
+            self._live = Live(
+                console=self._console, refresh_per_second=4, transient=False, auto_refresh=False
+            )
             self._live.start()
 
-    def update(self, report: Report, active: Iterable[Any] = (),
-               recovery: dict[str, float] | None = None) -> None:
+    def update(
+        self, report: Report, active: Iterable[Any] = (), recovery: dict[str, float] | None = None
+    ) -> None:
         """Take one step's report.
 
         Args:
@@ -165,11 +190,15 @@ class LiveView:
         out = []
         if report.step == 1 or report.step % self.every == 0 or events:
             scale = self._recovery["lr_scale"] if self._recovery else 1.0
-            out.append(f"step {report.step:5d}  loss {report.loss:8.4f}  grad_norm "
-                       f"{report.grad_norm_total:9.4g}  lr_scale {scale:g}  action {report.action}")
+            out.append(
+                f"step {report.step:5d}  loss {report.loss:8.4f}  grad_norm "
+                f"{report.grad_norm_total:9.4g}  lr_scale {scale:g}  action {report.action}"
+            )
             if self._ratios and report.update_ratio:
-                out.append("  update_ratio " + "  ".join(
-                    f"{b} {r:.1e}" for b, r in report.update_ratio.items()))
+                out.append(
+                    "  update_ratio "
+                    + "  ".join(f"{b} {r:.1e}" for b, r in report.update_ratio.items())
+                )
         out += [f"  {text}" for _, text in events]
         if out:
             self.stream.write("\n".join(out) + "\n")
@@ -177,11 +206,16 @@ class LiveView:
 
     # ------------------------------------------------------------ the rich panel
 
-    STYLES = {"info": "cyan", "warning": "bold yellow", "critical": "bold red",
-              "rollback": "bold magenta"}
+    STYLES = {
+        "info": "cyan",
+        "warning": "bold yellow",
+        "critical": "bold red",
+        "rollback": "bold magenta",
+    }
 
     def _draw(self, events: list[tuple[str, str]]) -> None:
         from rich.text import Text
+
         for severity, text in events:
             self._live.console.print(Text(text, style=self.STYLES.get(severity, "")))
         now = self._clock()
@@ -194,19 +228,32 @@ class LiveView:
         from rich.panel import Panel
         from rich.table import Table
         from rich.text import Text
+
         r = self._last
         scale = self._recovery["lr_scale"] if self._recovery else 1.0
         rollbacks = int(self._recovery["rollbacks"]) if self._recovery else 0
         head = Text.assemble(
-            ("step ", "dim"), (f"{r.step}", "bold"), ("  loss ", "dim"),
-            (f"{r.loss:.4f} ", "bold"), (sparkline(self._losses), "cyan"),
-            ("  grad norm ", "dim"), (f"{r.grad_norm_total:.3g}", "bold"),
-            ("  lr x", "dim"), (f"{scale:g}", "bold" if scale == 1 else "bold magenta"),
-            ("  rollbacks ", "dim"), (f"{rollbacks}", "bold" if not rollbacks else "bold magenta"))
+            ("step ", "dim"),
+            (f"{r.step}", "bold"),
+            ("  loss ", "dim"),
+            (f"{r.loss:.4f} ", "bold"),
+            (sparkline(self._losses), "cyan"),
+            ("  grad norm ", "dim"),
+            (f"{r.grad_norm_total:.3g}", "bold"),
+            ("  lr x", "dim"),
+            (f"{scale:g}", "bold" if scale == 1 else "bold magenta"),
+            ("  rollbacks ", "dim"),
+            (f"{rollbacks}", "bold" if not rollbacks else "bold magenta"),
+        )
         table = Table(box=None, padding=(0, 1), header_style="dim")
-        for column, justify in (("block", "left"), ("grad norm", "right"), ("last steps", "left"),
-                                ("update ratio", "right"), ("1e-6 ·|· 1e-1", "left"),
-                                ("act |max|", "right")):
+        for column, justify in (
+            ("block", "left"),
+            ("grad norm", "right"),
+            ("last steps", "left"),
+            ("update ratio", "right"),
+            ("1e-6 ·|· 1e-1", "left"),
+            ("act |max|", "right"),
+        ):
             table.add_column(column, justify=justify, no_wrap=True)
         flagged = {v.block for v in self._active if getattr(v, "block", None)}
         for b in self.blocks:
@@ -214,12 +261,14 @@ class LiveView:
             ratio = self._ratios.get(b)
             state = ratio_state(ratio) if ratio is not None else "ok"
             color = {"hot": "red", "dead": "yellow", "ok": "green"}[state]
-            table.add_row(Text(b, style="bold yellow" if b in flagged else ""),
-                          _fmt(norms[-1] if norms else None, ".3g"),
-                          Text(sparkline(norms), style="cyan"),
-                          _fmt(ratio, ".1e"),
-                          Text(ratio_bar(ratio) if ratio is not None else "", style=color),
-                          _fmt(self._abs_max.get(b), ".3g"))
+            table.add_row(
+                Text(b, style="bold yellow" if b in flagged else ""),
+                _fmt(norms[-1] if norms else None, ".3g"),
+                Text(sparkline(norms), style="cyan"),
+                _fmt(ratio, ".1e"),
+                Text(ratio_bar(ratio) if ratio is not None else "", style=color),
+                _fmt(self._abs_max.get(b), ".3g"),
+            )
         verdicts = Text("active: ", style="dim")
         if not self._active:
             verdicts.append("none", style="green")

@@ -9,7 +9,6 @@ Durations are histograms (a scrape every 15 s sees every step, not the last one:
 counter read with ``rate()``, and the rest are last-value gauges of the latest step.
 """
 
-
 from __future__ import annotations
 
 import importlib.metadata
@@ -38,11 +37,28 @@ def _torch_version() -> str:
     ``2.13.0a0+git...``): the build is what tells two nodes' torch apart, and a source build
     may have no metadata at all."""
     import torch
+
     return str(torch.__version__)
 
 
-STEP_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                                   25.0, 60.0, 120.0, 300.0, 600.0, math.inf)
+STEP_BUCKETS: tuple[float, ...] = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    25.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    math.inf,
+)
 """Upper bounds of the duration histograms: steps from 10 ms (a small model on a GPU) to 10 min
 (a 70B model's step with a pipeline bubble), ~2.5x apart."""
 
@@ -82,7 +98,7 @@ class _Snapshot:
     active: dict[str, int]
     recovery: dict[str, float] | None
     replica_checks: int = 0
-    host: dict[str, float] = field(default_factory=dict)      # read at scrape time
+    host: dict[str, float] = field(default_factory=dict)  # read at scrape time
     histograms: dict[str, Buckets] = field(default_factory=dict)
     totals: dict[str, float] = field(default_factory=dict)
     """Counters summed from the reports (samples, tokens); a key only once a report had it."""
@@ -94,9 +110,11 @@ def _last(attr: str, default: float = math.nan) -> Callable[[_Snapshot], float]:
 
 def _observed(attr: str) -> Callable[[Report], float | None]:
     """A histogram's observation of one step: the report's value, None when not finite."""
+
     def observe(report: Report) -> float | None:
         x = getattr(report, attr)
         return float(x) if x is not None and math.isfinite(x) and x >= 0 else None
+
     return observe
 
 
@@ -111,8 +129,11 @@ def _host(key: str) -> Callable[[_Snapshot], float]:
 
 def _accelerator(key: str) -> Callable[[_Snapshot], float | None]:
     """A CUDA allocator counter of the last sample; None (no series) without one."""
-    return lambda s: (None if s.report is None or s.report.local_accelerator_memory is None
-                      else float(s.report.local_accelerator_memory[key]))
+    return lambda s: (
+        None
+        if s.report is None or s.report.local_accelerator_memory is None
+        else float(s.report.local_accelerator_memory[key])
+    )
 
 
 def _recovery(s: "_Snapshot", key: str) -> float | None:
@@ -147,119 +168,346 @@ class MetricSpec:
 
 
 METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("torchvitals_build_info", "gauge", "Versions of this process (always 1).", RANK,
-               lambda s: 1.0,
-               labels=(("version", _version("torchvitals")), ("torch_version", _torch_version()))),
-    MetricSpec("torchvitals_world_size", "gauge", "Ranks in the job.", RANK,
-               lambda s: float(s.world_size)),
-    MetricSpec("torchvitals_step", "gauge", "Last completed step (1-based; 0 before the first).",
-               RANK, _last("step", 0.0)),
-    MetricSpec("torchvitals_steps_total", "counter", "Steps reported on this rank.", RANK,
-               lambda s: float(s.steps)),
-    MetricSpec("torchvitals_skipped_steps_total", "counter",
-               "Steps whose optimizer step was skipped.", RANK, lambda s: float(s.skipped)),
-    MetricSpec("torchvitals_nonfinite_steps_total", "counter",
-               "Steps with a NaN/Inf loss or gradient on any rank.", RANK,
-               lambda s: float(s.nonfinite)),
-    MetricSpec("torchvitals_step_duration_seconds", "histogram", "This rank's wall time of "
-               "each step.", RANK, _observed("step_seconds"), buckets=STEP_BUCKETS),
+    MetricSpec(
+        "torchvitals_build_info",
+        "gauge",
+        "Versions of this process (always 1).",
+        RANK,
+        lambda s: 1.0,
+        labels=(("version", _version("torchvitals")), ("torch_version", _torch_version())),
+    ),
+    MetricSpec(
+        "torchvitals_world_size", "gauge", "Ranks in the job.", RANK, lambda s: float(s.world_size)
+    ),
+    MetricSpec(
+        "torchvitals_step",
+        "gauge",
+        "Last completed step (1-based; 0 before the first).",
+        RANK,
+        _last("step", 0.0),
+    ),
+    MetricSpec(
+        "torchvitals_steps_total",
+        "counter",
+        "Steps reported on this rank.",
+        RANK,
+        lambda s: float(s.steps),
+    ),
+    MetricSpec(
+        "torchvitals_skipped_steps_total",
+        "counter",
+        "Steps whose optimizer step was skipped.",
+        RANK,
+        lambda s: float(s.skipped),
+    ),
+    MetricSpec(
+        "torchvitals_nonfinite_steps_total",
+        "counter",
+        "Steps with a NaN/Inf loss or gradient on any rank.",
+        RANK,
+        lambda s: float(s.nonfinite),
+    ),
+    MetricSpec(
+        "torchvitals_step_duration_seconds",
+        "histogram",
+        "This rank's wall time of each step.",
+        RANK,
+        _observed("step_seconds"),
+        buckets=STEP_BUCKETS,
+    ),
     # Synchronous ranks all wait for the slowest in the collectives, so their step times agree;
     # the time before the backward's collectives is what tells a straggler.
-    MetricSpec("torchvitals_compute_duration_seconds", "histogram", "This rank's compute time "
-               "of each step (from the previous step's end to the end of its forward and loss).",
-               RANK, _observed("compute_seconds"), buckets=STEP_BUCKETS),
-    MetricSpec("torchvitals_local_loss", "gauge", "This rank's loss at the last step.", RANK,
-               _last("local_loss")),
-    MetricSpec("torchvitals_samples_total", "counter", "Samples this rank trained on (only when "
-               "the caller passes the sample count; rate(): samples per second).", RANK,
-               _summed("samples"), from_report=True),
-    MetricSpec("torchvitals_tokens_total", "counter", "Tokens this rank trained on (only when "
-               "the caller passes the token count; rate(): tokens per second).", RANK,
-               _summed("tokens"), from_report=True),
-    MetricSpec("torchvitals_data_wait_seconds", "histogram", "This rank's wait for its batches "
-               "in each step.", RANK, _observed("local_data_wait_seconds"),
-               buckets=WAIT_BUCKETS),
-    MetricSpec("torchvitals_process_resident_memory_bytes", "gauge", "This rank's resident "
-               "memory.", RANK, _host("resident_bytes")),
-    MetricSpec("torchvitals_process_cpu_seconds_total", "counter", "User and system CPU time of "
-               "this rank (rate(): cores used).", RANK, _host("cpu_seconds")),
-    MetricSpec("torchvitals_process_open_fds", "gauge", "File descriptors this rank holds open.",
-               RANK, _host("open_fds")),
-    MetricSpec("torchvitals_dataloader_workers", "gauge", "Live child processes of this rank "
-               "(its DataLoader workers).", RANK, _host("children")),
-    MetricSpec("torchvitals_host_memory_available_bytes", "gauge", "Memory available on this "
-               "rank's host.", RANK, _host("host_available_bytes")),
-    MetricSpec("torchvitals_accelerator_memory_allocated_bytes", "gauge", "CUDA memory held by "
-               "tensors (last sample).", RANK, _accelerator("allocated_bytes")),
-    MetricSpec("torchvitals_accelerator_memory_reserved_bytes", "gauge", "CUDA memory reserved "
-               "by the caching allocator (last sample).", RANK, _accelerator("reserved_bytes")),
-    MetricSpec("torchvitals_accelerator_memory_peak_bytes", "gauge", "Peak CUDA memory held by "
-               "tensors since the sample before.", RANK, _accelerator("peak_bytes")),
-    MetricSpec("torchvitals_accelerator_memory_fragmentation_bytes", "gauge", "Reserved minus "
-               "allocated CUDA memory (last sample).", RANK, _accelerator("fragmentation_bytes")),
-    MetricSpec("torchvitals_data_wait_ratio", "gauge", "Share of the ranks' step time spent "
-               "waiting for data (last step).", GLOBAL, _last("data_wait_ratio", 0.0)),
-    MetricSpec("torchvitals_replica_checks_total", "counter", "Sampled steps that compared the "
-               "DDP replicas' fingerprints.", GLOBAL, lambda s: float(s.replica_checks)),
-    MetricSpec("torchvitals_loss", "gauge", "Mean loss over the ranks at the last step.", GLOBAL,
-               _last("loss")),
+    MetricSpec(
+        "torchvitals_compute_duration_seconds",
+        "histogram",
+        "This rank's compute time "
+        "of each step (from the previous step's end to the end of its forward and loss).",
+        RANK,
+        _observed("compute_seconds"),
+        buckets=STEP_BUCKETS,
+    ),
+    MetricSpec(
+        "torchvitals_local_loss",
+        "gauge",
+        "This rank's loss at the last step.",
+        RANK,
+        _last("local_loss"),
+    ),
+    MetricSpec(
+        "torchvitals_samples_total",
+        "counter",
+        "Samples this rank trained on (only when "
+        "the caller passes the sample count; rate(): samples per second).",
+        RANK,
+        _summed("samples"),
+        from_report=True,
+    ),
+    MetricSpec(
+        "torchvitals_tokens_total",
+        "counter",
+        "Tokens this rank trained on (only when "
+        "the caller passes the token count; rate(): tokens per second).",
+        RANK,
+        _summed("tokens"),
+        from_report=True,
+    ),
+    MetricSpec(
+        "torchvitals_data_wait_seconds",
+        "histogram",
+        "This rank's wait for its batches in each step.",
+        RANK,
+        _observed("local_data_wait_seconds"),
+        buckets=WAIT_BUCKETS,
+    ),
+    MetricSpec(
+        "torchvitals_process_resident_memory_bytes",
+        "gauge",
+        "This rank's resident memory.",
+        RANK,
+        _host("resident_bytes"),
+    ),
+    MetricSpec(
+        "torchvitals_process_cpu_seconds_total",
+        "counter",
+        "User and system CPU time of this rank (rate(): cores used).",
+        RANK,
+        _host("cpu_seconds"),
+    ),
+    MetricSpec(
+        "torchvitals_process_open_fds",
+        "gauge",
+        "File descriptors this rank holds open.",
+        RANK,
+        _host("open_fds"),
+    ),
+    MetricSpec(
+        "torchvitals_dataloader_workers",
+        "gauge",
+        "Live child processes of this rank (its DataLoader workers).",
+        RANK,
+        _host("children"),
+    ),
+    MetricSpec(
+        "torchvitals_host_memory_available_bytes",
+        "gauge",
+        "Memory available on this rank's host.",
+        RANK,
+        _host("host_available_bytes"),
+    ),
+    MetricSpec(
+        "torchvitals_accelerator_memory_allocated_bytes",
+        "gauge",
+        "CUDA memory held by tensors (last sample).",
+        RANK,
+        _accelerator("allocated_bytes"),
+    ),
+    MetricSpec(
+        "torchvitals_accelerator_memory_reserved_bytes",
+        "gauge",
+        "CUDA memory reserved by the caching allocator (last sample).",
+        RANK,
+        _accelerator("reserved_bytes"),
+    ),
+    MetricSpec(
+        "torchvitals_accelerator_memory_peak_bytes",
+        "gauge",
+        "Peak CUDA memory held by tensors since the sample before.",
+        RANK,
+        _accelerator("peak_bytes"),
+    ),
+    MetricSpec(
+        "torchvitals_accelerator_memory_fragmentation_bytes",
+        "gauge",
+        "Reserved minus allocated CUDA memory (last sample).",
+        RANK,
+        _accelerator("fragmentation_bytes"),
+    ),
+    MetricSpec(
+        "torchvitals_data_wait_ratio",
+        "gauge",
+        "Share of the ranks' step time spent waiting for data (last step).",
+        GLOBAL,
+        _last("data_wait_ratio", 0.0),
+    ),
+    MetricSpec(
+        "torchvitals_replica_checks_total",
+        "counter",
+        "Sampled steps that compared the DDP replicas' fingerprints.",
+        GLOBAL,
+        lambda s: float(s.replica_checks),
+    ),
+    MetricSpec(
+        "torchvitals_loss",
+        "gauge",
+        "Mean loss over the ranks at the last step.",
+        GLOBAL,
+        _last("loss"),
+    ),
     # Not "_grad_norm_total": the _total suffix is reserved for counters.
-    MetricSpec("torchvitals_grad_norm_global", "gauge", "L2 norm of all gradients before "
-               "clipping.", GLOBAL, _last("grad_norm_total")),
-    MetricSpec("torchvitals_clip_coefficient", "gauge", "Factor the gradients were scaled by "
-               "(1 without clipping).", GLOBAL, _last("clip_coef")),
-    MetricSpec("torchvitals_grad_norm", "gauge", "L2 norm of the block's gradient.", BLOCK,
-               lambda s, b: math.nan if s.report is None
-               else float(s.report.grad_norm.get(b, math.nan))),
-    MetricSpec("torchvitals_update_ratio", "gauge", "||dw|| / ||w|| of the block's last sampled "
-               "optimizer update.", BLOCK,
-               lambda s, b: float(s.update_ratio.get(b, math.nan))),
-    MetricSpec("torchvitals_activation_mean", "gauge", "Mean of the block's output (last "
-               "sample).", BLOCK, _activation("mean")),
-    MetricSpec("torchvitals_activation_rms", "gauge", "RMS of the block's output (last sample).",
-               BLOCK, _activation("rms")),
-    MetricSpec("torchvitals_activation_abs_max", "gauge", "Max |x| of the block's output (last "
-               "sample).", BLOCK, _activation("abs_max")),
-    MetricSpec("torchvitals_activation_zero_ratio", "gauge", "Fraction of the block's outputs "
-               "that are exactly 0 (last sample).", BLOCK, _activation("zero_fraction")),
-    MetricSpec("torchvitals_activation_saturated_ratio", "gauge", "Fraction of the block's "
-               "outputs with |x| >= saturation_level (last sample).", BLOCK,
-               _activation("saturation_fraction")),
-    MetricSpec("torchvitals_activation_nonfinite", "gauge", "NaN/Inf elements in the block's "
-               "output (last sample).", BLOCK, _activation("nonfinite")),
-    MetricSpec("torchvitals_attention_entropy_min", "gauge", "Lowest per-head attention entropy "
-               "in the block, nats (last sample; NaN without attention).", BLOCK,
-               _activation("attention_entropy")),
-    MetricSpec("torchvitals_attention_logit_max", "gauge", "Largest attention logit in the block "
-               "(last sample; from record_attention(logits=...)).", BLOCK,
-               _activation("attention_logit_max")),
-    MetricSpec("torchvitals_loss_scale", "gauge", "GradScaler scale used at the last step (only "
-               "when a scaler is passed to agent.step).", GLOBAL,
-               lambda s: None if s.report is None or s.report.loss_scale is None
-               else float(s.report.loss_scale)),
-    MetricSpec("torchvitals_rollbacks_total", "counter", "Rollbacks to a healthy checkpoint (this "
-               "process).", GLOBAL, lambda s: _recovery(s, "rollbacks")),
-    MetricSpec("torchvitals_last_healthy_step", "gauge", "Step of the last healthy checkpoint.",
-               GLOBAL, lambda s: _recovery(s, "last_healthy_step")),
-    MetricSpec("torchvitals_learning_rate", "gauge", "Learning rate the param group stepped with "
-               "at the last step (what its scheduler, framework or loop set, times the back-off).",
-               GROUP, lambda s, group: float(s.report.lr[group])),
-    MetricSpec("torchvitals_lr_scale", "gauge", "Factor the rollbacks' back-off left on the "
-               "learning rate.", GLOBAL, lambda s: _recovery(s, "lr_scale")),
-    MetricSpec("torchvitals_skipped_batches_total", "counter", "Batches never trained on after "
-               "rollbacks (the skip list).", GLOBAL, lambda s: _recovery(s, "skipped_batches")),
-    MetricSpec("torchvitals_checkpoint_seconds", "gauge", "Duration of the last healthy "
-               "checkpoint save (the background write, when staged).", GLOBAL,
-               lambda s: _recovery(s, "checkpoint_seconds")),
-    MetricSpec("torchvitals_checkpoint_stall_seconds", "gauge", "How long the last healthy "
-               "checkpoint stalled training (the staging copy, or the whole synchronous save).",
-               GLOBAL, lambda s: _recovery(s, "checkpoint_stall_seconds")),
-    MetricSpec("torchvitals_checkpoint_failures_total", "counter", "Healthy checkpoints that "
-               "failed on some rank and were not committed.", GLOBAL,
-               lambda s: _recovery(s, "checkpoint_failures")),
-    MetricSpec("torchvitals_verdicts_total", "counter", "Verdicts emitted, by pattern.", PATTERN,
-               lambda s, p: float(s.verdicts.get(p, 0))),
-    MetricSpec("torchvitals_active_verdicts", "gauge", "Blocks (or 1 for job-wide patterns) in "
-               "which the pattern is currently active.", PATTERN,
-               lambda s, p: float(s.active.get(p, 0))),
+    MetricSpec(
+        "torchvitals_grad_norm_global",
+        "gauge",
+        "L2 norm of all gradients before clipping.",
+        GLOBAL,
+        _last("grad_norm_total"),
+    ),
+    MetricSpec(
+        "torchvitals_clip_coefficient",
+        "gauge",
+        "Factor the gradients were scaled by (1 without clipping).",
+        GLOBAL,
+        _last("clip_coef"),
+    ),
+    MetricSpec(
+        "torchvitals_grad_norm",
+        "gauge",
+        "L2 norm of the block's gradient.",
+        BLOCK,
+        lambda s, b: math.nan if s.report is None else float(s.report.grad_norm.get(b, math.nan)),
+    ),
+    MetricSpec(
+        "torchvitals_update_ratio",
+        "gauge",
+        "||dw|| / ||w|| of the block's last sampled optimizer update.",
+        BLOCK,
+        lambda s, b: float(s.update_ratio.get(b, math.nan)),
+    ),
+    MetricSpec(
+        "torchvitals_activation_mean",
+        "gauge",
+        "Mean of the block's output (last sample).",
+        BLOCK,
+        _activation("mean"),
+    ),
+    MetricSpec(
+        "torchvitals_activation_rms",
+        "gauge",
+        "RMS of the block's output (last sample).",
+        BLOCK,
+        _activation("rms"),
+    ),
+    MetricSpec(
+        "torchvitals_activation_abs_max",
+        "gauge",
+        "Max |x| of the block's output (last sample).",
+        BLOCK,
+        _activation("abs_max"),
+    ),
+    MetricSpec(
+        "torchvitals_activation_zero_ratio",
+        "gauge",
+        "Fraction of the block's outputs that are exactly 0 (last sample).",
+        BLOCK,
+        _activation("zero_fraction"),
+    ),
+    MetricSpec(
+        "torchvitals_activation_saturated_ratio",
+        "gauge",
+        "Fraction of the block's outputs with |x| >= saturation_level (last sample).",
+        BLOCK,
+        _activation("saturation_fraction"),
+    ),
+    MetricSpec(
+        "torchvitals_activation_nonfinite",
+        "gauge",
+        "NaN/Inf elements in the block's output (last sample).",
+        BLOCK,
+        _activation("nonfinite"),
+    ),
+    MetricSpec(
+        "torchvitals_attention_entropy_min",
+        "gauge",
+        "Lowest per-head attention entropy "
+        "in the block, nats (last sample; NaN without attention).",
+        BLOCK,
+        _activation("attention_entropy"),
+    ),
+    MetricSpec(
+        "torchvitals_attention_logit_max",
+        "gauge",
+        "Largest attention logit in the block (last sample; from record_attention(logits=...)).",
+        BLOCK,
+        _activation("attention_logit_max"),
+    ),
+    MetricSpec(
+        "torchvitals_loss_scale",
+        "gauge",
+        "GradScaler scale used at the last step (only when a scaler is passed to agent.step).",
+        GLOBAL,
+        lambda s: (
+            None if s.report is None or s.report.loss_scale is None else float(s.report.loss_scale)
+        ),
+    ),
+    MetricSpec(
+        "torchvitals_rollbacks_total",
+        "counter",
+        "Rollbacks to a healthy checkpoint (this process).",
+        GLOBAL,
+        lambda s: _recovery(s, "rollbacks"),
+    ),
+    MetricSpec(
+        "torchvitals_last_healthy_step",
+        "gauge",
+        "Step of the last healthy checkpoint.",
+        GLOBAL,
+        lambda s: _recovery(s, "last_healthy_step"),
+    ),
+    MetricSpec(
+        "torchvitals_learning_rate",
+        "gauge",
+        "Learning rate the param group stepped with "
+        "at the last step (what its scheduler, framework or loop set, times the back-off).",
+        GROUP,
+        lambda s, group: float(s.report.lr[group]),
+    ),
+    MetricSpec(
+        "torchvitals_lr_scale",
+        "gauge",
+        "Factor the rollbacks' back-off left on the learning rate.",
+        GLOBAL,
+        lambda s: _recovery(s, "lr_scale"),
+    ),
+    MetricSpec(
+        "torchvitals_skipped_batches_total",
+        "counter",
+        "Batches never trained on after rollbacks (the skip list).",
+        GLOBAL,
+        lambda s: _recovery(s, "skipped_batches"),
+    ),
+    MetricSpec(
+        "torchvitals_checkpoint_seconds",
+        "gauge",
+        "Duration of the last healthy checkpoint save (the background write, when staged).",
+        GLOBAL,
+        lambda s: _recovery(s, "checkpoint_seconds"),
+    ),
+    MetricSpec(
+        "torchvitals_checkpoint_stall_seconds",
+        "gauge",
+        "How long the last healthy "
+        "checkpoint stalled training (the staging copy, or the whole synchronous save).",
+        GLOBAL,
+        lambda s: _recovery(s, "checkpoint_stall_seconds"),
+    ),
+    MetricSpec(
+        "torchvitals_checkpoint_failures_total",
+        "counter",
+        "Healthy checkpoints that failed on some rank and were not committed.",
+        GLOBAL,
+        lambda s: _recovery(s, "checkpoint_failures"),
+    ),
+    MetricSpec(
+        "torchvitals_verdicts_total",
+        "counter",
+        "Verdicts emitted, by pattern.",
+        PATTERN,
+        lambda s, p: float(s.verdicts.get(p, 0)),
+    ),
+    MetricSpec(
+        "torchvitals_active_verdicts",
+        "gauge",
+        "Blocks (or 1 for job-wide patterns) in which the pattern is currently active.",
+        PATTERN,
+        lambda s, p: float(s.active.get(p, 0)),
+    ),
 )

@@ -30,8 +30,12 @@ DEFAULT_PORT = 19400
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 """Where each launcher puts a process's rank on its node, in the order they are read."""
 
-LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                   "MPI_LOCALNRANKS")
+LOCAL_SIZE_VARS = (
+    "LOCAL_WORLD_SIZE",
+    "SLURM_NTASKS_PER_NODE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+)
 """Where each launcher puts the number of ranks on a node (same order)."""
 
 FALLBACK_STEPS = 4
@@ -50,8 +54,11 @@ def _first_int(names: tuple[str, ...], env: Mapping[str, str]) -> tuple[int, str
             value = int(raw)
         except ValueError:
             # Slurm writes some counts as "4(x2)"; anything else unreadable is skipped, named.
-            log.warning("torchvitals: %s=%r is not an integer; reading the next launcher's "
-                        "variable", name, raw)
+            log.warning(
+                "torchvitals: %s=%r is not an integer; reading the next launcher's variable",
+                name,
+                raw,
+            )
             continue
         if value >= 0:
             return value, name
@@ -76,8 +83,9 @@ def local_size(env: Mapping[str, str] | None = None) -> int:
     return UNKNOWN_LOCAL_SIZE if found is None or found[0] < 1 else found[0]
 
 
-def candidates(base: int, local_rank: int, local_size: int,
-               steps: int = FALLBACK_STEPS) -> Iterator[int]:
+def candidates(
+    base: int, local_rank: int, local_size: int, steps: int = FALLBACK_STEPS
+) -> Iterator[int]:
     """The ports a rank tries in order: its own, ``steps`` more one node-width apart, then 0.
 
     Args:

@@ -21,9 +21,13 @@ class RenderCache:
     """The exposition bytes per content type, rendered again when the exporter's version changed
     (a new step) or ``min_interval_s`` passed (host vitals are read at render time)."""
 
-    def __init__(self, render: Callable[[str], tuple[bytes, str]], version: Callable[[], int],
-                 min_interval_s: float = MIN_RENDER_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        render: Callable[[str], tuple[bytes, str]],
+        version: Callable[[], int],
+        min_interval_s: float = MIN_RENDER_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._render, self._version, self._clock = render, version, clock
         self.min_interval_s = min_interval_s
         self._lock = threading.Lock()
@@ -40,6 +44,6 @@ class RenderCache:
             body, content_type = self._render(accept)
             self.renders += 1
             self._cache[accept] = (version, now, body, content_type)
-            if len(self._cache) > 8:        # a client cycling Accept headers stays bounded
+            if len(self._cache) > 8:  # a client cycling Accept headers stays bounded
                 self._cache.pop(next(iter(self._cache)))
             return body, content_type

@@ -61,14 +61,24 @@ ACCEPT_BACKOFF_S = (0.005, 1.0)
 """After an accept error that is not one client's (EMFILE, ENFILE, ENOBUFS...), the listener is
 left alone this long, doubling from the first to the second (Go's net/http Server.Serve)."""
 
-_HEAD_END = re.compile(rb"\n\r?\n")    # http.server takes bare LF line ends too
-_CLIENT_GONE = frozenset({
-    errno.ECONNABORTED, errno.ECONNRESET, errno.EPERM,
-    # accept(2) on Linux: "already-pending network errors on the new socket" come back as
-    # accept's error; "treat them like EAGAIN by retrying".
-    errno.ENETDOWN, errno.EPROTO, errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.EHOSTUNREACH,
-    errno.EOPNOTSUPP, errno.ENETUNREACH, *([errno.ENONET] if hasattr(errno, "ENONET") else []),
-})
+_HEAD_END = re.compile(rb"\n\r?\n")  # http.server takes bare LF line ends too
+_CLIENT_GONE = frozenset(
+    {
+        errno.ECONNABORTED,
+        errno.ECONNRESET,
+        errno.EPERM,
+        # accept(2) on Linux: "already-pending network errors on the new socket" come back as
+        # accept's error; "treat them like EAGAIN by retrying".
+        errno.ENETDOWN,
+        errno.EPROTO,
+        errno.ENOPROTOOPT,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.EOPNOTSUPP,
+        errno.ENETUNREACH,
+        *([errno.ENONET] if hasattr(errno, "ENONET") else []),
+    }
+)
 """accept() errors that cost one pending connection, not the listener: nothing to report."""
 
 
@@ -86,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.rfile.close()
-        self.rfile = io.BytesIO(self._head)   # nothing left to read from the socket: no stall
+        self.rfile = io.BytesIO(self._head)  # nothing left to read from the socket: no stall
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self._answer(body=True)
@@ -114,7 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass          # a scrape every few seconds is not news
+        pass  # a scrape every few seconds is not news
 
 
 @dataclasses.dataclass(eq=False)
@@ -153,16 +163,24 @@ class MetricsServer:
     """Unexpected errors the selector thread survived (each logged the first time): zero unless
     this module has a bug."""
 
-    def __init__(self, cache: RenderCache, host: str, port: int, *, tls: TLS | None = None,
-                 workers: int = WORKERS, max_connections: int = MAX_CONNECTIONS,
-                 idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 selector: selectors.BaseSelector | None = None) -> None:
+    def __init__(
+        self,
+        cache: RenderCache,
+        host: str,
+        port: int,
+        *,
+        tls: TLS | None = None,
+        workers: int = WORKERS,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        selector: selectors.BaseSelector | None = None,
+    ) -> None:
         self.max_connections, self.idle_timeout_s = max_connections, idle_timeout_s
         self._ssl = tls.context() if tls is not None else None
         self._handler = type("Handler", (_Handler,), {"cache": cache, "timeout": idle_timeout_s})
         # Owned by the selector thread alone: in accept order, so the first is the oldest.
         self._waiting: dict[socket.socket, _Waiting] = {}
-        self._accept_delay_s = 0.0      # > 0: accepting failed, paused for this long
+        self._accept_delay_s = 0.0  # > 0: accepting failed, paused for this long
         self._resume_accept_at: float | None = None
         self.loop_faults = 0
         # Shared with the workers, under the lock.
@@ -171,10 +189,11 @@ class MetricsServer:
         self._serving: set[socket.socket] = set()
         self._closing = False
         self._stop = threading.Event()
-        with contextlib.ExitStack() as built:   # a constructor that fails releases what it built
+        with contextlib.ExitStack() as built:  # a constructor that fails releases what it built
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             self._listener = built.enter_context(
-                socket.create_server((host, port), family=family, backlog=64))
+                socket.create_server((host, port), family=family, backlog=64)
+            )
             self._listener.setblocking(False)
             self.port = self._listener.getsockname()[1]
             self._selector = built.enter_context(selector or selectors.DefaultSelector())
@@ -184,8 +203,9 @@ class MetricsServer:
             built.enter_context(self._wake_w)
             self._selector.register(self._wake_r, selectors.EVENT_READ)
             self._pool = ThreadPoolExecutor(workers, thread_name_prefix="torchvitals-metrics")
-            self._thread = threading.Thread(target=self._loop, name="torchvitals-metrics-accept",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, name="torchvitals-metrics-accept", daemon=True
+            )
             self._thread.start()
             built.pop_all()
 
@@ -196,11 +216,11 @@ class MetricsServer:
             while not self._stop.is_set():
                 try:
                     self._turn()
-                except Exception:       # a bug here must cost one turn, not /metrics for the run
+                except Exception:  # a bug here must cost one turn, not /metrics for the run
                     self.loop_faults += 1
                     if self.loop_faults == 1:
                         log.exception("torchvitals: /metrics selector thread fault; serving on")
-                    self._stop.wait(0.1)        # the same fault again must not spin
+                    self._stop.wait(0.1)  # the same fault again must not spin
         finally:
             for sock in list(self._waiting):
                 self._drop(sock)
@@ -215,8 +235,8 @@ class MetricsServer:
                 # After the connections in this batch: one whose request arrived is served,
                 # not dropped by the cap for a newcomer.
                 accept = True
-            elif sock in self._waiting:     # else the wake-up socket, or dropped in this batch
-                self._advance(sock)         # type: ignore[arg-type]
+            elif sock in self._waiting:  # else the wake-up socket, or dropped in this batch
+                self._advance(sock)  # type: ignore[arg-type]
         if accept:
             self._accept()
         now = time.monotonic()
@@ -249,16 +269,15 @@ class MetricsServer:
             conn.getpeername()
             conn.setblocking(False)
             if self._ssl is not None:
-                conn = self._ssl.wrap_socket(conn, server_side=True,
-                                             do_handshake_on_connect=False)
-        except OSError:     # reset already (ENOTCONN; or ECONNRESET inside ssl's own check)
+                conn = self._ssl.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        except OSError:  # reset already (ENOTCONN; or ECONNRESET inside ssl's own check)
             conn.close()
             return
         with self._lock:
             held = len(self._waiting) + self._busy
         if held >= self.max_connections:
             if not self._waiting:
-                conn.close()        # every slot busy answering: the client retries next scrape
+                conn.close()  # every slot busy answering: the client retries next scrape
                 return
             self._drop(next(iter(self._waiting)))
         self._waiting[conn] = _Waiting(time.monotonic(), peer, tls_handshake=self._ssl is not None)
@@ -268,11 +287,15 @@ class MetricsServer:
         """Out of file descriptors (say): the pending connection stays queued and the listener
         readable, so retrying at once would spin. Go's net/http backs off the same way."""
         if not self._accept_delay_s:
-            log.warning("torchvitals: /metrics cannot accept connections (%s); retrying with a "
-                        "back-off of up to %.0f s; connections already accepted are served",
-                        exc, ACCEPT_BACKOFF_S[1])
-        self._accept_delay_s = min(ACCEPT_BACKOFF_S[1],
-                                   max(ACCEPT_BACKOFF_S[0], 2 * self._accept_delay_s))
+            log.warning(
+                "torchvitals: /metrics cannot accept connections (%s); retrying with a "
+                "back-off of up to %.0f s; connections already accepted are served",
+                exc,
+                ACCEPT_BACKOFF_S[1],
+            )
+        self._accept_delay_s = min(
+            ACCEPT_BACKOFF_S[1], max(ACCEPT_BACKOFF_S[0], 2 * self._accept_delay_s)
+        )
         self._resume_accept_at = time.monotonic() + self._accept_delay_s
         self._selector.unregister(self._listener)
 
@@ -282,12 +305,12 @@ class MetricsServer:
         waiting = self._waiting[sock]
         try:
             if waiting.tls_handshake:
-                sock.do_handshake()     # type: ignore[attr-defined]  # an ssl.SSLSocket
+                sock.do_handshake()  # type: ignore[attr-defined]  # an ssl.SSLSocket
                 waiting.tls_handshake = False
             while len(waiting.head) <= MAX_HEAD_BYTES:
                 chunk = sock.recv(4096)
                 if not chunk:
-                    break               # closed before the request ended
+                    break  # closed before the request ended
                 start = max(0, len(waiting.head) - 2)
                 waiting.head += chunk
                 if _HEAD_END.search(waiting.head, start):
@@ -299,7 +322,7 @@ class MetricsServer:
         except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
             self._wait_for(sock, waiting, selectors.EVENT_READ)
             return
-        except OSError:                 # reset, or a failed TLS handshake (an ssl.SSLError)
+        except OSError:  # reset, or a failed TLS handshake (an ssl.SSLError)
             pass
         self._drop(sock)
 
@@ -320,7 +343,7 @@ class MetricsServer:
         while self._waiting:
             sock, waiting = next(iter(self._waiting.items()))
             if waiting.since >= before:
-                return                  # accept order: every later one is younger
+                return  # accept order: every later one is younger
             self._drop(sock)
 
     def _drop(self, sock: socket.socket) -> None:
@@ -335,12 +358,12 @@ class MetricsServer:
 
     def _serve(self, conn: socket.socket, head: bytes, peer: tuple) -> None:
         try:
-            if not self._stop.is_set():     # closing: a queued request is closed, not answered
+            if not self._stop.is_set():  # closing: a queued request is closed, not answered
                 self._handler(conn, head, peer, self)
         except OSError:
-            pass                    # a client that left or stopped reading mid-answer
+            pass  # a client that left or stopped reading mid-answer
         finally:
-            with self._lock:        # close() shuts sockets down under it: never a reused fd
+            with self._lock:  # close() shuts sockets down under it: never a reused fd
                 self._serving.discard(conn)
                 self._busy -= 1
                 conn.close()

@@ -37,60 +37,91 @@ class Outputs:
         registry: the Prometheus registry of the exporter (None: a fresh one).
     """
 
-    def __init__(self, config: Config, block_names: list[str], *, rank: int, world_size: int,
-                 registry: Any = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        block_names: list[str],
+        *,
+        rank: int,
+        world_size: int,
+        registry: Any = None,
+    ) -> None:
         local = local_rank()
         base = config.metrics_port
-        tls = (TLS(certfile=config.metrics_certfile, keyfile=config.metrics_keyfile,
-                   client_cafile=config.metrics_client_cafile,
-                   client_auth_required=config.metrics_client_auth_required)
-               if config.metrics_certfile else None)
-        self.exporter = Exporter(block_names, rank=rank, local_rank=local,
-                                 world_size=world_size, port=base + local if base else 0,
-                                 host=config.metrics_host, registry=registry, tls=tls,
-                                 max_connections=config.metrics_max_connections,
-                                 idle_timeout_s=config.metrics_idle_timeout_s,
-                                 strict=config.metrics_port_strict, local_size=local_size())
+        tls = (
+            TLS(
+                certfile=config.metrics_certfile,
+                keyfile=config.metrics_keyfile,
+                client_cafile=config.metrics_client_cafile,
+                client_auth_required=config.metrics_client_auth_required,
+            )
+            if config.metrics_certfile
+            else None
+        )
+        self.exporter = Exporter(
+            block_names,
+            rank=rank,
+            local_rank=local,
+            world_size=world_size,
+            port=base + local if base else 0,
+            host=config.metrics_host,
+            registry=registry,
+            tls=tls,
+            max_connections=config.metrics_max_connections,
+            idle_timeout_s=config.metrics_idle_timeout_s,
+            strict=config.metrics_port_strict,
+            local_size=local_size(),
+        )
         if self.exporter.url is not None:
-            log.info("torchvitals: rank %d (local rank %d, from %s) serves /metrics at %s", rank,
-                     local, local_rank_source() or "no launcher variable", self.exporter.url)
+            log.info(
+                "torchvitals: rank %d (local rank %d, from %s) serves /metrics at %s",
+                rank,
+                local,
+                local_rank_source() or "no launcher variable",
+                self.exporter.url,
+            )
         self.failures: dict[str, int] = {}
         """Sink name -> calls that raised (each sink's first failure is logged in full)."""
         self.target: TargetFile | None = None
         if config.metrics_file_sd_dir and self.exporter.target is not None:
             self.target = TargetFile(config.metrics_file_sd_dir, rank)
-            self.target.write(self.exporter.target, self.exporter.scheme,
-                              job=config.collector_job if config.collector_url else None)
+            self.target.write(
+                self.exporter.target,
+                self.exporter.scheme,
+                job=config.collector_job if config.collector_url else None,
+            )
         self.events: EventLog | None = None
         self.run_dir: str | None = None
         if rank == 0 and config.log_dir:
             run = config.run_name or time.strftime("%Y%m%d-%H%M%S")
             self.run_dir = os.path.join(config.log_dir, run)
-            self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"),
-                                   every=config.log_every)
+            self.events = EventLog(
+                os.path.join(self.run_dir, "events.jsonl"), every=config.log_every
+            )
         self.live = None
         if rank == 0 and config.live:
             from .live import LiveView
+
             # Plain lines: a status line every ~10 steps, on a sampled step (with its ratios).
             every = config.sample_every * math.ceil(10 / config.sample_every)
-            self.live = LiveView(block_names, every=every,
-                                 title=f"torchvitals  {self.exporter.url or ''}".rstrip())
+            self.live = LiveView(
+                block_names, every=every, title=f"torchvitals  {self.exporter.url or ''}".rstrip()
+            )
 
     @property
     def metrics_url(self) -> str | None:
         """The URL this rank's /metrics really serves (None: it serves none)."""
         return self.exporter.url
 
-    def publish(self, report: Report, detector: Detector,
-                recovery: dict[str, float] | None) -> None:
+    def publish(
+        self, report: Report, detector: Detector, recovery: dict[str, float] | None
+    ) -> None:
         """Hand the step's report to every sink; never raises."""
-        self._guarded("metrics", self.exporter.update, report, detector.active_counts(),
-                      recovery)
+        self._guarded("metrics", self.exporter.update, report, detector.active_counts(), recovery)
         if self.events is not None:
             self._guarded("event log", self.events.write, report)
         if self.live is not None:
-            self._guarded("live view", self.live.update, report, detector.active.values(),
-                          recovery)
+            self._guarded("live view", self.live.update, report, detector.active.values(), recovery)
 
     def event(self, event: dict[str, Any]) -> None:
         """Log a non-step event (a validation loss) on global rank 0; never raises."""
@@ -100,11 +131,15 @@ class Outputs:
     def _guarded(self, sink: str, call: Callable[..., Any], *args: Any) -> None:
         try:
             call(*args)
-        except Exception:               # noqa: BLE001 - a sink must never stop the training
+        except Exception:  # noqa: BLE001 - a sink must never stop the training
             count = self.failures[sink] = self.failures.get(sink, 0) + 1
             if count == 1:
-                log.warning("torchvitals: the %s failed; the training goes on without it (later "
-                            "failures are counted, not logged)", sink, exc_info=True)
+                log.warning(
+                    "torchvitals: the %s failed; the training goes on without it (later "
+                    "failures are counted, not logged)",
+                    sink,
+                    exc_info=True,
+                )
 
     def close(self) -> None:
         if self.target is not None:

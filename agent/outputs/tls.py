@@ -38,17 +38,23 @@ class TLS:
         try:
             ctx.load_cert_chain(self.certfile, self.keyfile)
         except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"metrics_certfile {self.certfile!r} / metrics_keyfile "
-                             f"{self.keyfile!r}: not a readable PEM certificate chain and its "
-                             f"key ({exc})") from None
+            raise ValueError(
+                f"metrics_certfile {self.certfile!r} / metrics_keyfile "
+                f"{self.keyfile!r}: not a readable PEM certificate chain and its "
+                f"key ({exc})"
+            ) from None
         if self.client_cafile:
             try:
                 ctx.load_verify_locations(cafile=self.client_cafile)
             except (OSError, ssl.SSLError) as exc:
-                raise ValueError(f"metrics_client_cafile {self.client_cafile!r}: not a readable "
-                                 f"PEM CA bundle ({exc})") from None
+                raise ValueError(
+                    f"metrics_client_cafile {self.client_cafile!r}: not a readable "
+                    f"PEM CA bundle ({exc})"
+                ) from None
             ctx.verify_mode = ssl.CERT_REQUIRED if self.client_auth_required else ssl.CERT_OPTIONAL
         elif self.client_auth_required:
-            raise ValueError("metrics_client_auth_required needs metrics_client_cafile: the CA "
-                             "whose client certificates are accepted")
+            raise ValueError(
+                "metrics_client_auth_required needs metrics_client_cafile: the CA "
+                "whose client certificates are accepted"
+            )
         return ctx

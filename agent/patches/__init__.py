@@ -40,10 +40,33 @@ Private torch names come from ``compat``.
 
 from .base import AttributePatch, ForeignPatchWarning
 from .patch_set import PatchSet
-from .shared import (CLIPPING, DEEPSPEED_ENGINE, MAX_WRAPPERS, SCALER_STEP, ZERO_GRAD,
-                     ClippingPatch, Lease, RoutedPatch, ScalerStepPatch, SharedPatch,
-                     ZeroGradPatch)
+from .shared import (
+    CLIPPING,
+    DEEPSPEED_ENGINE,
+    MAX_WRAPPERS,
+    SCALER_STEP,
+    ZERO_GRAD,
+    ClippingPatch,
+    Lease,
+    RoutedPatch,
+    ScalerStepPatch,
+    SharedPatch,
+    ZeroGradPatch,
+)
 
-__all__ = ["AttributePatch", "ForeignPatchWarning", "PatchSet", "SharedPatch", "RoutedPatch",
-           "Lease", "ScalerStepPatch", "ClippingPatch", "ZeroGradPatch", "SCALER_STEP",
-           "CLIPPING", "ZERO_GRAD", "DEEPSPEED_ENGINE", "MAX_WRAPPERS"]
+__all__ = [
+    "AttributePatch",
+    "ForeignPatchWarning",
+    "PatchSet",
+    "SharedPatch",
+    "RoutedPatch",
+    "Lease",
+    "ScalerStepPatch",
+    "ClippingPatch",
+    "ZeroGradPatch",
+    "SCALER_STEP",
+    "CLIPPING",
+    "ZERO_GRAD",
+    "DEEPSPEED_ENGINE",
+    "MAX_WRAPPERS",
+]

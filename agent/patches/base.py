@@ -43,15 +43,18 @@ class AttributePatch:
 
     def __init__(self, owner: Any, name: str, wrap: Callable[[Any], Any]) -> None:
         self._owner = weakref.ref(owner)
-        self._where = (f"{_describe(owner)}.{name}" if isinstance(owner, (type, types.ModuleType))
-                       else f"{type(owner).__qualname__}.{name} (of one instance)")
+        self._where = (
+            f"{_describe(owner)}.{name}"
+            if isinstance(owner, (type, types.ModuleType))
+            else f"{type(owner).__qualname__}.{name} (of one instance)"
+        )
         self.name, self._wrap = name, wrap
         self.installed = False
         """True from ``install`` until ``uninstall``."""
         self.wrapped: Any = None
         """What the attribute resolved to at install (the replacement calls it through)."""
         self.replacement: Any = None
-        self._before: Any = _MISSING      # the owner's own entry at install (not an inherited one)
+        self._before: Any = _MISSING  # the owner's own entry at install (not an inherited one)
 
     def install(self) -> None:
         """Replace the attribute (once; a second call is an error)."""
@@ -85,13 +88,18 @@ class AttributePatch:
                 else:
                     setattr(owner, self.name, self._before)
                 return True
-            if _same(now, self._before) or (self._before is _MISSING and
-                                            _rebound_inherited(owner, self.name, now)):
-                return True       # someone already put the original back (accelerate does)
-            warnings.warn(ForeignPatchWarning(
-                f"torchvitals: {self._where} was replaced after torchvitals patched it; "
-                f"leaving the newer one in place (torchvitals' replacement inside it now passes "
-                f"every call through)"), stacklevel=3)
+            if _same(now, self._before) or (
+                self._before is _MISSING and _rebound_inherited(owner, self.name, now)
+            ):
+                return True  # someone already put the original back (accelerate does)
+            warnings.warn(
+                ForeignPatchWarning(
+                    f"torchvitals: {self._where} was replaced after torchvitals patched it; "
+                    f"leaving the newer one in place (torchvitals' replacement inside it now passes "
+                    f"every call through)"
+                ),
+                stacklevel=3,
+            )
             return False
 
 
@@ -102,14 +110,21 @@ def _describe(owner: type | types.ModuleType) -> str:
 def _same(a: Any, b: Any) -> bool:
     if a is b:
         return True
-    return (isinstance(a, types.MethodType) and isinstance(b, types.MethodType)
-            and a.__func__ is b.__func__ and a.__self__ is b.__self__)
+    return (
+        isinstance(a, types.MethodType)
+        and isinstance(b, types.MethodType)
+        and a.__func__ is b.__func__
+        and a.__self__ is b.__self__
+    )
 
 
 def _rebound_inherited(owner: Any, name: str, value: Any) -> bool:
     """``value`` is the class's own method bound to ``owner`` (what ``owner.name`` read anyway)."""
-    return (isinstance(value, types.MethodType) and value.__self__ is owner
-            and value.__func__ is getattr(type(owner), name, None))
+    return (
+        isinstance(value, types.MethodType)
+        and value.__self__ is owner
+        and value.__func__ is getattr(type(owner), name, None)
+    )
 
 
 class WeakBound:

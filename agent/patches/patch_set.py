@@ -38,8 +38,9 @@ class PatchSet:
         self._finalizer: weakref.finalize | None = None
         self.closed = False
 
-    def replace_step(self, optimizer: torch.optim.Optimizer,
-                     step: Callable[..., Any]) -> AttributePatch:
+    def replace_step(
+        self, optimizer: torch.optim.Optimizer, step: Callable[..., Any]
+    ) -> AttributePatch:
         """Install ``step(closure=None)`` as ``optimizer.step`` (this instance only).
 
         Args:
@@ -52,12 +53,14 @@ class PatchSet:
             The patch; the caller keeps it (the set holds it weakly), ``wrapped`` is the step
             it replaced.
         """
+
         def method(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
             return step(*args, **kwargs)
 
         mark_step_wrapped(method)
-        patch = AttributePatch(optimizer, "step",
-                               lambda _original: types.MethodType(method, optimizer))
+        patch = AttributePatch(
+            optimizer, "step", lambda _original: types.MethodType(method, optimizer)
+        )
         patch.install()
         self._steps.append(weakref.ref(patch))
         return patch
@@ -81,6 +84,7 @@ class PatchSet:
                 if before is not None:
                     before()
                 return original(*args, **kwargs)
+
             return types.MethodType(zero_grad, optimizer)
 
         patch = AttributePatch(optimizer, "zero_grad", wrap)
@@ -107,8 +111,9 @@ class PatchSet:
                 self.before_zero_grad(module, fn)
             module = wrapped_module(module)
 
-    def route_scaler_step(self, optimizer: torch.optim.Optimizer,
-                          handler: Callable[[Any], Any]) -> None:
+    def route_scaler_step(
+        self, optimizer: torch.optim.Optimizer, handler: Callable[[Any], Any]
+    ) -> None:
         """Route ``GradScaler.step(optimizer)`` to ``handler(scaler)`` (see ``ScalerStepPatch``)."""
         self._leases.append(SCALER_STEP.route(optimizer, handler))
 

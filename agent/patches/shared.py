@@ -159,9 +159,12 @@ class ScalerStepPatch(RoutedPatch):
                 if handler is None or not scaler.is_enabled():
                     return original(scaler, optimizer, *args, **kwargs)
                 if "closure" in kwargs or any(a is not None for a in args):
-                    raise TorchvitalsError("GradScaler.step(optimizer, closure) is not "
-                                           "supported: torch's GradScaler refuses closures too")
+                    raise TorchvitalsError(
+                        "GradScaler.step(optimizer, closure) is not "
+                        "supported: torch's GradScaler refuses closures too"
+                    )
                 return handler(scaler)
+
             return step
 
         return [AttributePatch(GradScaler, "step", wrap)]
@@ -219,8 +222,9 @@ class ClippingPatch(SharedPatch):
             def _clip_grads_with_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
                 if generation.live:
                     # A generator can be read once: read it here and hand the list on.
-                    parameters = ([parameters] if isinstance(parameters, torch.Tensor)
-                                  else list(parameters))
+                    parameters = (
+                        [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+                    )
                     clipped = {id(p) for p in parameters}
                     for ref, mine in list(self._captures):
                         fn = ref()
@@ -231,8 +235,10 @@ class ClippingPatch(SharedPatch):
             made[id(original)] = _clip_grads_with_norm_
             return _clip_grads_with_norm_
 
-        patches = [AttributePatch(clip_grad, CLIP_SCALE, wrap),
-                   AttributePatch(torch.nn.utils, "clip_grads_with_norm_", wrap)]
+        patches = [
+            AttributePatch(clip_grad, CLIP_SCALE, wrap),
+            AttributePatch(torch.nn.utils, "clip_grads_with_norm_", wrap),
+        ]
         # DeepSpeed's engine clips with its own clip_grad_norm_ (ZeRO off), imported by name
         # into its module: measured before it too, when DeepSpeed is loaded (watch(engine, ...)).
         engine = sys.modules.get(DEEPSPEED_ENGINE)
@@ -273,6 +279,7 @@ class ZeroGradPatch(RoutedPatch):
                 if handler is not None:
                     handler()
                 return original(module, *args, **kwargs)
+
             return zero_grad
 
         return [AttributePatch(torch.nn.Module, "zero_grad", wrap)]

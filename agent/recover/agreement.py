@@ -102,14 +102,16 @@ def failures(results: list[tuple[bool, Any]]) -> str:
     for rank, (ok, value) in enumerate(results):
         if not ok:
             ranks.setdefault(value, []).append(str(rank))
-    return "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(r)}: {error}"
-                     for error, r in ranks.items())
+    return "; ".join(
+        f"rank{'s' * (len(r) > 1)} {', '.join(r)}: {error}" for error, r in ranks.items()
+    )
 
 
 def describe(e: BaseException) -> str:
     """One line for an error: DCP's per-rank failures each named, a ``CheckpointError`` as it
     reads, anything else with its type."""
-    if isinstance(e, dcp.CheckpointException):      # one (exception, traceback) per failed rank
-        return "; ".join(f"DCP on rank {r}: {describe(exc)}"
-                         for r, (exc, _) in sorted(e.failures.items()))
+    if isinstance(e, dcp.CheckpointException):  # one (exception, traceback) per failed rank
+        return "; ".join(
+            f"DCP on rank {r}: {describe(exc)}" for r, (exc, _) in sorted(e.failures.items())
+        )
     return str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {str(e).strip()}"

@@ -76,8 +76,12 @@ class BackgroundSaver:
         if self.pending is not None:
             raise RuntimeError("a checkpoint write is already in flight")
         self.pending, self._result = snap, None
-        self._thread = threading.Thread(target=self._write, args=(snap,), daemon=True,
-                                        name=f"torchvitals-checkpoint-{snap.step}")
+        self._thread = threading.Thread(
+            target=self._write,
+            args=(snap,),
+            daemon=True,
+            name=f"torchvitals-checkpoint-{snap.step}",
+        )
         _writers.add(self._thread)
         self._thread.start()
 
@@ -106,9 +110,13 @@ class BackgroundSaver:
         if self.pending is None or reduced[0] < world_size:
             return None
         outcome = self.wait()
-        if outcome.ok and reduced[1] > 0:      # cannot happen: the phases agree; be safe
-            log.error("torchvitals: checkpoint of step %d committed here but failed on %d "
-                      "rank(s); not trusting it", outcome.step, int(reduced[1]))
+        if outcome.ok and reduced[1] > 0:  # cannot happen: the phases agree; be safe
+            log.error(
+                "torchvitals: checkpoint of step %d committed here but failed on %d "
+                "rank(s); not trusting it",
+                outcome.step,
+                int(reduced[1]),
+            )
             outcome.ok, outcome.error = False, f"failed on {int(reduced[1])} rank(s)"
         return outcome
 

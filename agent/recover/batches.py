@@ -60,7 +60,7 @@ class SkipAwareBatches:
         self._loader = loader
         if self._loader_state is not None and _stateful(loader):
             state, self.drawn = self._loader_state
-            loader.load_state_dict(state)        # continues mid-epoch, reading nothing twice
+            loader.load_state_dict(state)  # continues mid-epoch, reading nothing twice
         self._loader_state = None
         for batch in loader:
             index = self.drawn
@@ -78,8 +78,11 @@ def _encode(value: Any) -> Any:
     """JSON-safe copy of a loader state: tensors (a sampler's generator) as base64."""
     if isinstance(value, torch.Tensor):
         data = value.detach().cpu().contiguous()
-        return {"__tensor__": base64.b64encode(data.view(torch.uint8).numpy().tobytes()).decode(),
-                "dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape)}
+        return {
+            "__tensor__": base64.b64encode(data.view(torch.uint8).numpy().tobytes()).decode(),
+            "dtype": str(data.dtype).removeprefix("torch."),
+            "shape": list(data.shape),
+        }
     if isinstance(value, dict):
         return {str(k): _encode(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

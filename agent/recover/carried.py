@@ -59,15 +59,24 @@ class CarriedState:
         Raises:
             CarriedStateError: the document does not fit.
         """
-        raw = json.dumps({"version": VERSION, "step": self.step, "lr_scale": self.lr_scale,
-                          "skipped": [list(r) for r in self.skipped], "position": self.position,
-                          "rollbacks_ago": list(self.rollbacks_ago)},
-                         separators=(",", ":")).encode()
+        raw = json.dumps(
+            {
+                "version": VERSION,
+                "step": self.step,
+                "lr_scale": self.lr_scale,
+                "skipped": [list(r) for r in self.skipped],
+                "position": self.position,
+                "rollbacks_ago": list(self.rollbacks_ago),
+            },
+            separators=(",", ":"),
+        ).encode()
         if len(raw) > CAPACITY:
-            raise CarriedStateError(f"the watchdog's state is {len(raw)} bytes, over the "
-                                    f"{CAPACITY} a framework checkpoint carries")
+            raise CarriedStateError(
+                f"the watchdog's state is {len(raw)} bytes, over the "
+                f"{CAPACITY} a framework checkpoint carries"
+            )
         out = torch.zeros(CAPACITY, dtype=torch.uint8)
-        out[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        out[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         return out
 
     @classmethod
@@ -78,8 +87,9 @@ class CarriedState:
             CarriedStateError: not such a tensor, or a value no run could have written.
         """
         if tensor.dtype != torch.uint8 or tensor.dim() != 1:
-            raise CarriedStateError(f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)}, "
-                                    "not torchvitals' state")
+            raise CarriedStateError(
+                f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)}, not torchvitals' state"
+            )
         raw = bytes(tensor.cpu().numpy().tobytes()).rstrip(b"\0")
         try:
             doc = json.loads(raw.decode())
@@ -100,16 +110,27 @@ class CarriedState:
         if not (count(step) and count(position)):
             raise CarriedStateError(f"step {step!r} and position {position!r} must be counts")
         if not (type(scale) in (int, float) and math.isfinite(scale) and 0 < scale <= 1):
-            raise CarriedStateError(f"lr_scale {scale!r} is not in (0, 1]: each rollback "
-                                    "multiplies it by lr_backoff <= 1, from 1")
-        if not (isinstance(skipped, list) and all(
+            raise CarriedStateError(
+                f"lr_scale {scale!r} is not in (0, 1]: each rollback "
+                "multiplies it by lr_backoff <= 1, from 1"
+            )
+        if not (
+            isinstance(skipped, list)
+            and all(
                 isinstance(r, list) and len(r) == 2 and all(count(x) for x in r) and r[0] < r[1]
-                for r in skipped)):
+                for r in skipped
+            )
+        ):
             raise CarriedStateError(f"skipped {skipped!r} is not a list of [start, stop) ranges")
         if not (isinstance(ago, list) and all(count(a) for a in ago)):
             raise CarriedStateError(f"rollbacks_ago {ago!r} is not a list of tick counts")
-        return cls(step=step, lr_scale=float(scale), skipped=[(a, b) for a, b in skipped],
-                   position=position, rollbacks_ago=ago)
+        return cls(
+            step=step,
+            lr_scale=float(scale),
+            skipped=[(a, b) for a, b in skipped],
+            position=position,
+            rollbacks_ago=ago,
+        )
 
 
 def carried_state(watchdog: Any, *, step: int, tick: int) -> CarriedState:
@@ -122,9 +143,13 @@ def carried_state(watchdog: Any, *, step: int, tick: int) -> CarriedState:
     """
     if watchdog is None:
         return CarriedState(step=step)
-    return CarriedState(step=step, lr_scale=watchdog.lr_scale,
-                        skipped=list(watchdog.ledger.skipped), position=watchdog.data.position,
-                        rollbacks_ago=watchdog.rollback_policy.history(tick))
+    return CarriedState(
+        step=step,
+        lr_scale=watchdog.lr_scale,
+        skipped=list(watchdog.ledger.skipped),
+        position=watchdog.data.position,
+        rollbacks_ago=watchdog.rollback_policy.history(tick),
+    )
 
 
 def adopt(watchdog: Any, state: CarriedState, *, tick: int, source: str) -> None:
@@ -145,6 +170,13 @@ def adopt(watchdog: Any, state: CarriedState, *, tick: int, source: str) -> None
     policy.lr_scale = scale
     policy.remember(state.rollbacks_ago, tick)
     watchdog.data.resume_at = max(watchdog.data.resume_at, state.position)
-    watchdog.say("torchvitals: resumed from %s: step %d, learning-rate scale %g, %d batches "
-                 "skipped, %d recent rollbacks counted (ledger %s)", source, state.step, scale,
-                 ledger.skipped.batches(), len(state.rollbacks_ago), ledger.path)
+    watchdog.say(
+        "torchvitals: resumed from %s: step %d, learning-rate scale %g, %d batches "
+        "skipped, %d recent rollbacks counted (ledger %s)",
+        source,
+        state.step,
+        scale,
+        ledger.skipped.batches(),
+        len(state.rollbacks_ago),
+        ledger.path,
+    )

@@ -76,11 +76,18 @@ class CheckpointStore:
             so the allow-list never loses a committed checkpoint).
     """
 
-    def __init__(self, root: str | os.PathLike, *, keep: int = 3, group: dist.ProcessGroup | None = None,
-                 clock: Callable[[], float] = time.perf_counter, key: CheckpointKey | None = None,
-                 trust_unsigned: bool = False,
-                 allowed: Callable[[], set[str]] | None = None,
-                 on_commit: Callable[[int, Path], None] | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        keep: int = 3,
+        group: dist.ProcessGroup | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        key: CheckpointKey | None = None,
+        trust_unsigned: bool = False,
+        allowed: Callable[[], set[str]] | None = None,
+        on_commit: Callable[[int, Path], None] | None = None,
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
@@ -116,6 +123,7 @@ class CheckpointStore:
         Raises:
             CheckpointError: on every rank, naming the folder and what failed where.
         """
+
         def touch() -> None:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".probe-rank-{self._rank:05d}-{os.getpid()}"
@@ -126,15 +134,19 @@ class CheckpointStore:
             probe.unlink()
 
         if errors := failures(self._ranks.gather(touch)):
-            raise CheckpointError(f"checkpoint_dir {self.root} is not a folder every rank can "
-                                  f"write: {errors}")
+            raise CheckpointError(
+                f"checkpoint_dir {self.root} is not a folder every rank can write: {errors}"
+            )
 
     def list(self) -> list[Path]:
         """Committed checkpoint folders, oldest first (not verified: ``load`` verifies)."""
         if not self.root.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.root.iterdir()
-                 if (m := COMMITTED.fullmatch(p.name)) and p.is_dir()]
+        found = [
+            (int(m.group(1)), p)
+            for p in self.root.iterdir()
+            if (m := COMMITTED.fullmatch(p.name)) and p.is_dir()
+        ]
         return [p for _, p in sorted(found)]
 
     def latest(self) -> Path | None:
@@ -142,10 +154,17 @@ class CheckpointStore:
         folders = self.list()
         return folders[-1] if folders else None
 
-    def save(self, step: int, model: torch.nn.Module | None = None,
-             optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
-             extra: dict[str, Any] | None = None, rank_state: dict[str, Any] | None = None,
-             *, staged: Snapshot | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        extra: dict[str, Any] | None = None,
+        rank_state: dict[str, Any] | None = None,
+        *,
+        staged: Snapshot | None = None,
+    ) -> Path:
         """Write a checkpoint of ``step`` and commit it; collective.
 
         Args:
@@ -171,18 +190,26 @@ class CheckpointStore:
         leader = self._rank == 0
         if staged is not None:
             extra, rank_state = staged.extra, staged.rank_state
-        sched_state = staged.scheduler if staged is not None else (
-            None if scheduler is None else scheduler.state_dict())
+        sched_state = (
+            staged.scheduler
+            if staged is not None
+            else (None if scheduler is None else scheduler.state_dict())
+        )
 
         def prepare() -> None:
             if not leader:
                 return
-            state = {"step": step, "world_size": self._world, "time": time.time(),
-                     "scheduler": None if sched_state is None
-                     else jsonable(sched_state, "scheduler.state_dict()"),
-                     "extra": jsonable(extra or {}, "extra")}
+            state = {
+                "step": step,
+                "world_size": self._world,
+                "time": time.time(),
+                "scheduler": None
+                if sched_state is None
+                else jsonable(sched_state, "scheduler.state_dict()"),
+                "extra": jsonable(extra or {}, "extra"),
+            }
             self.root.mkdir(parents=True, exist_ok=True)
-            for stale in self.root.glob(".tmp-*"):     # an interrupted earlier save
+            for stale in self.root.glob(".tmp-*"):  # an interrupted earlier save
                 if stale.is_dir():
                     shutil.rmtree(stale)
                 else:
@@ -199,7 +226,7 @@ class CheckpointStore:
             if self.on_commit is not None:
                 self.on_commit(step, final)
             replaced = self.root / f".tmp-replaced-{name}"
-            if final.exists():      # a step saved again after a rollback: the new one wins
+            if final.exists():  # a step saved again after a rollback: the new one wins
                 os.rename(final, replaced)
             try:
                 os.rename(tmp, final)
@@ -211,17 +238,30 @@ class CheckpointStore:
             shutil.rmtree(replaced, ignore_errors=True)
 
         self._agree("preparing", prepare, step, tmp)
-        self._agree("writing the RNG states",
-                    lambda: self._write_rank_files(tmp, rank_state,
-                                                   staged.rng if staged is not None else None),
-                    step, tmp)
-        self._agree("writing the model and optimizer shards",
-                    lambda: write_shards(tmp, staged.tensors if staged is not None
-                                         else live_tensors(model, optimizer), self._ranks),
-                    step, tmp)
+        self._agree(
+            "writing the RNG states",
+            lambda: self._write_rank_files(
+                tmp, rank_state, staged.rng if staged is not None else None
+            ),
+            step,
+            tmp,
+        )
+        self._agree(
+            "writing the model and optimizer shards",
+            lambda: write_shards(
+                tmp,
+                staged.tensors if staged is not None else live_tensors(model, optimizer),
+                self._ranks,
+            ),
+            step,
+            tmp,
+        )
         try:
-            files = digests(tmp, self._ranks.on_leader(
-                lambda: sorted(p.name for p in tmp.iterdir()), self.root), self._ranks)
+            files = digests(
+                tmp,
+                self._ranks.on_leader(lambda: sorted(p.name for p in tmp.iterdir()), self.root),
+                self._ranks,
+            )
         except CheckpointError as e:
             self._fail("hashing the files", str(e), step, tmp)
         self._agree("committing", commit, step, tmp)
@@ -230,8 +270,13 @@ class CheckpointStore:
         self.last_save_seconds = self._clock() - start
         return final
 
-    def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
-             path: str | os.PathLike | None = None) -> Restored:
+    def load(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any = None,
+        path: str | os.PathLike | None = None,
+    ) -> Restored:
         """Restore model, optimizer, scheduler and this rank's RNG states in place; collective.
 
         Args:
@@ -257,8 +302,14 @@ class CheckpointStore:
             if problem is None:
                 try:
                     return self._restore(folder, model, optimizer, scheduler, refused)
-                except (CheckpointError, UntrustedCheckpoint, dcp.CheckpointException,
-                        KeyError, ValueError, RuntimeError) as e:
+                except (
+                    CheckpointError,
+                    UntrustedCheckpoint,
+                    dcp.CheckpointException,
+                    KeyError,
+                    ValueError,
+                    RuntimeError,
+                ) as e:
                     # Every rank gets here alike: DCP raises its failures on every rank.
                     problem = f"it failed to load: {describe(e)}"
             if path is not None:
@@ -269,7 +320,8 @@ class CheckpointStore:
         raise CheckpointError(
             f"no checkpoint under {self.root} verifies and loads ({reasons}).\nThe model and "
             f"optimizer may hold a partial load: restart from a checkpoint you trust (point "
-            f"checkpoint_dir at it), or start afresh with a new checkpoint_dir")
+            f"checkpoint_dir at it), or start afresh with a new checkpoint_dir"
+        )
 
     def _candidates(self) -> list[str]:
         """Committed folders the ledger recorded, newest first (rank 0)."""
@@ -279,14 +331,21 @@ class CheckpointStore:
         found = []
         for folder in reversed(self.list()):
             if allowed is not None and folder.name not in allowed:
-                log.warning("ignoring %s: the ledger never recorded it (not this job's save)",
-                            folder)
+                log.warning(
+                    "ignoring %s: the ledger never recorded it (not this job's save)", folder
+                )
                 continue
             found.append(str(folder))
         return found
 
-    def _restore(self, folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any, refused: list[tuple[Path, str]]) -> Restored:
+    def _restore(
+        self,
+        folder: Path,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        refused: list[tuple[Path, str]],
+    ) -> Restored:
         state = json.loads((folder / STATE).read_text())
         if scheduler is not None and state["scheduler"] is None:
             raise CheckpointError(f"{folder} holds no scheduler state, but a scheduler was passed")
@@ -296,17 +355,30 @@ class CheckpointStore:
         rng = folder / f"rng-rank-{self._rank:05d}.json"
         if state["world_size"] == self._world:
             set_rng_state(json.loads(rng.read_text()))
-        else:   # DCP reshards the tensors; per-rank RNG streams have no such mapping
-            log.warning("%s was saved by %d ranks, now %d: RNG states not restored",
-                        folder, state["world_size"], self._world)
+        else:  # DCP reshards the tensors; per-rank RNG streams have no such mapping
+            log.warning(
+                "%s was saved by %d ranks, now %d: RNG states not restored",
+                folder,
+                state["world_size"],
+                self._world,
+            )
         mine = folder / f"data-rank-{self._rank:05d}.json"
-        rank_state = (json.loads(mine.read_text())
-                      if mine.exists() and state["world_size"] == self._world else None)
-        return Restored(step=state["step"], path=folder, extra=state["extra"],
-                        rank_state=rank_state, refused=refused)
+        rank_state = (
+            json.loads(mine.read_text())
+            if mine.exists() and state["world_size"] == self._world
+            else None
+        )
+        return Restored(
+            step=state["step"],
+            path=folder,
+            extra=state["extra"],
+            rank_state=rank_state,
+            refused=refused,
+        )
 
-    def _write_rank_files(self, tmp: Path, rank_state: dict[str, Any] | None,
-                          rng: dict[str, Any] | None) -> None:
+    def _write_rank_files(
+        self, tmp: Path, rank_state: dict[str, Any] | None, rng: dict[str, Any] | None
+    ) -> None:
         write_json(tmp / f"rng-rank-{self._rank:05d}.json", rng if rng is not None else rng_state())
         if rank_state is not None:
             write_json(tmp / f"data-rank-{self._rank:05d}.json", jsonable(rank_state, "rank_state"))
@@ -319,11 +391,13 @@ class CheckpointStore:
     def _fail(self, phase: str, why: str, step: int, tmp: Path) -> NoReturn:
         if self._rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        if self._distributed:       # every rank raises only once the folder is settled
+        if self._distributed:  # every rank raises only once the folder is settled
             dist.barrier(group=self._group)
         previous = self.latest()
-        raise CheckpointError(f"saving step {step} into {tmp} failed while {phase}: {why}"
-                              + (f"; the previous checkpoint ({previous}) is untouched" if previous else ""))
+        raise CheckpointError(
+            f"saving step {step} into {tmp} failed while {phase}: {why}"
+            + (f"; the previous checkpoint ({previous}) is untouched" if previous else "")
+        )
 
     def _prune(self) -> None:
         complete = [p for p in self.list() if (p / MANIFEST).is_file()]

@@ -65,8 +65,14 @@ class DirectivePoller:
         run: this run's identity (default: ``run_identity()``).
     """
 
-    def __init__(self, url: str, job: str, poll_seconds: float, token: str | None = None,
-                 run: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        job: str,
+        poll_seconds: float,
+        token: str | None = None,
+        run: str | None = None,
+    ):
         self.url, self.job, self.poll_seconds = url.rstrip("/"), job, poll_seconds
         self._token = token if token is not None else token_from_env()
         self.run = run if run is not None else run_identity()
@@ -76,7 +82,9 @@ class DirectivePoller:
         self.failures = 0
         self._down = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="torchvitals-directives", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="torchvitals-directives", daemon=True
+        )
         self._thread.start()
 
     def code(self) -> float:
@@ -105,8 +113,11 @@ class DirectivePoller:
                 self._failed("poll", exc)
                 continue
             self._recovered()
-            known = [d for d in body.get("directives", [])
-                     if d.get("action") in ACTIONS and d.get("id") not in self._taken]
+            known = [
+                d
+                for d in body.get("directives", [])
+                if d.get("action") in ACTIONS and d.get("id") not in self._taken
+            ]
             with self._lock:
                 if self._pending is None and known:
                     self._pending = known[0]
@@ -122,8 +133,12 @@ class DirectivePoller:
                     return
 
     def _request(self, method: str, path: str) -> dict[str, Any]:
-        req = urllib.request.Request(self.url + path, method=method, data=b"" if method == "POST" else None,
-                                     headers={"Authorization": f"Bearer {self._token}"})
+        req = urllib.request.Request(
+            self.url + path,
+            method=method,
+            data=b"" if method == "POST" else None,
+            headers={"Authorization": f"Bearer {self._token}"},
+        )
         with urllib.request.urlopen(req, timeout=max(1.0, self.poll_seconds)) as resp:
             return json.loads(resp.read().decode() or "{}")
 
@@ -132,8 +147,14 @@ class DirectivePoller:
         if not self._down:
             self._down = True
             reason = _http_reason(exc) if isinstance(exc, urllib.error.HTTPError) else str(exc)
-            log.warning("torchvitals: cannot %s directives at %s (%s); training goes on, "
-                        "retrying every %.1fs", what, self.url, reason, self.poll_seconds)
+            log.warning(
+                "torchvitals: cannot %s directives at %s (%s); training goes on, "
+                "retrying every %.1fs",
+                what,
+                self.url,
+                reason,
+                self.poll_seconds,
+            )
 
     def _recovered(self) -> None:
         if self._down:

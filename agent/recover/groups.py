@@ -79,8 +79,10 @@ class CheckpointGroups:
         with self._lock:
             groups, self._groups = list(self._groups.values()), {}
         if self._busy():
-            log.warning("torchvitals: a checkpoint write is still in flight at exit; its group "
-                        "is left to the interpreter")
+            log.warning(
+                "torchvitals: a checkpoint write is still in flight at exit; its group "
+                "is left to the interpreter"
+            )
             return
         for group in groups:
             if _alive(group):

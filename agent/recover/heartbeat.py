@@ -24,14 +24,19 @@ log = logging.getLogger(__name__)
 
 class Heartbeat:
     """Args:
-        folder: where the rank's heartbeat file lives (created when missing).
-        rank: this process's global rank.
-        interval_s: the least time between two writes in the same phase.
-        clock: wall-clock seconds, written into the file.
+    folder: where the rank's heartbeat file lives (created when missing).
+    rank: this process's global rank.
+    interval_s: the least time between two writes in the same phase.
+    clock: wall-clock seconds, written into the file.
     """
 
-    def __init__(self, folder: str | os.PathLike, rank: int, interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        rank: int,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ):
         self.path = heartbeat_path(folder, rank)
         Path(folder).mkdir(parents=True, exist_ok=True)
         self.rank, self.interval_s, self._clock = rank, interval_s, clock
@@ -48,14 +53,24 @@ class Heartbeat:
         self.phase = self.phase if phase is None else phase
         if changed or now - self._last >= self.interval_s:
             try:
-                write_heartbeat(self.path, step=self.step, time=now, phase=self.phase,
-                                pid=os.getpid(), rank=self.rank, metrics_url=self.metrics_url)
+                write_heartbeat(
+                    self.path,
+                    step=self.step,
+                    time=now,
+                    phase=self.phase,
+                    pid=os.getpid(),
+                    rank=self.rank,
+                    metrics_url=self.metrics_url,
+                )
             except OSError as exc:
                 # A full or vanished folder must not stop the training it reports on; the
                 # supervisor sees the beats stop and acts on that.
                 if not self._failed:
-                    log.warning("torchvitals: cannot write the heartbeat %s (%s); the training "
-                                "goes on", self.path, exc)
+                    log.warning(
+                        "torchvitals: cannot write the heartbeat %s (%s); the training goes on",
+                        self.path,
+                        exc,
+                    )
                 self._failed = True
                 return
             self._failed = False

@@ -70,8 +70,9 @@ class ResumeDecision:
     """For a refusal: both ids and the fix."""
 
 
-def resume_decision(recorded: str | None, current: str | None, *,
-                    folder: str = "the checkpoint folder") -> ResumeDecision:
+def resume_decision(
+    recorded: str | None, current: str | None, *, folder: str = "the checkpoint folder"
+) -> ResumeDecision:
     """Decide from the job id the ledger recorded and this process's.
 
     Args:
@@ -87,8 +88,13 @@ def resume_decision(recorded: str | None, current: str | None, *,
         return ResumeDecision(same_job=False, refuse=False)
     if recorded == current:
         return ResumeDecision(same_job=True, refuse=False)
-    return ResumeDecision(same_job=False, refuse=True, message=(
-        f"{folder} belongs to job {recorded!r}, not to this job {current!r}: a new job would "
-        f"silently inherit another job's weights. Use a new checkpoint_dir for this job, or, to "
-        f"continue job {recorded!r}, run it with {JOB_ID_ENV}={recorded} (or resume=\"auto\", "
-        f"TORCHVITALS_RESUME=auto, to take the folder over)."))
+    return ResumeDecision(
+        same_job=False,
+        refuse=True,
+        message=(
+            f"{folder} belongs to job {recorded!r}, not to this job {current!r}: a new job would "
+            f"silently inherit another job's weights. Use a new checkpoint_dir for this job, or, to "
+            f'continue job {recorded!r}, run it with {JOB_ID_ENV}={recorded} (or resume="auto", '
+            f"TORCHVITALS_RESUME=auto, to take the folder over)."
+        ),
+    )

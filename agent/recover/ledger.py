@@ -29,17 +29,32 @@ from .durable import replace_json
 VERSION = 1
 _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "checkpoint": {"step": (int,), "path": (str,), "time": (int, float)},
-    "rollback": {"step": (int,), "to_step": (int,), "reason": (str,), "lr_scale": (int, float),
-                 "skipped": (list, type(None)), "time": (int, float)},
+    "rollback": {
+        "step": (int,),
+        "to_step": (int,),
+        "reason": (str,),
+        "lr_scale": (int, float),
+        "skipped": (list, type(None)),
+        "time": (int, float),
+    },
     "abort": {"step": (int,), "reason": (str,), "time": (int, float)},
-    "adopt": {"step": (int,), "source": (str,), "lr_scale": (int, float),
-              "skipped": (list,), "time": (int, float)},
+    "adopt": {
+        "step": (int,),
+        "source": (str,),
+        "lr_scale": (int, float),
+        "skipped": (list,),
+        "time": (int, float),
+    },
 }
 
 
 def _scale_ok(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and 0 < value <= 1)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= 1
+    )
 
 
 class LedgerError(TorchvitalsError, RuntimeError):
@@ -75,8 +90,11 @@ class SkipRanges:
         return len(self._ranges)
 
     def __eq__(self, other: object) -> bool:
-        return list(self) == [tuple(r) for r in other] if isinstance(other, (list, tuple, SkipRanges)) \
+        return (
+            list(self) == [tuple(r) for r in other]
+            if isinstance(other, (list, tuple, SkipRanges))
             else NotImplemented
+        )
 
     def __repr__(self) -> str:
         return f"SkipRanges({self._ranges!r})"
@@ -93,8 +111,13 @@ class Ledger:
         clock: wall-clock seconds for the entries' ``time``.
     """
 
-    def __init__(self, path: str | os.PathLike, *, writer: bool = True,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        writer: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = Path(path)
         self.writer = writer
         self._clock = clock
@@ -148,14 +171,27 @@ class Ledger:
         store records it just before its commit, the watchdog once it settled) is a no-op."""
         with self._lock:
             last = self.last_checkpoint
-            if last is not None and last["step"] == step and last["path"] == str(path) and \
-                    not any(e["event"] != "checkpoint" for e in self.entries[self.entries.index(last):]):
+            if (
+                last is not None
+                and last["step"] == step
+                and last["path"] == str(path)
+                and not any(
+                    e["event"] != "checkpoint" for e in self.entries[self.entries.index(last) :]
+                )
+            ):
                 return
             self._append({"event": "checkpoint", "step": step, "path": str(path)})
 
-    def record_rollback(self, step: int, *, to_step: int, reason: str, lr_scale: float,
-                        skipped: tuple[int, int] | None,
-                        positions: tuple[int, int, int] | None = None) -> None:
+    def record_rollback(
+        self,
+        step: int,
+        *,
+        to_step: int,
+        reason: str,
+        lr_scale: float,
+        skipped: tuple[int, int] | None,
+        positions: tuple[int, int, int] | None = None,
+    ) -> None:
         """Every rank went back from ``step`` to the checkpoint of ``to_step``.
 
         Args:
@@ -175,14 +211,21 @@ class Ledger:
         self.lr_scale = float(lr_scale)
         if skipped is not None:
             self.skipped.add(*skipped)
-        entry = {"event": "rollback", "step": step, "to_step": to_step, "reason": reason,
-                 "lr_scale": self.lr_scale, "skipped": list(skipped) if skipped else None}
+        entry = {
+            "event": "rollback",
+            "step": step,
+            "to_step": to_step,
+            "reason": reason,
+            "lr_scale": self.lr_scale,
+            "skipped": list(skipped) if skipped else None,
+        }
         if positions is not None:
             entry.update(from_position=positions[0], position=positions[1], margin=positions[2])
         self._append(entry)
 
-    def record_adopted(self, step: int, *, source: str, lr_scale: float,
-                       skipped: Iterable[tuple[int, int]]) -> None:
+    def record_adopted(
+        self, step: int, *, source: str, lr_scale: float, skipped: Iterable[tuple[int, int]]
+    ) -> None:
         """The run resumed at ``step`` from a checkpoint this folder did not write (a
         framework's own, ``source``) that carried a back-off or skipped batches the ledger
         lacked: from now on ``lr_scale``, and ``skipped`` is never consumed either.
@@ -201,16 +244,27 @@ class Ledger:
         self.lr_scale = float(lr_scale)
         for rng in ranges:
             self.skipped.add(*rng)
-        self._append({"event": "adopt", "step": step, "source": source,
-                      "lr_scale": self.lr_scale, "skipped": [list(r) for r in ranges]})
+        self._append(
+            {
+                "event": "adopt",
+                "step": step,
+                "source": source,
+                "lr_scale": self.lr_scale,
+                "skipped": [list(r) for r in ranges],
+            }
+        )
 
     def record_abort(self, step: int, reason: str) -> None:
         """The job gave up at ``step`` (the loop guard, or a fault recovery cannot fix)."""
         self._append({"event": "abort", "step": step, "reason": reason})
 
     def to_dict(self) -> dict[str, Any]:
-        document = {"version": VERSION, "lr_scale": self.lr_scale,
-                    "skipped": [list(r) for r in self.skipped], "entries": self.entries}
+        document = {
+            "version": VERSION,
+            "lr_scale": self.lr_scale,
+            "skipped": [list(r) for r in self.skipped],
+            "entries": self.entries,
+        }
         if self.job_id is not None:
             document["job_id"] = self.job_id
         return document
@@ -234,12 +288,18 @@ class Ledger:
             raise self._corrupt(f"not a version-{VERSION} ledger document")
         scale = document.get("lr_scale")
         if not _scale_ok(scale):
-            raise self._corrupt(f"lr_scale {scale!r} is not in (0, 1]: each rollback multiplies "
-                                "it by lr_backoff <= 1, from 1")
+            raise self._corrupt(
+                f"lr_scale {scale!r} is not in (0, 1]: each rollback multiplies "
+                "it by lr_backoff <= 1, from 1"
+            )
         skipped = document.get("skipped")
         if not isinstance(skipped, list) or not all(
-                isinstance(r, list) and len(r) == 2 and all(type(i) is int for i in r) and 0 <= r[0] < r[1]
-                for r in skipped):
+            isinstance(r, list)
+            and len(r) == 2
+            and all(type(i) is int for i in r)
+            and 0 <= r[0] < r[1]
+            for r in skipped
+        ):
             raise self._corrupt(f"skipped {skipped!r} is not a list of [start, stop] batch ranges")
         entries = document.get("entries")
         if not isinstance(entries, list):
@@ -248,8 +308,9 @@ class Ledger:
             event = entry.get("event") if isinstance(entry, dict) else None
             fields = _FIELDS.get(event) if isinstance(event, str) else None
             if fields is None:
-                raise self._corrupt(f"entry {i} is not a checkpoint, rollback, adopt or abort "
-                                    "event")
+                raise self._corrupt(
+                    f"entry {i} is not a checkpoint, rollback, adopt or abort event"
+                )
             for key, types in fields.items():
                 if not isinstance(entry.get(key), types) or isinstance(entry.get(key), bool):
                     raise self._corrupt(f"entry {i} ({entry['event']}) has no valid {key!r}")
@@ -264,45 +325,62 @@ class Ledger:
                 raise self._corrupt(f"{where}: step {e['step']} is negative")
             if e["event"] == "checkpoint":
                 if Path(e["path"]).name != f"step-{e['step']:08d}":
-                    raise self._corrupt(f"{where}: path {e['path']!r} is not the folder of "
-                                        f"step {e['step']}")
+                    raise self._corrupt(
+                        f"{where}: path {e['path']!r} is not the folder of step {e['step']}"
+                    )
                 saved.add(e["step"])
             elif e["event"] == "adopt":
                 if not _scale_ok(e["lr_scale"]):
                     raise self._corrupt(f"{where}: lr_scale {e['lr_scale']!r} is not in (0, 1]")
                 for rng in e["skipped"]:
-                    if not (isinstance(rng, list) and len(rng) == 2
-                            and all(type(x) is int for x in rng) and 0 <= rng[0] < rng[1]):
-                        raise self._corrupt(f"{where}: skipped {rng!r} is not a [start, stop) "
-                                            "batch range")
+                    if not (
+                        isinstance(rng, list)
+                        and len(rng) == 2
+                        and all(type(x) is int for x in rng)
+                        and 0 <= rng[0] < rng[1]
+                    ):
+                        raise self._corrupt(
+                            f"{where}: skipped {rng!r} is not a [start, stop) batch range"
+                        )
                     made.append(list(rng))
             elif e["event"] == "rollback":
                 if not _scale_ok(e["lr_scale"]):
                     raise self._corrupt(f"{where}: lr_scale {e['lr_scale']!r} is not in (0, 1]")
                 if e["to_step"] not in saved or e["to_step"] > e["step"]:
-                    raise self._corrupt(f"{where}: to_step {e['to_step']} is not a checkpoint "
-                                        f"recorded before it, at or before step {e['step']}")
+                    raise self._corrupt(
+                        f"{where}: to_step {e['to_step']} is not a checkpoint "
+                        f"recorded before it, at or before step {e['step']}"
+                    )
                 rng = e["skipped"]
                 if rng is not None:
-                    if not (len(rng) == 2 and all(type(x) is int for x in rng)
-                            and 0 <= rng[0] < rng[1]):
-                        raise self._corrupt(f"{where}: skipped {rng!r} is not a [start, stop) "
-                                            "batch range")
+                    if not (
+                        len(rng) == 2 and all(type(x) is int for x in rng) and 0 <= rng[0] < rng[1]
+                    ):
+                        raise self._corrupt(
+                            f"{where}: skipped {rng!r} is not a [start, stop) batch range"
+                        )
                     made.append(list(rng))
                     parts = [e.get(k) for k in ("from_position", "position", "margin")]
-                    if all(type(x) is int for x in parts) and \
-                            rng != [parts[0], parts[1] + parts[2]]:
+                    if all(type(x) is int for x in parts) and rng != [
+                        parts[0],
+                        parts[1] + parts[2],
+                    ]:
                         raise self._corrupt(
                             f"{where}: skipped {rng} is not what the rollback made of its "
                             f"positions, [from_position {parts[0]}, position {parts[1]} + "
-                            f"margin {parts[2]})")
+                            f"margin {parts[2]})"
+                        )
         if sorted(made) != sorted(skipped):
-            raise self._corrupt(f"skipped {skipped!r} is not the ranges its rollbacks skipped "
-                                f"({sorted(made)!r}): a range no rollback (or adopted "
-                                f"checkpoint) made would drop "
-                                "batches without a word")
+            raise self._corrupt(
+                f"skipped {skipped!r} is not the ranges its rollbacks skipped "
+                f"({sorted(made)!r}): a range no rollback (or adopted "
+                f"checkpoint) made would drop "
+                "batches without a word"
+            )
 
     def _corrupt(self, why: str) -> LedgerError:
-        return LedgerError(f"ledger {self.path} is corrupt ({why}); refusing to start over from an "
-                           "empty ledger, which would forget the skipped batches and the LR back-off: "
-                           "repair or remove the file")
+        return LedgerError(
+            f"ledger {self.path} is corrupt ({why}); refusing to start over from an "
+            "empty ledger, which would forget the skipped batches and the LR back-off: "
+            "repair or remove the file"
+        )

@@ -32,8 +32,9 @@ def step_of(folder: Path) -> int:
     return int(COMMITTED.fullmatch(folder.name).group(1))
 
 
-def write_manifest(folder: Path, step: int, files: dict[str, tuple[int, str]],
-                   key: CheckpointKey | None) -> None:
+def write_manifest(
+    folder: Path, step: int, files: dict[str, tuple[int, str]], key: CheckpointKey | None
+) -> None:
     """Write ``folder``'s manifest (fsynced; the caller fsyncs the folder).
 
     Args:
@@ -42,8 +43,10 @@ def write_manifest(folder: Path, step: int, files: dict[str, tuple[int, str]],
         files: each file's ``(size, SHA-256)``.
         key: signs the manifest; None signs nothing.
     """
-    manifest: dict[str, Any] = {"step": step, "files": {
-        n: {"size": size, "sha256": digest} for n, (size, digest) in files.items()}}
+    manifest: dict[str, Any] = {
+        "step": step,
+        "files": {n: {"size": size, "sha256": digest} for n, (size, digest) in files.items()},
+    }
     if key is not None:
         manifest["signature"] = key.sign(manifest)
     write_json(folder / MANIFEST, manifest)
@@ -64,14 +67,16 @@ def digests(folder: Path, names: list[str], ranks: Ranks) -> dict[str, tuple[int
         CheckpointError: on every rank, when a file could not be read on some rank.
     """
     shares = ranks.gather(
-        lambda: {n: sha256_file(folder / n) for n in names[ranks.rank::ranks.world]})
+        lambda: {n: sha256_file(folder / n) for n in names[ranks.rank :: ranks.world]}
+    )
     if errors := failures(shares):
         raise CheckpointError(f"cannot read {folder}: {errors}")
     return {name: d for _, share in shares for name, d in share.items()}
 
 
-def verify(folder: Path, ranks: Ranks, root: Path, key: CheckpointKey | None,
-           trust_unsigned: bool) -> str | None:
+def verify(
+    folder: Path, ranks: Ranks, root: Path, key: CheckpointKey | None, trust_unsigned: bool
+) -> str | None:
     """Why ``folder`` must not be loaded, or None; collective, the same answer on every rank.
 
     Args:
@@ -89,13 +94,14 @@ def verify(folder: Path, ranks: Ranks, root: Path, key: CheckpointKey | None,
         return listing
     try:
         actual = digests(folder, sorted(listing), ranks)
-    except CheckpointError as e:    # raised alike on every rank
+    except CheckpointError as e:  # raised alike on every rank
         return str(e)
     return _digest_problem(listing, actual)
 
 
-def _listing_problem(folder: Path, key: CheckpointKey | None = None,
-                     trust_unsigned: bool = False) -> str | dict[str, dict[str, Any]]:
+def _listing_problem(
+    folder: Path, key: CheckpointKey | None = None, trust_unsigned: bool = False
+) -> str | dict[str, dict[str, Any]]:
     """A reason to refuse ``folder`` from its names and its manifest alone (its signature
     included), or the manifest's files."""
     if not COMMITTED.fullmatch(folder.name):
@@ -110,12 +116,16 @@ def _listing_problem(folder: Path, key: CheckpointKey | None = None,
     except (ValueError, KeyError, TypeError, OSError) as e:
         return f"{MANIFEST} is unreadable or malformed ({type(e).__name__}: {e})"
     if manifest.get("step") != step_of(folder):
-        return (f"{MANIFEST} says step {manifest.get('step')!r}, the folder's name step "
-                f"{step_of(folder)}: a renamed or copied folder")
+        return (
+            f"{MANIFEST} says step {manifest.get('step')!r}, the folder's name step "
+            f"{step_of(folder)}: a renamed or copied folder"
+        )
     if key is not None and (why := key.verify(manifest)) is not None and not trust_unsigned:
-        return (f"{why}; not loaded. Set the job's key (TORCHVITALS_CHECKPOINT_KEY or "
-                "checkpoint_key_file) to the one it was saved with, or, for a folder you trust, "
-                "trust_unsigned_checkpoints=True")
+        return (
+            f"{why}; not loaded. Set the job's key (TORCHVITALS_CHECKPOINT_KEY or "
+            "checkpoint_key_file) to the one it was saved with, or, for a folder you trust, "
+            "trust_unsigned_checkpoints=True"
+        )
     if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
         return f"{MANIFEST} is malformed (no file table)"
     present = {p.name for p in folder.iterdir()} - {MANIFEST}
@@ -126,8 +136,9 @@ def _listing_problem(folder: Path, key: CheckpointKey | None = None,
     return files
 
 
-def _digest_problem(listing: dict[str, dict[str, Any]],
-                    actual: dict[str, tuple[int, str]]) -> str | None:
+def _digest_problem(
+    listing: dict[str, dict[str, Any]], actual: dict[str, tuple[int, str]]
+) -> str | None:
     """The first file whose size or SHA-256 differs from the manifest's, or None."""
     for name, expected in sorted(listing.items()):
         size, digest = actual[name]

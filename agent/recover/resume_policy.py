@@ -31,8 +31,10 @@ def restarted(environ: Mapping[str, str] | None = None) -> bool:
     torchrun's ``--max-restarts`` (``TORCHELASTIC_RESTART_COUNT`` > 0)."""
     environ = os.environ if environ is None else environ
     try:
-        return (int(environ.get(ATTEMPT_ENV, "1")) > 1
-                or int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0)
+        return (
+            int(environ.get(ATTEMPT_ENV, "1")) > 1
+            or int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        )
     except ValueError:
         return False
 
@@ -72,6 +74,7 @@ class ResumePolicy:
         raise ResumeRefused(
             f"checkpoint_dir {folder} already holds a run (latest {latest.name}, learning-rate "
             f"scale {ledger.lr_scale:g}, {rollbacks} rollbacks in {ledger.path}). A new run "
-            f"would silently continue it: pass resume=\"auto\" (or TORCHVITALS_RESUME=auto) to "
+            f'would silently continue it: pass resume="auto" (or TORCHVITALS_RESUME=auto) to '
             f"continue it, or use a new checkpoint_dir. (resume={self.mode!r}; torchvitals "
-            f"supervise and torchrun restarts continue it by themselves)")
+            f"supervise and torchrun restarts continue it by themselves)"
+        )

@@ -25,7 +25,10 @@ def _unb64(s: str) -> torch.Tensor:
 
 def rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"torch": _b64(torch.get_rng_state()), "python": [version, list(internal), gauss]}
+    state: dict[str, Any] = {
+        "torch": _b64(torch.get_rng_state()),
+        "python": [version, list(internal), gauss],
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
     if (np := sys.modules.get("numpy")) is not None:
@@ -42,6 +45,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
     if "numpy" in state:
         import numpy as np
+
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
@@ -52,7 +56,7 @@ def reseed(salt: int) -> None:
     state would replay (the random batches a loop draws itself)."""
     digest = hashlib.sha256(torch.get_rng_state().numpy().tobytes() + str(salt).encode()).digest()
     seed = int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-    torch.manual_seed(seed)           # CUDA generators too
+    torch.manual_seed(seed)  # CUDA generators too
     random.seed(seed)
     if (np := sys.modules.get("numpy")) is not None:
         np.random.seed(seed % (1 << 32))

@@ -34,8 +34,11 @@ class Rollback:
 
     def to_dict(self) -> dict[str, Any]:
         """``{"to_step", "lr_scale", "skipped"}``, as ``Report.rollback`` shows it."""
-        return {"to_step": self.to_step, "lr_scale": self.lr_scale,
-                "skipped": list(self.skipped) if self.skipped else None}
+        return {
+            "to_step": self.to_step,
+            "lr_scale": self.lr_scale,
+            "skipped": list(self.skipped) if self.skipped else None,
+        }
 
 
 class RollbackPolicy:
@@ -49,8 +52,15 @@ class RollbackPolicy:
         lr_scale: the scale left by earlier rollbacks (a resumed run's ledger).
     """
 
-    def __init__(self, *, max_rollbacks: int, rollback_window: int, lr_backoff: float,
-                 skip_margin: int, lr_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_rollbacks: int,
+        rollback_window: int,
+        lr_backoff: float,
+        skip_margin: int,
+        lr_scale: float = 1.0,
+    ) -> None:
         if max_rollbacks < 0 or rollback_window < 1 or skip_margin < 0:
             raise ValueError("need max_rollbacks >= 0, rollback_window >= 1, skip_margin >= 0")
         if not 0.0 < lr_backoff <= 1.0:
@@ -83,11 +93,14 @@ class RollbackPolicy:
         recent = self.recent(tick)
         if recent < self.max_rollbacks:
             return None
-        return (f"{recent + 1} rollbacks within {self.rollback_window} steps "
-                f"(max_rollbacks={self.max_rollbacks}); last: {reason}")
+        return (
+            f"{recent + 1} rollbacks within {self.rollback_window} steps "
+            f"(max_rollbacks={self.max_rollbacks}); last: {reason}"
+        )
 
-    def take(self, tick: int, *, to_step: int, from_position: int, position: int,
-             replayable: bool) -> Rollback:
+    def take(
+        self, tick: int, *, to_step: int, from_position: int, position: int, replayable: bool
+    ) -> Rollback:
         """Count a rollback at ``tick`` and back the learning rate off.
 
         Args:
@@ -105,5 +118,6 @@ class RollbackPolicy:
         skipped = (from_position, position + self.skip_margin) if replayable else None
         self.rollbacks += 1
         self._ticks.append(tick)
-        return Rollback(to_step=to_step, lr_scale=self.lr_scale, skipped=skipped,
-                        in_window=in_window)
+        return Rollback(
+            to_step=to_step, lr_scale=self.lr_scale, skipped=skipped, in_window=in_window
+        )

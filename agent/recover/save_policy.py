@@ -17,7 +17,7 @@ from typing import Iterable
 
 from ..detect.verdict import CRITICAL, PROCESS_PATTERNS, WARNING, Verdict
 
-NEVER = -(10 ** 9)
+NEVER = -(10**9)
 """``last_bad`` before any bad verdict: far enough back for any window."""
 
 
@@ -36,8 +36,10 @@ class SavePolicy:
 
     def __init__(self, *, checkpoint_every: int, healthy_window: int) -> None:
         if checkpoint_every < 1 or healthy_window < 0:
-            raise ValueError("need checkpoint_every >= 1 and healthy_window >= 0, got "
-                             f"{checkpoint_every} and {healthy_window}")
+            raise ValueError(
+                "need checkpoint_every >= 1 and healthy_window >= 0, got "
+                f"{checkpoint_every} and {healthy_window}"
+            )
         self.checkpoint_every = checkpoint_every
         self.healthy_window = healthy_window
         self.last_bad = NEVER

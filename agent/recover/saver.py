@@ -44,8 +44,15 @@ class Saver(Protocol):
     def in_flight(self) -> bool:
         """A save was started and not settled yet (the same on every rank)."""
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-             extra: dict[str, Any], rank_state: dict[str, Any] | None) -> Saved:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+        extra: dict[str, Any],
+        rank_state: dict[str, Any] | None,
+    ) -> Saved:
         """Save ``step``; collective. Raises CheckpointError when a synchronous write failed."""
 
     def flags(self) -> list[float]:
@@ -57,8 +64,9 @@ class Saver(Protocol):
     def wait(self, timeout: float | None = None) -> Outcome | None:
         """End the save in flight (every rank at the same step); None if none or timed out."""
 
-    def restore(self, step: int, model: torch.nn.Module, optimizer: Any,
-                scheduler: Any) -> Restored | None:
+    def restore(
+        self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any
+    ) -> Restored | None:
         """Restore ``step`` from memory if held, else None (the caller reads the disk)."""
 
 
@@ -76,13 +84,20 @@ class SyncSaver:
     def in_flight(self) -> bool:
         return False
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-             extra: dict[str, Any], rank_state: dict[str, Any] | None) -> Saved:
-        path = self.store.save(step, model, optimizer, scheduler, extra=extra,
-                               rank_state=rank_state)
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+        extra: dict[str, Any],
+        rank_state: dict[str, Any] | None,
+    ) -> Saved:
+        path = self.store.save(
+            step, model, optimizer, scheduler, extra=extra, rank_state=rank_state
+        )
         seconds = self.store.last_save_seconds
-        return Saved(stall_seconds=seconds,
-                     committed=Outcome(step, True, str(path), None, seconds))
+        return Saved(stall_seconds=seconds, committed=Outcome(step, True, str(path), None, seconds))
 
     def flags(self) -> list[float]:
         return [0.0, 0.0]
@@ -93,7 +108,7 @@ class SyncSaver:
     def wait(self, timeout: float | None = None) -> Outcome | None:
         return None
 
-    def restore(self, step: int, model: torch.nn.Module, optimizer: Any,
-                scheduler: Any) -> Restored | None:
+    def restore(
+        self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any
+    ) -> Restored | None:
         return None
-

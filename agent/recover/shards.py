@@ -43,20 +43,27 @@ def write_shards(folder: Path, state: dict[str, Any], ranks: Ranks) -> None:
     """
     tensors, plain = split_plain(state)
     # The non-tensor leaves as JSON: DCP would pickle them into the shards.
-    write_json(folder / f"plain-rank-{ranks.rank:05d}.json",
-               jsonable(plain, "the model's and optimizer's non-tensor state"))
+    write_json(
+        folder / f"plain-rank-{ranks.rank:05d}.json",
+        jsonable(plain, "the model's and optimizer's non-tensor state"),
+    )
     try:
         with _quiet_single_process():
-            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(folder),
-                     process_group=ranks.group, no_dist=not ranks.distributed)
+            dcp.save(
+                tensors,
+                storage_writer=dcp.FileSystemWriter(folder),
+                process_group=ranks.group,
+                no_dist=not ranks.distributed,
+            )
     except dcp.CheckpointException as e:
         # torch.save inside DCP reports a short write (full disk) as "unexpected pos".
         free = shutil.disk_usage(folder).free
         raise CheckpointError(f"{describe(e)} ({free} bytes free there)") from e
 
 
-def read_shards(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                ranks: Ranks) -> None:
+def read_shards(
+    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: Ranks
+) -> None:
     """Load the model's and optimizer's state from ``folder`` in place; collective (DCP's load).
 
     Args:
@@ -68,17 +75,24 @@ def read_shards(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
         CheckpointError: the folder has no plain state (an older, pickling torchvitals wrote it).
     """
     plain_file = folder / f"plain-rank-{ranks.rank:05d}.json"
-    if not plain_file.exists():     # a world of another size: rank 0's is the same state
+    if not plain_file.exists():  # a world of another size: rank 0's is the same state
         plain_file = folder / "plain-rank-00000.json"
     if not plain_file.exists():
-        raise CheckpointError(f"{folder} has no plain-rank-*.json: written by a torchvitals "
-                              "that pickled the non-tensor state into DCP's shards, which "
-                              "this one does not unpickle")
+        raise CheckpointError(
+            f"{folder} has no plain-rank-*.json: written by a torchvitals "
+            "that pickled the non-tensor state into DCP's shards, which "
+            "this one does not unpickle"
+        )
     model_sd, optim_sd = get_states(model, optimizer)
     tensors, _ = split_plain({"model": model_sd, "optim": optim_sd})
     with _quiet_single_process():
-        dcp.load(tensors, storage_reader=SafeReader(folder), planner=TensorsOnlyPlanner(),
-                 process_group=ranks.group, no_dist=not ranks.distributed)
+        dcp.load(
+            tensors,
+            storage_reader=SafeReader(folder),
+            planner=TensorsOnlyPlanner(),
+            process_group=ranks.group,
+            no_dist=not ranks.distributed,
+        )
     full = merge_plain(tensors, json.loads(plain_file.read_text()))
     set_states(model, optimizer, full["model"], full["optim"])
 

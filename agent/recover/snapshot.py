@@ -86,9 +86,15 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
-def stage(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-          extra: dict[str, Any], rank_state: dict[str, Any] | None,
-          into: Snapshot | None = None) -> Snapshot:
+def stage(
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    extra: dict[str, Any],
+    rank_state: dict[str, Any] | None,
+    into: Snapshot | None = None,
+) -> Snapshot:
     """Copy this rank's state into host memory; the only part of a save that stalls training.
 
     Args:
@@ -110,20 +116,28 @@ def stage(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
         try:
             buffers = copy_state_dict(live, into.tensors, non_blocking=on_device)
         except Exception:  # noqa: BLE001 - CompanionMismatch & co.: the structure changed
-            buffers = None          # (a new param group, new optimizer state): allocate anew
+            buffers = None  # (a new param group, new optimizer state): allocate anew
     if buffers is None:
-        buffers = copy_state_dict(live, create_cpu_state_dict(live, pin_memory=on_device),
-                                   non_blocking=on_device)
+        buffers = copy_state_dict(
+            live, create_cpu_state_dict(live, pin_memory=on_device), non_blocking=on_device
+        )
     if on_device:
-        torch.cuda.synchronize()    # the non_blocking copies must land before anyone reads them
-    return Snapshot(step=step, tensors=buffers,
-                    scheduler=None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
-                    rng=rng_state(), extra=copy.deepcopy(extra), rank_state=copy.deepcopy(rank_state),
-                    nbytes=state_bytes(buffers), stage_seconds=time.perf_counter() - start)
+        torch.cuda.synchronize()  # the non_blocking copies must land before anyone reads them
+    return Snapshot(
+        step=step,
+        tensors=buffers,
+        scheduler=None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
+        rng=rng_state(),
+        extra=copy.deepcopy(extra),
+        rank_state=copy.deepcopy(rank_state),
+        nbytes=state_bytes(buffers),
+        stage_seconds=time.perf_counter() - start,
+    )
 
 
-def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            scheduler: Any) -> Restored:
+def restore(
+    snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> Restored:
     """Bring model, optimizer, scheduler and this rank's RNG states back to ``snap``, in place.
 
     The live tensors are overwritten from the host copy (the disk path does the same: DCP loads
@@ -142,8 +156,12 @@ def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optim
     if scheduler is not None and snap.scheduler is not None:
         scheduler.load_state_dict(copy.deepcopy(snap.scheduler))
     set_rng_state(snap.rng)
-    return Restored(step=snap.step, path=None, extra=copy.deepcopy(snap.extra),
-                    rank_state=copy.deepcopy(snap.rank_state))
+    return Restored(
+        step=snap.step,
+        path=None,
+        extra=copy.deepcopy(snap.extra),
+        rank_state=copy.deepcopy(snap.rank_state),
+    )
 
 
 def _any_accelerator(tensors: dict[str, Any]) -> bool:

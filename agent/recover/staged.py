@@ -62,29 +62,46 @@ class StagedSaves:
         different sizes could make ranks answer differently.
         """
         if self._fits is None:
-            need = torch.tensor([2.0 * state_bytes(live_tensors(model, optimizer))],
-                                dtype=torch.float64)
+            need = torch.tensor(
+                [2.0 * state_bytes(live_tensors(model, optimizer))], dtype=torch.float64
+            )
             if self.store._distributed:
                 dist.all_reduce(need, op=dist.ReduceOp.MAX, group=self.store._group)
             self._fits = need.item() <= self.max_bytes
             if not self._fits:
-                log.warning("torchvitals: two copies of the largest rank's state (%.0f MB) exceed "
-                            "snapshot_max_bytes (%.0f MB): healthy checkpoints are written "
-                            "synchronously and rollbacks read them from disk",
-                            need.item() / 1e6, self.max_bytes / 1e6)
+                log.warning(
+                    "torchvitals: two copies of the largest rank's state (%.0f MB) exceed "
+                    "snapshot_max_bytes (%.0f MB): healthy checkpoints are written "
+                    "synchronously and rollbacks read them from disk",
+                    need.item() / 1e6,
+                    self.max_bytes / 1e6,
+                )
         return self._fits
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: Any, extra: dict[str, Any], rank_state: dict[str, Any] | None) -> Saved:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        extra: dict[str, Any],
+        rank_state: dict[str, Any] | None,
+    ) -> Saved:
         """Stage and write ``step`` in the background, or synchronously when it does not fit."""
         if not self.fits(model, optimizer):
             return self._sync.save(step, model, optimizer, scheduler, extra, rank_state)
         earlier = self.begin(step, model, optimizer, scheduler, extra, rank_state)
         return Saved(stall_seconds=self.stall_seconds, earlier=earlier)
 
-    def begin(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              scheduler: Any, extra: dict[str, Any],
-              rank_state: dict[str, Any] | None) -> Outcome | None:
+    def begin(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        extra: dict[str, Any],
+        rank_state: dict[str, Any] | None,
+    ) -> Outcome | None:
         """Stage ``step`` and start writing it; the stall is the staging alone.
 
         Returns:
@@ -93,8 +110,12 @@ class StagedSaves:
         """
         previous = self.wait() if self.in_flight else None
         if previous is not None:
-            log.warning("torchvitals: the checkpoint of step %d was still being written when "
-                        "step %d was due; training waited for it", previous.step, step)
+            log.warning(
+                "torchvitals: the checkpoint of step %d was still being written when "
+                "step %d was due; training waited for it",
+                previous.step,
+                step,
+            )
         snap = stage(step, model, optimizer, scheduler, extra, rank_state, into=self._spare)
         self._spare = None
         self.stall_seconds = snap.stage_seconds
@@ -116,14 +137,15 @@ class StagedSaves:
     def _keep(self, outcome: Outcome | None) -> Outcome | None:
         if outcome is None:
             return None
-        if outcome.ok:      # the new copy is the target; the old one's buffers are reused
+        if outcome.ok:  # the new copy is the target; the old one's buffers are reused
             self._spare, self.memory = self.memory, outcome.snapshot
-        else:               # the previous copy stays the target
+        else:  # the previous copy stays the target
             self._spare = outcome.snapshot
         return outcome
 
-    def restore(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                scheduler: Any) -> Restored | None:
+    def restore(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> Restored | None:
         """Restore ``step`` from RAM when it is the copy held, else None (read the disk)."""
         if self.memory is None or self.memory.step != step:
             return None

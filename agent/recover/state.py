@@ -19,9 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                     get_state_dict, set_optimizer_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 
 from ..compat import WRAPPER_PREFIXES, is_zero3_optimizer, is_zero_optimizer
 from ..measure.blocks import unwrap
@@ -53,8 +57,9 @@ def get_states(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], 
     return own, get_optimizer_state_dict(model, optims, options=options)
 
 
-def set_states(model: torch.nn.Module, optimizer: Any, model_sd: dict[str, Any],
-               optim_sd: dict[str, Any]) -> None:
+def set_states(
+    model: torch.nn.Module, optimizer: Any, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+) -> None:
     """Load ``model_sd`` and ``optim_sd`` (shaped as ``get_states`` returns them) in place."""
     if is_zero_optimizer(optimizer):
         set_zero_states(model, optimizer, model_sd, optim_sd)
@@ -65,8 +70,9 @@ def set_states(model: torch.nn.Module, optimizer: Any, model_sd: dict[str, Any],
     optims, options = _target(optimizer)
     inner = unwrap(model)
     if not _renamed(inner, model_sd):
-        set_state_dict(model, optims, model_state_dict=model_sd, optim_state_dict=optim_sd,
-                       options=options)
+        set_state_dict(
+            model, optims, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options
+        )
         return
     inner.load_state_dict(model_sd, strict=True)
     set_optimizer_state_dict(model, optims, optim_sd, options=options)

@@ -60,13 +60,16 @@ class CheckpointKey:
 
     def __init__(self, secret: bytes, source: str) -> None:
         if len(secret) < 16:
-            raise ValueError(f"the checkpoint key from {source} is {len(secret)} bytes; need at "
-                             "least 16 (e.g. `openssl rand -hex 32`)")
+            raise ValueError(
+                f"the checkpoint key from {source} is {len(secret)} bytes; need at "
+                "least 16 (e.g. `openssl rand -hex 32`)"
+            )
         self._secret, self.source = secret, source
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None,
-                 key_file: str | None = None) -> "CheckpointKey":
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, key_file: str | None = None
+    ) -> "CheckpointKey":
         """The key from ``TORCHVITALS_CHECKPOINT_KEY``, else the file ``key_file`` or
         ``TORCHVITALS_CHECKPOINT_KEY_FILE`` names, else the per-user default file (made, mode
         0600, when missing).
@@ -84,8 +87,13 @@ class CheckpointKey:
         try:
             secret = path.read_bytes().strip()
         except OSError as exc:
-            setting = ("checkpoint_key_file" if key_file else KEY_FILE_ENV if named
-                       else "the default checkpoint key file")
+            setting = (
+                "checkpoint_key_file"
+                if key_file
+                else KEY_FILE_ENV
+                if named
+                else "the default checkpoint key file"
+            )
             raise ValueError(f"{setting} {path} cannot be read: {exc.strerror or exc}") from None
         return cls(secret, str(path))
 
@@ -97,11 +105,15 @@ class CheckpointKey:
         """None when ``manifest`` is signed with this key, else why it is not trusted."""
         signature = manifest.get(SIGNATURE)
         if not isinstance(signature, str):
-            return ("the manifest is unsigned (written before torchvitals signed its "
-                    "checkpoints, or by hand)")
+            return (
+                "the manifest is unsigned (written before torchvitals signed its "
+                "checkpoints, or by hand)"
+            )
         if not hmac.compare_digest(signature, self.sign(manifest)):
-            return (f"the manifest's signature does not verify under the key from {self.source} "
-                    "(another job's checkpoint, a different key on this node, or altered)")
+            return (
+                f"the manifest's signature does not verify under the key from {self.source} "
+                "(another job's checkpoint, a different key on this node, or altered)"
+            )
         return None
 
 
@@ -121,12 +133,13 @@ def _make_key_file(path: Path) -> None:
     try:
         os.link(tmp, path)
     except FileExistsError:
-        pass                        # another process of this user made it first: use theirs
+        pass  # another process of this user made it first: use theirs
     finally:
         os.unlink(tmp)
 
 
 # ---------------------------------------------------------------- loading without code
+
 
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP's metadata classes, torch's dtypes and sizes, and nothing else."""
@@ -137,8 +150,10 @@ class _MetadataUnpickler(pickle.Unpickler):
             return found
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise UntrustedCheckpoint(f"{DCP_METADATA_FILE} names {module}.{name}, which DCP's "
-                                  "metadata never holds: refused, not unpickled")
+        raise UntrustedCheckpoint(
+            f"{DCP_METADATA_FILE} names {module}.{name}, which DCP's "
+            "metadata never holds: refused, not unpickled"
+        )
 
 
 class SafeReader(dcp.FileSystemReader):
@@ -151,15 +166,18 @@ class SafeReader(dcp.FileSystemReader):
                 metadata = _MetadataUnpickler(f).load()
         except UntrustedCheckpoint:
             raise
-        except Exception as exc:        # noqa: BLE001 - any malformed pickle: one clear refusal
-            raise UntrustedCheckpoint(f"{path} is not DCP metadata ({type(exc).__name__}: "
-                                      f"{exc})") from None
-        if not isinstance(metadata, DCP_METADATA_GLOBALS[("torch.distributed.checkpoint.metadata",
-                                                          "Metadata")]):
+        except Exception as exc:  # noqa: BLE001 - any malformed pickle: one clear refusal
+            raise UntrustedCheckpoint(
+                f"{path} is not DCP metadata ({type(exc).__name__}: {exc})"
+            ) from None
+        if not isinstance(
+            metadata, DCP_METADATA_GLOBALS[("torch.distributed.checkpoint.metadata", "Metadata")]
+        ):
             raise UntrustedCheckpoint(f"{path} holds a {type(metadata).__name__}, not DCP metadata")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = DCP_METADATA_GLOBALS[
-                ("torch.distributed.checkpoint.metadata", "StorageMeta")]()
+                ("torch.distributed.checkpoint.metadata", "StorageMeta")
+            ]()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
@@ -168,11 +186,14 @@ class TensorsOnlyPlanner(DefaultLoadPlanner):
     """DCP's load planner, refusing the pickled objects DCP would ``torch.load`` unrestricted."""
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        raise UntrustedCheckpoint(f"{read_item.dest_index.fqn} is a pickled object in the "
-                                  "shards; torchvitals loads tensors only")
+        raise UntrustedCheckpoint(
+            f"{read_item.dest_index.fqn} is a pickled object in the "
+            "shards; torchvitals loads tensors only"
+        )
 
 
 # ---------------------------------------------------------------- tensors to DCP, the rest to JSON
+
 
 def split_plain(tree: Any) -> tuple[Any, Any]:
     """``(tensors, plain)`` of a nested state dict: ``tensors`` keeps only the tensor leaves
@@ -204,11 +225,14 @@ def merge_plain(tensors: Any, plain: Any) -> Any:
     if plain is None:
         return tensors
     if "__dict__" in plain:
-        return {key: merge_plain(_child(tensors, key), value)
-                for key, value in plain["__dict__"].items()}
+        return {
+            key: merge_plain(_child(tensors, key), value)
+            for key, value in plain["__dict__"].items()
+        }
     if "__list__" in plain:
-        items = [merge_plain(_child(tensors, str(i)), value)
-                 for i, value in enumerate(plain["__list__"])]
+        items = [
+            merge_plain(_child(tensors, str(i)), value) for i, value in enumerate(plain["__list__"])
+        ]
         return tuple(items) if plain.get("tuple") else items
     return plain["value"]
 

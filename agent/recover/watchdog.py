@@ -76,10 +76,18 @@ class Watchdog:
         data: the batch iterator whose skip list is the ledger's (default: a new one).
     """
 
-    def __init__(self, *, store: CheckpointStore, saver: Saver, ledger: Ledger,
-                 save_policy: SavePolicy, rollback_policy: RollbackPolicy,
-                 resume_policy: ResumePolicy, abort_exit_code: int,
-                 data: SkipAwareBatches | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        store: CheckpointStore,
+        saver: Saver,
+        ledger: Ledger,
+        save_policy: SavePolicy,
+        rollback_policy: RollbackPolicy,
+        resume_policy: ResumePolicy,
+        abort_exit_code: int,
+        data: SkipAwareBatches | None = None,
+    ) -> None:
         self.store = store
         self.saver = saver
         self.ledger = ledger
@@ -107,29 +115,45 @@ class Watchdog:
         Raises:
             LedgerError: the ledger file exists but cannot be trusted.
         """
-        if config.snapshot_max_bytes:      # the background writes get their own group
+        if config.snapshot_max_bytes:  # the background writes get their own group
             group = checkpoint_group(group)
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
         ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
         # Only global rank 0 writes and checks the manifests, so only it needs the key (and a
         # key file missing on another node cannot fail one rank alone).
         key = CheckpointKey.from_env(key_file=config.checkpoint_key_file) if rank0 else None
-        store = CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep, group=group,
-                                key=key, trust_unsigned=config.trust_unsigned_checkpoints,
-                                allowed=ledger.checkpoint_names,
-                                on_commit=ledger.record_checkpoint if rank0 else None)
+        store = CheckpointStore(
+            config.checkpoint_dir,
+            keep=config.checkpoint_keep,
+            group=group,
+            key=key,
+            trust_unsigned=config.trust_unsigned_checkpoints,
+            allowed=ledger.checkpoint_names,
+            on_commit=ledger.record_checkpoint if rank0 else None,
+        )
         store.probe()
-        saver = (StagedSaves(store, config.snapshot_max_bytes) if config.snapshot_max_bytes
-                 else SyncSaver(store))
-        return cls(store=store, saver=saver, ledger=ledger,
-                   save_policy=SavePolicy(checkpoint_every=config.checkpoint_every,
-                                          healthy_window=config.healthy_window),
-                   rollback_policy=RollbackPolicy(
-                       max_rollbacks=config.max_rollbacks, rollback_window=config.rollback_window,
-                       lr_backoff=config.lr_backoff, skip_margin=config.skip_margin,
-                       lr_scale=ledger.lr_scale),
-                   resume_policy=ResumePolicy(config.resume),
-                   abort_exit_code=config.abort_exit_code)
+        saver = (
+            StagedSaves(store, config.snapshot_max_bytes)
+            if config.snapshot_max_bytes
+            else SyncSaver(store)
+        )
+        return cls(
+            store=store,
+            saver=saver,
+            ledger=ledger,
+            save_policy=SavePolicy(
+                checkpoint_every=config.checkpoint_every, healthy_window=config.healthy_window
+            ),
+            rollback_policy=RollbackPolicy(
+                max_rollbacks=config.max_rollbacks,
+                rollback_window=config.rollback_window,
+                lr_backoff=config.lr_backoff,
+                skip_margin=config.skip_margin,
+                lr_scale=ledger.lr_scale,
+            ),
+            resume_policy=ResumePolicy(config.resume),
+            abort_exit_code=config.abort_exit_code,
+        )
 
     @property
     def lr_scale(self) -> float:
@@ -187,9 +211,15 @@ class Watchdog:
         self.data.resume_at = restored.extra.get("position", 0)
         self.data.restore_rank_state(restored.rank_state)
         self.last_healthy = restored.step
-        self.say("torchvitals: resumed from %s: step %d, learning-rate scale %g, %d batches "
-                 "skipped (ledger %s)", restored.path, restored.step, self.lr_scale,
-                 self.ledger.skipped.batches(), self.ledger.path)
+        self.say(
+            "torchvitals: resumed from %s: step %d, learning-rate scale %g, %d batches "
+            "skipped (ledger %s)",
+            restored.path,
+            restored.step,
+            self.lr_scale,
+            self.ledger.skipped.batches(),
+            self.ledger.path,
+        )
         return restored.step
 
     def note(self, step: int, verdicts: list[Verdict]) -> None:
@@ -201,8 +231,15 @@ class Watchdog:
         they hold for the whole run) left out."""
         return self.save_policy.healthy(step, _active(detector))
 
-    def maybe_save(self, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-                   detector: Any, scheduler_step_due: bool = False) -> bool:
+    def maybe_save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+        detector: Any,
+        scheduler_step_due: bool = False,
+    ) -> bool:
         """Save a healthy checkpoint if one is due; collective when it is (identical on all ranks).
 
         ``scheduler_step_due``: the caller (a framework) steps the scheduler for this step after
@@ -210,18 +247,22 @@ class Watchdog:
         """
         if not self.save_policy.due(step, _active(detector)):
             return False
-        extra = {"position": self.data.position, "lr_scale": self.lr_scale,
-                 "verdicts": [v.to_dict() for v in detector.history[-100:]],
-                 "scheduler_step_due": bool(scheduler_step_due and scheduler is not None)}
-        self.on_phase(CHECKPOINT)       # a staged save's stall is short, unless the last write lags
+        extra = {
+            "position": self.data.position,
+            "lr_scale": self.lr_scale,
+            "verdicts": [v.to_dict() for v in detector.history[-100:]],
+            "scheduler_step_due": bool(scheduler_step_due and scheduler is not None),
+        }
+        self.on_phase(CHECKPOINT)  # a staged save's stall is short, unless the last write lags
         try:
-            saved = self.saver.save(step, model, optimizer, scheduler, json_safe(extra),
-                                    self.data.rank_state())
+            saved = self.saver.save(
+                step, model, optimizer, scheduler, json_safe(extra), self.data.rank_state()
+            )
         finally:
             self.on_phase(TRAIN)
         self.stall_seconds = saved.stall_seconds
         self._settled(saved.earlier)
-        if saved.committed is not None:     # synchronous: committed now, nothing to report later
+        if saved.committed is not None:  # synchronous: committed now, nothing to report later
             self._commit(saved.committed)
         return True
 
@@ -253,11 +294,15 @@ class Watchdog:
             return
         outcome = self._settled(self.saver.wait(CLOSE_TIMEOUT_S))
         if outcome is None:
-            log.error("torchvitals: a checkpoint write still in flight after %.0f s at exit; "
-                      "left uncommitted", CLOSE_TIMEOUT_S)
+            log.error(
+                "torchvitals: a checkpoint write still in flight after %.0f s at exit; "
+                "left uncommitted",
+                CLOSE_TIMEOUT_S,
+            )
         elif not outcome.ok:
-            raise CheckpointError(f"the checkpoint of step {outcome.step}, written "
-                                  f"at exit, failed: {outcome.error}")
+            raise CheckpointError(
+                f"the checkpoint of step {outcome.step}, written at exit, failed: {outcome.error}"
+            )
 
     def _settled(self, outcome: Outcome | None) -> Outcome | None:
         """A background save ended: commit it, and report it at the next ``settle``."""
@@ -268,9 +313,13 @@ class Watchdog:
             self._commit(outcome)
         else:
             self.failed_saves += 1
-            log.error("torchvitals: the healthy checkpoint of step %d failed on some rank and was "
-                      "not committed: %s; the rollback target stays step %s", outcome.step,
-                      outcome.error, self.last_healthy)
+            log.error(
+                "torchvitals: the healthy checkpoint of step %d failed on some rank and was "
+                "not committed: %s; the rollback target stays step %s",
+                outcome.step,
+                outcome.error,
+                self.last_healthy,
+            )
         return outcome
 
     def _commit(self, outcome: Outcome) -> None:
@@ -278,8 +327,15 @@ class Watchdog:
         self.ledger.record_checkpoint(outcome.step, outcome.path)
         self.last_healthy = outcome.step
 
-    def rollback(self, step: int, tick: int, reason: str, model: torch.nn.Module, optimizer: Any,
-                 scheduler: Any) -> Rollback | None:
+    def rollback(
+        self,
+        step: int,
+        tick: int,
+        reason: str,
+        model: torch.nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+    ) -> Rollback | None:
         """Restore the last healthy checkpoint with the LR backed off and the bad batches skipped.
 
         The back-off is ``lr_scale``, which the guarded optimizer applies at each step. Batches
@@ -297,7 +353,7 @@ class Watchdog:
         if self.saver.in_flight:
             self.on_phase(CHECKPOINT)
             try:
-                self._settled(self.saver.wait())   # every rank at this step: the same target
+                self._settled(self.saver.wait())  # every rank at this step: the same target
             finally:
                 self.on_phase(TRAIN)
         if self.store.latest() is None:
@@ -306,9 +362,15 @@ class Watchdog:
         why = policy.refusal(tick, reason)
         if why is not None:
             self.ledger.record_abort(step, why)
-            self.say("torchvitals: ABORTING at step %d: %s. Rolling back again would not cure "
-                     "it; a person must look (ledger %s). Exit code %d.", step, why,
-                     self.ledger.path, self.abort_exit_code, error=True)
+            self.say(
+                "torchvitals: ABORTING at step %d: %s. Rolling back again would not cure "
+                "it; a person must look (ledger %s). Exit code %d.",
+                step,
+                why,
+                self.ledger.path,
+                self.abort_exit_code,
+                error=True,
+            )
             raise TrainingAborted(self.abort_exit_code)
         restored = None
         if self.last_healthy is not None:
@@ -319,23 +381,46 @@ class Watchdog:
                 restored = self.store.load(model, optimizer, scheduler)
             finally:
                 self.on_phase(TRAIN)
-        rolled = policy.take(tick, to_step=restored.step,
-                             from_position=restored.extra.get("position", 0),
-                             position=self.data.position, replayable=self.data.used)
+        rolled = policy.take(
+            tick,
+            to_step=restored.step,
+            from_position=restored.extra.get("position", 0),
+            position=self.data.position,
+            replayable=self.data.used,
+        )
         if rolled.skipped is None:
             reseed(policy.rollbacks)
         self.ledger.record_rollback(
-            step, to_step=rolled.to_step, reason=reason, lr_scale=rolled.lr_scale,
+            step,
+            to_step=rolled.to_step,
+            reason=reason,
+            lr_scale=rolled.lr_scale,
             skipped=rolled.skipped,
-            positions=((restored.extra.get("position", 0), self.data.position,
-                        policy.skip_margin) if rolled.skipped else None))
+            positions=(
+                (restored.extra.get("position", 0), self.data.position, policy.skip_margin)
+                if rolled.skipped
+                else None
+            ),
+        )
         self.save_policy.restart_at(rolled.to_step)
-        what = (f"batches {rolled.skipped[0]}..{rolled.skipped[1] - 1} skipped" if rolled.skipped
-                else "the loop's RNGs re-seeded so its random batches are not replayed")
-        self.say("torchvitals: ROLLBACK at step %d (%s): back to step %d, learning-rate scale "
-                 "%g, %s; rollback %d of at most %d within %d steps (ledger %s)", step, reason,
-                 rolled.to_step, rolled.lr_scale, what, rolled.in_window, policy.max_rollbacks,
-                 policy.rollback_window, self.ledger.path)
+        what = (
+            f"batches {rolled.skipped[0]}..{rolled.skipped[1] - 1} skipped"
+            if rolled.skipped
+            else "the loop's RNGs re-seeded so its random batches are not replayed"
+        )
+        self.say(
+            "torchvitals: ROLLBACK at step %d (%s): back to step %d, learning-rate scale "
+            "%g, %s; rollback %d of at most %d within %d steps (ledger %s)",
+            step,
+            reason,
+            rolled.to_step,
+            rolled.lr_scale,
+            what,
+            rolled.in_window,
+            policy.max_rollbacks,
+            policy.rollback_window,
+            self.ledger.path,
+        )
         return rolled
 
     def say(self, message: str, *args: Any, error: bool = False) -> None:
@@ -345,12 +430,15 @@ class Watchdog:
 
     def metrics(self) -> dict[str, float]:
         """The watchdog's numbers for the outputs (rollbacks, LR scale, checkpoint times...)."""
-        return {"rollbacks": self.rollbacks, "lr_scale": self.lr_scale,
-                "last_healthy_step": float("nan") if self.last_healthy is None else self.last_healthy,
-                "skipped_batches": self.ledger.skipped.batches(),
-                "checkpoint_seconds": self.checkpoint_seconds,
-                "checkpoint_stall_seconds": self.stall_seconds,
-                "checkpoint_failures": self.failed_saves}
+        return {
+            "rollbacks": self.rollbacks,
+            "lr_scale": self.lr_scale,
+            "last_healthy_step": float("nan") if self.last_healthy is None else self.last_healthy,
+            "skipped_batches": self.ledger.skipped.batches(),
+            "checkpoint_seconds": self.checkpoint_seconds,
+            "checkpoint_stall_seconds": self.stall_seconds,
+            "checkpoint_failures": self.failed_saves,
+        }
 
 
 def _active(detector: Any) -> list[Verdict]:

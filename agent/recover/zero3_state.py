@@ -33,8 +33,14 @@ from typing import Any
 
 import torch
 
-from ..compat import (init_optim_state, zero3_group_of, zero3_masters, zero3_partition,
-                      zero3_regather, zero3_release_all)
+from ..compat import (
+    init_optim_state,
+    zero3_group_of,
+    zero3_masters,
+    zero3_partition,
+    zero3_regather,
+    zero3_release_all,
+)
 from .zero_state import copy_in_place, load_partition, partition_key
 
 
@@ -51,23 +57,31 @@ def zero3_states(model: torch.nn.Module, owner: Any) -> tuple[dict[str, Any], di
     """
     inner, masters = owner.optimizer, zero3_masters(owner)
     if not all(inner.state.get(m) for m in masters):
-        _init_state(owner)      # a checkpoint loads into the state tensors: they must exist
+        _init_state(owner)  # a checkpoint loads into the state tensors: they must exist
     key = partition_key(owner)
-    params = {name: zero3_partition(p) for name, p in model.named_parameters()
-              if zero3_partition(p) is not None}
+    params = {
+        name: zero3_partition(p)
+        for name, p in model.named_parameters()
+        if zero3_partition(p) is not None
+    }
     buffers = dict(model.named_buffers())
     mine: dict[str, Any] = {"params": params}
     if buffers:
         mine["buffers"] = buffers
-    optim: dict[str, Any] = {f"sub-group-{i}": {"master": m, "state": dict(inner.state[m])}
-                             for i, m in enumerate(masters)}
-    optim["hparams"] = {f"group-{g}": {k: v for k, v in group.items() if k != "params"}
-                        for g, group in enumerate(inner.param_groups)}
+    optim: dict[str, Any] = {
+        f"sub-group-{i}": {"master": m, "state": dict(inner.state[m])}
+        for i, m in enumerate(masters)
+    }
+    optim["hparams"] = {
+        f"group-{g}": {k: v for k, v in group.items() if k != "params"}
+        for g, group in enumerate(inner.param_groups)
+    }
     return {key: mine}, {key: optim}
 
 
-def set_zero3_states(model: torch.nn.Module, owner: Any, model_sd: dict[str, Any],
-                     optim_sd: dict[str, Any]) -> None:
+def set_zero3_states(
+    model: torch.nn.Module, owner: Any, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+) -> None:
     """Load ``model_sd`` and ``optim_sd`` (shaped as ``zero3_states`` returns them) in place.
 
     Raises:
@@ -76,9 +90,11 @@ def set_zero3_states(model: torch.nn.Module, owner: Any, model_sd: dict[str, Any
     key = partition_key(owner)
     for what, sd in (("parameter", model_sd), ("optimizer", optim_sd)):
         if key not in sd:
-            raise KeyError(f"no DeepSpeed ZeRO-3 {what} state for {key} (saved: "
-                           f"{', '.join(sorted(sd)) or 'none'}): a ZeRO checkpoint loads into "
-                           "the same number of partitions only")
+            raise KeyError(
+                f"no DeepSpeed ZeRO-3 {what} state for {key} (saved: "
+                f"{', '.join(sorted(sd)) or 'none'}): a ZeRO checkpoint loads into "
+                "the same number of partitions only"
+            )
     zero3_release_all(owner)
     saved_model, saved_optim, inner = model_sd[key], optim_sd[key], owner.optimizer
     params = dict(model.named_parameters())

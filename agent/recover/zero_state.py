@@ -55,15 +55,21 @@ def zero_states(model: torch.nn.Module, owner: Any) -> tuple[dict[str, Any], dic
     for i, (group, master) in enumerate(zip(inner.param_groups, masters, strict=True)):
         flat = group["params"]
         if len(flat) != 1 or flat[0] is not master:
-            raise RuntimeError(f"DeepSpeed's ZeRO param group {i} does not hold its master "
-                               "partition alone: a layout torchvitals does not checkpoint")
-        groups[f"group-{i}"] = {"master": master, "state": dict(inner.state.get(master, {})),
-                                "hparams": {k: v for k, v in group.items() if k != "params"}}
+            raise RuntimeError(
+                f"DeepSpeed's ZeRO param group {i} does not hold its master "
+                "partition alone: a layout torchvitals does not checkpoint"
+            )
+        groups[f"group-{i}"] = {
+            "master": master,
+            "state": dict(inner.state.get(master, {})),
+            "hparams": {k: v for k, v in group.items() if k != "params"},
+        }
     return get_model_state_dict(model), {partition_key(owner): groups}
 
 
-def set_zero_states(model: torch.nn.Module, owner: Any, model_sd: dict[str, Any],
-                    optim_sd: dict[str, Any]) -> None:
+def set_zero_states(
+    model: torch.nn.Module, owner: Any, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+) -> None:
     """Load ``model_sd`` and ``optim_sd`` (shaped as ``zero_states`` returns them) in place.
 
     Raises:
@@ -72,9 +78,11 @@ def set_zero_states(model: torch.nn.Module, owner: Any, model_sd: dict[str, Any]
     set_model_state_dict(model, model_sd)
     key = partition_key(owner)
     if key not in optim_sd:
-        raise KeyError(f"no DeepSpeed ZeRO optimizer state for {key} (saved: "
-                       f"{', '.join(sorted(optim_sd)) or 'none'}): a ZeRO checkpoint loads "
-                       "into the same number of partitions only")
+        raise KeyError(
+            f"no DeepSpeed ZeRO optimizer state for {key} (saved: "
+            f"{', '.join(sorted(optim_sd)) or 'none'}): a ZeRO checkpoint loads "
+            "into the same number of partitions only"
+        )
     saved, inner = optim_sd[key], owner.optimizer
     masters = zero_partitions(owner)
     for i, (group, master) in enumerate(zip(inner.param_groups, masters, strict=True)):
@@ -83,8 +91,9 @@ def set_zero_states(model: torch.nn.Module, owner: Any, model_sd: dict[str, Any]
         group.update(mine["hparams"])
 
 
-def load_partition(inner: torch.optim.Optimizer, master: torch.Tensor,
-                   saved: dict[str, Any]) -> None:
+def load_partition(
+    inner: torch.optim.Optimizer, master: torch.Tensor, saved: dict[str, Any]
+) -> None:
     """Copy a saved fp32 master partition and the torch optimizer's state over it in place.
 
     Args:

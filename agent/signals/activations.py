@@ -29,10 +29,16 @@ class ActivationSlots:
 
 class Activations(Signal):
     rules = ("Activations", "AttentionSaturation")
-    metrics = ("torchvitals_activation_mean", "torchvitals_activation_rms",
-               "torchvitals_activation_abs_max", "torchvitals_activation_zero_ratio",
-               "torchvitals_activation_saturated_ratio", "torchvitals_activation_nonfinite",
-               "torchvitals_attention_entropy_min", "torchvitals_attention_logit_max")
+    metrics = (
+        "torchvitals_activation_mean",
+        "torchvitals_activation_rms",
+        "torchvitals_activation_abs_max",
+        "torchvitals_activation_zero_ratio",
+        "torchvitals_activation_saturated_ratio",
+        "torchvitals_activation_nonfinite",
+        "torchvitals_attention_entropy_min",
+        "torchvitals_attention_logit_max",
+    )
 
     def __init__(self, acts: ActivationStats, attn: AttentionStats, names: list[str]) -> None:
         self.acts, self.attn, self.names = acts, attn, names
@@ -47,24 +53,42 @@ class Activations(Signal):
             return None
         counts, sums, maxes = self.acts.take(ctx.device)
         attn_counts, neg_entropy, logit = self.attn.take(ctx.device)
-        return ActivationSlots(packer.add_host_sum(counts), packer.add_sum(sums),
-                               packer.add_max(maxes), packer.add_host_sum(attn_counts),
-                               packer.add_max(neg_entropy), packer.add_max(logit))
+        return ActivationSlots(
+            packer.add_host_sum(counts),
+            packer.add_sum(sums),
+            packer.add_max(maxes),
+            packer.add_host_sum(attn_counts),
+            packer.add_max(neg_entropy),
+            packer.add_max(logit),
+        )
 
-    def unpack(self, ctx: StepContext, handle: ActivationSlots | None, reduced: Reduced,
-               report: Report, seen: Observed) -> None:
+    def unpack(
+        self,
+        ctx: StepContext,
+        handle: ActivationSlots | None,
+        reduced: Reduced,
+        report: Report,
+        seen: Observed,
+    ) -> None:
         if handle is None:
             return
         counts, sums, maxes = reduced[handle.count], reduced[handle.sums], reduced[handle.abs_max]
-        report.activations = {n: summarize(counts[b], sums[5 * b:5 * b + 5], maxes[b])
-                              for b, n in enumerate(self.names) if counts[b] > 0}
-        attn, neg_entropy, logit = (reduced[handle.attn_count], reduced[handle.attn_neg_entropy],
-                                    reduced[handle.attn_logit])
+        report.activations = {
+            n: summarize(counts[b], sums[5 * b : 5 * b + 5], maxes[b])
+            for b, n in enumerate(self.names)
+            if counts[b] > 0
+        }
+        attn, neg_entropy, logit = (
+            reduced[handle.attn_count],
+            reduced[handle.attn_neg_entropy],
+            reduced[handle.attn_logit],
+        )
         for b, n in enumerate(self.names):
             if attn[b] > 0 and n in report.activations:
                 report.activations[n]["attention_entropy"] = -neg_entropy[b]
-                report.activations[n]["attention_logit_max"] = (logit[b] if logit[b] > -math.inf
-                                                                else math.nan)
+                report.activations[n]["attention_logit_max"] = (
+                    logit[b] if logit[b] > -math.inf else math.nan
+                )
 
     def close(self) -> None:
         self.acts.close()

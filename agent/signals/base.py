@@ -66,8 +66,9 @@ class Signal:
         nothing packed this step, and ``unpack`` is not called)."""
         return None
 
-    def unpack(self, ctx: StepContext, handle: Any, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self, ctx: StepContext, handle: Any, reduced: Reduced, report: Report, seen: Observed
+    ) -> None:
         """Read the reduced values back into ``report`` (or ``seen``); identical on every rank."""
 
     def close(self) -> None:

@@ -16,8 +16,11 @@ from .base import Signal, StepContext
 
 
 class CheckpointSettlement(Signal):
-    metrics = ("torchvitals_checkpoint_seconds", "torchvitals_checkpoint_failures_total",
-               "torchvitals_last_healthy_step")
+    metrics = (
+        "torchvitals_checkpoint_seconds",
+        "torchvitals_checkpoint_failures_total",
+        "torchvitals_last_healthy_step",
+    )
 
     def __init__(self, watchdog: Any) -> None:
         self.watchdog = watchdog
@@ -25,6 +28,7 @@ class CheckpointSettlement(Signal):
     def pack(self, ctx: StepContext, packer: Packer) -> Slot:
         return packer.add_host_sum(self.watchdog.save_flags())
 
-    def unpack(self, ctx: StepContext, handle: Slot, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self, ctx: StepContext, handle: Slot, reduced: Reduced, report: Report, seen: Observed
+    ) -> None:
         self.watchdog.settle(reduced[handle], ctx.world_size, report)

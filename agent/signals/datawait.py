@@ -32,8 +32,9 @@ class DataWaitSignal(Signal):
         local_wait = self.wait.take()
         return WaitSlot(packer.add_host_sum([local_wait, ctx.step_seconds]), local_wait)
 
-    def unpack(self, ctx: StepContext, handle: WaitSlot, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self, ctx: StepContext, handle: WaitSlot, reduced: Reduced, report: Report, seen: Observed
+    ) -> None:
         wait_sum, step_sum = reduced[handle.sums]
         report.local_data_wait_seconds = handle.local_wait
         report.data_wait_mean_seconds = wait_sum / ctx.world_size

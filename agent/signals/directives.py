@@ -24,6 +24,7 @@ class Directives(Signal):
     def pack(self, ctx: StepContext, packer: Packer) -> Slot:
         return packer.add_host_sum([self.poller.code() if self.poller is not None else 0.0])
 
-    def unpack(self, ctx: StepContext, handle: Slot, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self, ctx: StepContext, handle: Slot, reduced: Reduced, report: Report, seen: Observed
+    ) -> None:
         seen.directive = reduced.scalar(handle)

@@ -58,56 +58,71 @@ def unread_blocks(read: list[float], expected: list[bool], partitioned: bool) ->
 
 class GradNorms(Signal):
     """Args:
-        stats: this rank's share of the per-block squared norms.
-        names: the block names.
-        device: where the sums are accumulated.
-        probe: the guard's probe gradients (tells one backward pass from the next).
-        clip_watch: warns when the norms look clipped before they were measured.
-        expected: per block, whether it has a trainable parameter the optimizer steps (all
-            True when None).
-        log: where the one warning naming missing blocks goes (None: not on this rank).
+    stats: this rank's share of the per-block squared norms.
+    names: the block names.
+    device: where the sums are accumulated.
+    probe: the guard's probe gradients (tells one backward pass from the next).
+    clip_watch: warns when the norms look clipped before they were measured.
+    expected: per block, whether it has a trainable parameter the optimizer steps (all
+        True when None).
+    log: where the one warning naming missing blocks goes (None: not on this rank).
     """
 
     rules = ("NonFinite", "BlockNorms", "Vanishing", "DeadPipeline")
-    metrics = ("torchvitals_grad_norm", "torchvitals_grad_norm_global",
-               "torchvitals_clip_coefficient")
+    metrics = (
+        "torchvitals_grad_norm",
+        "torchvitals_grad_norm_global",
+        "torchvitals_clip_coefficient",
+    )
 
-    def __init__(self, stats: GradStats, names: list[str], device: torch.device,
-                 probe: Callable[[], list[Any]], clip_watch: ClipWatch,
-                 expected: list[bool] | None = None, log: Any = None) -> None:
+    def __init__(
+        self,
+        stats: GradStats,
+        names: list[str],
+        device: torch.device,
+        probe: Callable[[], list[Any]],
+        clip_watch: ClipWatch,
+        expected: list[bool] | None = None,
+        log: Any = None,
+    ) -> None:
         self.stats, self.names, self.device = stats, names, device
         self._probe, self._clip_watch = probe, clip_watch
-        self._expecting = [1.0 if e else 0.0
-                           for e in ([True] * len(names) if expected is None else expected)]
+        self._expecting = [
+            1.0 if e else 0.0 for e in ([True] * len(names) if expected is None else expected)
+        ]
         self._log = log
         self._warned: set[str] = set()
         self._captured: tuple[torch.Tensor, list[float]] | None = None
-        self._captured_from: list[Any] = []     # the gradients it was measured from
+        self._captured_from: list[Any] = []  # the gradients it was measured from
 
     def capture(self) -> None:
         """Measure the gradients now, before something changes them in place."""
         now = self._probe()
         if self._captured is not None and not same_tensors(now, self._captured_from):
-            self._captured = None     # a new backward since: the loop skipped that step itself
+            self._captured = None  # a new backward since: the loop skipped that step itself
         if self._captured is None:
             self._captured, self._captured_from = self.stats.measure(self.device), now
 
     def pack(self, ctx: StepContext, packer: Packer) -> GradSlots:
         captured, self._captured = self._captured, None
         if captured is not None and not same_tensors(self._probe(), self._captured_from):
-            captured = None           # measured before a step the loop then left out
+            captured = None  # measured before a step the loop then left out
         self._captured_from = []
         sq, read = captured if captured is not None else self.stats.measure(ctx.device)
         return GradSlots(packer.add_sum(sq), packer.add_host_sum(list(read) + self._expecting))
 
-    def unpack(self, ctx: StepContext, handle: GradSlots, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self, ctx: StepContext, handle: GradSlots, reduced: Reduced, report: Report, seen: Observed
+    ) -> None:
         grad_sq = reduced[handle.sq]
         counts, n = reduced[handle.read], len(self.names)
-        missing = set(unread_blocks(counts[:n], [e > 0 for e in counts[n:]],
-                                    self.stats.partitioned))
-        report.grad_norm = {n: math.nan if b in missing else math.sqrt(v)
-                            for b, (n, v) in enumerate(zip(self.names, grad_sq))}
+        missing = set(
+            unread_blocks(counts[:n], [e > 0 for e in counts[n:]], self.stats.partitioned)
+        )
+        report.grad_norm = {
+            n: math.nan if b in missing else math.sqrt(v)
+            for b, (n, v) in enumerate(zip(self.names, grad_sq))
+        }
         measured = [v for b, v in enumerate(grad_sq) if b not in missing]
         total = sum(measured)
         report.grad_norm_total = math.sqrt(total) if measured else math.nan
@@ -128,4 +143,7 @@ class GradNorms(Signal):
                 "(param.grad is None and no framework partition holds one: bypassed in the "
                 "forward pass, or gradients kept where torchvitals does not read them): their "
                 "grad norms are reported as missing (NaN), not 0, and no dead_pipeline or "
-                "vanishing_gradients verdict is drawn from them", ", ".join(new), report.step)
+                "vanishing_gradients verdict is drawn from them",
+                ", ".join(new),
+                report.step,
+            )

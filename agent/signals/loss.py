@@ -45,8 +45,11 @@ class Loss(Signal):
         loss = ctx.loss
         if isinstance(loss, torch.Tensor):
             value = local(loss.detach()).reshape(()).to(F64).to(ctx.device)
-            return LossSlots(packer.add_sum(torch.stack([value, (~torch.isfinite(value)).to(F64)])),
-                             packer.add_host_sum([0.0, 0.0, 1.0]), packer.add_local(value))
+            return LossSlots(
+                packer.add_sum(torch.stack([value, (~torch.isfinite(value)).to(F64)])),
+                packer.add_host_sum([0.0, 0.0, 1.0]),
+                packer.add_local(value),
+            )
         known = loss is not None
         number = float(loss) if known else 0.0
         zeros = self._zeros.get(ctx.device)
@@ -54,13 +57,17 @@ class Loss(Signal):
             zeros = self._zeros[ctx.device] = torch.zeros(2, dtype=F64, device=ctx.device)
         return LossSlots(
             packer.add_sum(zeros),
-            packer.add_host_sum([number, 0.0 if math.isfinite(number) else 1.0,
-                                 1.0 if known else 0.0]),
-            packer.add_local(torch.full((1,), number if known else math.nan, dtype=F64,
-                                        device=ctx.device)))
+            packer.add_host_sum(
+                [number, 0.0 if math.isfinite(number) else 1.0, 1.0 if known else 0.0]
+            ),
+            packer.add_local(
+                torch.full((1,), number if known else math.nan, dtype=F64, device=ctx.device)
+            ),
+        )
 
-    def unpack(self, ctx: StepContext, handle: LossSlots, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self, ctx: StepContext, handle: LossSlots, reduced: Reduced, report: Report, seen: Observed
+    ) -> None:
         value, flagged = reduced[handle.device]
         number, flagged_host, known = reduced[handle.host]  # known: ranks that knew theirs
         total = value + number

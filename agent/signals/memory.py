@@ -17,11 +17,13 @@ from .base import Signal, StepContext
 
 class Memory(Signal):
     rules = ("MemoryGrowth",)
-    metrics = ("torchvitals_process_resident_memory_bytes",
-               "torchvitals_accelerator_memory_allocated_bytes",
-               "torchvitals_accelerator_memory_reserved_bytes",
-               "torchvitals_accelerator_memory_peak_bytes",
-               "torchvitals_accelerator_memory_fragmentation_bytes")
+    metrics = (
+        "torchvitals_process_resident_memory_bytes",
+        "torchvitals_accelerator_memory_allocated_bytes",
+        "torchvitals_accelerator_memory_reserved_bytes",
+        "torchvitals_accelerator_memory_peak_bytes",
+        "torchvitals_accelerator_memory_fragmentation_bytes",
+    )
 
     def __init__(self, sample: MemorySample) -> None:
         self.sample = sample
@@ -31,12 +33,19 @@ class Memory(Signal):
             return None
         return packer.add_max(to_device(self.sample.read(), ctx.device))
 
-    def unpack(self, ctx: StepContext, handle: Slot | None, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self,
+        ctx: StepContext,
+        handle: Slot | None,
+        reduced: Reduced,
+        report: Report,
+        seen: Observed,
+    ) -> None:
         if handle is not None:
-            report.memory = MemorySample.unpack(reduced[handle],
-                                                accelerator=ctx.device.type == "cuda")
-        report.local_accelerator_memory = self.sample.accelerator     # kept from the last sample
+            report.memory = MemorySample.unpack(
+                reduced[handle], accelerator=ctx.device.type == "cuda"
+            )
+        report.local_accelerator_memory = self.sample.accelerator  # kept from the last sample
 
 
 def to_device(values: list[float], device: torch.device) -> torch.Tensor:

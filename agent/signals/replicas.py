@@ -22,8 +22,12 @@ class Replicas(Signal):
     rules = ("ReplicaDivergence",)
     metrics = ("torchvitals_replica_checks_total",)
 
-    def __init__(self, fingerprint: Fingerprint, group: dist.ProcessGroup | None,
-                 collective_device: torch.device) -> None:
+    def __init__(
+        self,
+        fingerprint: Fingerprint,
+        group: dist.ProcessGroup | None,
+        collective_device: torch.device,
+    ) -> None:
         self.fingerprint, self.group = fingerprint, group
         self._collective_device = collective_device
 
@@ -32,12 +36,19 @@ class Replicas(Signal):
             return None
         return packer.add_max(self.fingerprint.pack(ctx.device))
 
-    def unpack(self, ctx: StepContext, handle: Slot | None, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self,
+        ctx: StepContext,
+        handle: Slot | None,
+        reduced: Reduced,
+        report: Report,
+        seen: Observed,
+    ) -> None:
         if handle is None:
             return
         report.replicas_checked = True
         mismatched = self.fingerprint.mismatched(reduced[handle])
         if mismatched:
             report.replica_mismatch = self.fingerprint.name_ranks(
-                mismatched, self.group, ctx.world_size, self._collective_device)
+                mismatched, self.group, ctx.world_size, self._collective_device
+            )

@@ -25,8 +25,14 @@ class Scaler(Signal):
             return None
         return packer.add_sum(ctx.scale / ctx.world_size)
 
-    def unpack(self, ctx: StepContext, handle: Slot | None, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self,
+        ctx: StepContext,
+        handle: Slot | None,
+        reduced: Reduced,
+        report: Report,
+        seen: Observed,
+    ) -> None:
         if handle is None:
             return
         report.loss_scale = reduced.scalar(handle)

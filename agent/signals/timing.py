@@ -38,11 +38,18 @@ class Timing(Signal):
         seconds[1 + self.stage] = ctx.compute_seconds
         return TimingSlots(packer.add_host_sum(seconds), packer.add_host_sum(self.timing.flags()))
 
-    def unpack(self, ctx: StepContext, handle: TimingSlots, reduced: Reduced, report: Report,
-               seen: Observed) -> None:
+    def unpack(
+        self,
+        ctx: StepContext,
+        handle: TimingSlots,
+        reduced: Reduced,
+        report: Report,
+        seen: Observed,
+    ) -> None:
         step_sum, *compute_sums = reduced[handle.seconds]
         report.mean_step_seconds = step_sum / ctx.world_size
         report.mean_compute_seconds = sum(compute_sums) / ctx.world_size
         seen.straggler_flags = reduced[handle.flags]
-        self.timing.observe(ctx.compute_seconds, compute_sums[self.stage],
-                            report.local_data_wait_seconds)
+        self.timing.observe(
+            ctx.compute_seconds, compute_sums[self.stage], report.local_data_wait_seconds
+        )

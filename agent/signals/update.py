@@ -66,13 +66,22 @@ class UpdateRatios(Signal):
             return None
         return UpdateSlots(pending, packer.add_sum(pending.d_sq), packer.add_sum(pending.w_sq))
 
-    def unpack(self, ctx: StepContext, handle: UpdateSlots | None, reduced: Reduced,
-               report: Report, seen: Observed) -> None:
+    def unpack(
+        self,
+        ctx: StepContext,
+        handle: UpdateSlots | None,
+        reduced: Reduced,
+        report: Report,
+        seen: Observed,
+    ) -> None:
         if handle is None:
             return
         d_sq, w_sq = reduced[handle.d_sq], reduced[handle.w_sq]
-        report.update_ratio = {n: _ratio(d, w) for n, d, w, c
-                               in zip(self.names, d_sq, w_sq, handle.pending.chosen) if c}
+        report.update_ratio = {
+            n: _ratio(d, w)
+            for n, d, w, c in zip(self.names, d_sq, w_sq, handle.pending.chosen)
+            if c
+        }
         report.update_ratio_step = handle.pending.step
 
 

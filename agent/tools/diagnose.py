@@ -26,75 +26,108 @@ from ..detect.verdict import Verdict
 from ..report import json_number
 from ..outputs.eventlog import read_events
 
-NUMERICAL, EXPLOSION, VANISHING = "numerical instability", "gradient explosion", "vanishing gradients"
+NUMERICAL, EXPLOSION, VANISHING = (
+    "numerical instability",
+    "gradient explosion",
+    "vanishing gradients",
+)
 DEAD_PIPELINE, GAP, DEAD_LAYER = "dead pipeline", "generalization gap", "dead layer"
 STRAGGLER, NO_ANOMALY = "straggler", "no anomaly"
 REPLICAS, LEAK, DATA = "replica divergence", "memory leak", "data stall"
-CAUSES = (NUMERICAL, EXPLOSION, VANISHING, DEAD_PIPELINE, GAP, DEAD_LAYER, STRAGGLER, REPLICAS,
-          LEAK, DATA, NO_ANOMALY)
+CAUSES = (
+    NUMERICAL,
+    EXPLOSION,
+    VANISHING,
+    DEAD_PIPELINE,
+    GAP,
+    DEAD_LAYER,
+    STRAGGLER,
+    REPLICAS,
+    LEAK,
+    DATA,
+    NO_ANOMALY,
+)
 
 CLASSES = {
     NUMERICAL: (P.NONFINITE_LOSS, P.NONFINITE_GRAD, P.FP16_OVERFLOW),
     # hot_lr leads: the update ratio drifts up before the gradient norm and the loss follow.
-    EXPLOSION: (P.HOT_LR, P.LAYER_DIVERGENCE, P.GRAD_EXPLOSION, P.LOSS_SPIKE, P.ACTIVATION_EXPLOSION),
+    EXPLOSION: (
+        P.HOT_LR,
+        P.LAYER_DIVERGENCE,
+        P.GRAD_EXPLOSION,
+        P.LOSS_SPIKE,
+        P.ACTIVATION_EXPLOSION,
+    ),
     VANISHING: (P.VANISHING_GRADIENTS, P.SATURATION, P.ATTENTION_SATURATION, P.DEAD_RELU),
-    DEAD_PIPELINE: (P.DEAD_PIPELINE,), GAP: (P.GENERALIZATION_GAP,),
-    DEAD_LAYER: (P.DEAD_LAYER,), STRAGGLER: (P.STRAGGLER,), REPLICAS: (P.REPLICA_DIVERGENCE,),
-    LEAK: (P.MEMORY_GROWTH,), DATA: (P.DATA_STALL,),
+    DEAD_PIPELINE: (P.DEAD_PIPELINE,),
+    GAP: (P.GENERALIZATION_GAP,),
+    DEAD_LAYER: (P.DEAD_LAYER,),
+    STRAGGLER: (P.STRAGGLER,),
+    REPLICAS: (P.REPLICA_DIVERGENCE,),
+    LEAK: (P.MEMORY_GROWTH,),
+    DATA: (P.DATA_STALL,),
 }
 """Cause -> the verdict patterns that are its symptoms."""
 
 SHOWN = {
-    P.NONFINITE_LOSS: ("loss",), P.NONFINITE_GRAD: ("blocks", "grad_norm_total"),
-    P.LOSS_SPIKE: ("loss", "median", "threshold"), P.GRAD_EXPLOSION: ("grad_norm_total", "median"),
-    P.LAYER_DIVERGENCE: ("ratio_to_median", "grad_norm"), P.HOT_LR: ("update_ratio", "healthy"),
+    P.NONFINITE_LOSS: ("loss",),
+    P.NONFINITE_GRAD: ("blocks", "grad_norm_total"),
+    P.LOSS_SPIKE: ("loss", "median", "threshold"),
+    P.GRAD_EXPLOSION: ("grad_norm_total", "median"),
+    P.LAYER_DIVERGENCE: ("ratio_to_median", "grad_norm"),
+    P.HOT_LR: ("update_ratio", "healthy"),
     P.DEAD_LAYER: ("update_ratio", "others_median", "requires_grad_false", "not_in_optimizer"),
     P.VANISHING_GRADIENTS: ("ratio", "first", "last"),
-    P.SATURATION: ("saturation_fraction",), P.DEAD_RELU: ("zero_fraction",),
-    P.ACTIVATION_EXPLOSION: ("abs_max", "first_abs_max"), P.DEAD_PIPELINE: ("max_grad_norm", "detached"),
+    P.SATURATION: ("saturation_fraction",),
+    P.DEAD_RELU: ("zero_fraction",),
+    P.ACTIVATION_EXPLOSION: ("abs_max", "first_abs_max"),
+    P.DEAD_PIPELINE: ("max_grad_norm", "detached"),
     P.GENERALIZATION_GAP: ("validation", "best_validation"),
     P.STRAGGLER: ("rank", "seconds", "others_mean", "cause"),
-    P.REPLICA_DIVERGENCE: ("blocks", "ranks"), P.MEMORY_GROWTH: ("memory", "rise_bytes", "bytes_per_step"),
+    P.REPLICA_DIVERGENCE: ("blocks", "ranks"),
+    P.MEMORY_GROWTH: ("memory", "rise_bytes", "bytes_per_step"),
     P.DATA_STALL: ("data_wait_ratio", "data_wait_seconds"),
 }
 """Pattern -> the evidence values worth a reader's attention (others: the first few numbers)."""
 
 FIXES = {
     NUMERICAL: "Find the overflowing op: compute the loss from logits (log_softmax/cross_entropy, "
-               "never log of a softmax), add eps to divisions and logs, prefer bf16 to fp16 (or "
-               "keep a GradScaler), and clip gradients (watch(..., clip_grad_norm=1.0)) with warmup.",
+    "never log of a softmax), add eps to divisions and logs, prefer bf16 to fp16 (or "
+    "keep a GradScaler), and clip gradients (watch(..., clip_grad_norm=1.0)) with warmup.",
     EXPLOSION: "Clip gradients (watch(..., clip_grad_norm=1.0)), lower the learning rate or lengthen "
-               "warmup, and check the init scale of {block}; if a spike ruined the run, restart from "
-               "the last healthy checkpoint with a lower LR and skip the offending batch.",
+    "warmup, and check the init scale of {block}; if a spike ruined the run, restart from "
+    "the last healthy checkpoint with a lower LR and skip the offending batch.",
     VANISHING: "Fix the initialization scale (Xavier/Kaiming for the nonlinearity; the symptoms "
-               "start in {block}), add normalization or residual connections, or replace saturating "
-               "tanh/sigmoid units (GELU/LeakyReLU also cure dead ReLUs); clipping would only hide it.",
+    "start in {block}), add normalization or residual connections, or replace saturating "
+    "tanh/sigmoid units (GELU/LeakyReLU also cure dead ReLUs); clipping would only hide it.",
     DEAD_PIPELINE: "Check the wiring before tuning: a loss built from detached tensors, frozen "
-                   "parameters or ones missing from the optimizer, mis-loaded inputs/labels, or a "
-                   "loss that ignores the output; `python -m torchvitals preflight` checks these.",
+    "parameters or ones missing from the optimizer, mis-loaded inputs/labels, or a "
+    "loss that ignores the output; `python -m torchvitals preflight` checks these.",
     GAP: "Not an optimization failure: stop early at the best validation step, get more data or "
-         "augmentation, add regularization (weight decay, dropout) or use a smaller model.",
+    "augmentation, add regularization (weight decay, dropout) or use a smaller model.",
     DEAD_LAYER: "Unfreeze {block} (requires_grad=True), check its parameters are in the optimizer "
-                "with a non-zero learning rate, or reinitialize it.",
+    "with a non-zero learning rate, or reinitialize it.",
     STRAGGLER: "Look at the slow rank's host: input pipeline, CPU contention, thermal throttling or "
-               "a degraded link; every other rank waits for it at each collective.",
+    "a degraded link; every other rank waits for it at each collective.",
     REPLICAS: "Suspect the named rank's hardware (ECC and row-remapper counters, DCGM diagnostics) "
-              "or code that writes to one replica's weights; the watchdog rolled back to identical "
-              "replicas, and a rank named again should be cordoned.",
+    "or code that writes to one replica's weights; the watchdog rolled back to identical "
+    "replicas, and a rank named again should be cordoned.",
     LEAK: "Find what keeps a reference every step (outputs or losses kept without .detach()/.item(), "
-          "a growing cache); torch.cuda.memory_snapshot() or tracemalloc names the allocation site.",
+    "a growing cache); torch.cuda.memory_snapshot() or tracemalloc names the allocation site.",
     DATA: "Speed up the input pipeline: more DataLoader workers and prefetching, pinned memory, "
-          "faster storage or pre-decoded data; the accelerators idle while they wait.",
+    "faster storage or pre-decoded data; the accelerators idle while they wait.",
     NO_ANOMALY: "Nothing to fix in the optimization signals; if results are poor, look at data "
-                "quality, labels and model capacity.",
+    "quality, labels and model capacity.",
 }
 
 
-HOT_LR_FIX = ("Lower the learning rate or lengthen warmup: the update ratio ran hot in {block} "
-              "before the gradients and the loss followed; clip gradients (watch(..., "
-              "clip_grad_norm=1.0)); if a spike ruined the run, restart from the last healthy "
-              "checkpoint with a lower LR and skip the offending batch. Suspect the init scale of "
-              "{block} only if the spike returns at a lower learning rate.")
+HOT_LR_FIX = (
+    "Lower the learning rate or lengthen warmup: the update ratio ran hot in {block} "
+    "before the gradients and the loss followed; clip gradients (watch(..., "
+    "clip_grad_norm=1.0)); if a spike ruined the run, restart from the last healthy "
+    "checkpoint with a lower LR and skip the offending batch. Suspect the init scale of "
+    "{block} only if the spike returns at a lower learning rate."
+)
 """The explosion's fix when the update ratio moved first: the learning rate, not the init."""
 
 
@@ -119,8 +152,14 @@ class Diagnosis:
 
     def render(self) -> str:
         """The diagnosis as a few readable lines for a terminal."""
-        where = ", ".join(x for x in (f"from step {self.first_step}" if self.first_step else "",
-                                      f"block {self.block}" if self.block else "") if x)
+        where = ", ".join(
+            x
+            for x in (
+                f"from step {self.first_step}" if self.first_step else "",
+                f"block {self.block}" if self.block else "",
+            )
+            if x
+        )
         lines = [f"cause: {self.cause}" + (f" ({where})" if where else ""), f"  {self.summary}"]
         if self.evidence:
             lines += ["evidence:"] + [f"  - {e}" for e in self.evidence]
@@ -130,8 +169,11 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-def diagnose(verdicts: Iterable[Verdict | Mapping[str, Any]], losses: Iterable[tuple[int, float]],
-             validation: Iterable[tuple[int, float]] = ()) -> Diagnosis:
+def diagnose(
+    verdicts: Iterable[Verdict | Mapping[str, Any]],
+    losses: Iterable[tuple[int, float]],
+    validation: Iterable[tuple[int, float]] = (),
+) -> Diagnosis:
     """Walk the decision tree over a run's verdicts, backed by its loss curves.
 
     Args:
@@ -151,18 +193,26 @@ def diagnose(verdicts: Iterable[Verdict | Mapping[str, Any]], losses: Iterable[t
     first = {c: _earliest(found, pats) for c, pats in CLASSES.items()}
     seen = {c: v for c, v in first.items() if v is not None}
     if not seen:
-        return Diagnosis(NO_ANOMALY, "No failure pattern was detected in the loss, gradient, "
-                         "update or activation signals.", [], FIXES[NO_ANOMALY])
+        return Diagnosis(
+            NO_ANOMALY,
+            "No failure pattern was detected in the loss, gradient, update or activation signals.",
+            [],
+            FIXES[NO_ANOMALY],
+        )
     crash = seen.get(NUMERICAL)
     # Root cause before crash site: a symptom class that began before the NaN is what fed it
     # (the tanh-MLP case: saturation starves the gradients long before the log-softmax overflows).
-    early = [c for c in (EXPLOSION, VANISHING) if c in seen and (crash is None or seen[c]["step"] < crash["step"])]
+    early = [
+        c
+        for c in (EXPLOSION, VANISHING)
+        if c in seen and (crash is None or seen[c]["step"] < crash["step"])
+    ]
     if crash is not None and not early:
         cause = NUMERICAL
     elif DEAD_PIPELINE in seen and crash is None:
         cause = DEAD_PIPELINE
     elif early:
-        cause = min(early, key=lambda c: seen[c]["step"])   # ties: explosion, as in the pseudo-code
+        cause = min(early, key=lambda c: seen[c]["step"])  # ties: explosion, as in the pseudo-code
     else:
         cause = next(c for c in (REPLICAS, GAP, DEAD_LAYER, STRAGGLER, LEAK, DATA) if c in seen)
     lead = seen[cause]
@@ -170,12 +220,19 @@ def diagnose(verdicts: Iterable[Verdict | Mapping[str, Any]], losses: Iterable[t
     if cause in (EXPLOSION, VANISHING) and crash is not None:
         related.append(crash)
     fix = HOT_LR_FIX if cause == EXPLOSION and lead["pattern"] == P.HOT_LR else FIXES[cause]
-    return Diagnosis(cause, _summary(cause, lead, crash), _evidence(related),
-                     fix.format(block=f"block {lead['block']}" if lead.get("block")
-                                else "the first layers"),
-                     lead["step"], lead.get("block"),
-                     [f"{c} from step {v['step']}" for c, v in seen.items()
-                      if c != cause and not (c == NUMERICAL and cause in (EXPLOSION, VANISHING))])
+    return Diagnosis(
+        cause,
+        _summary(cause, lead, crash),
+        _evidence(related),
+        fix.format(block=f"block {lead['block']}" if lead.get("block") else "the first layers"),
+        lead["step"],
+        lead.get("block"),
+        [
+            f"{c} from step {v['step']}"
+            for c, v in seen.items()
+            if c != cause and not (c == NUMERICAL and cause in (EXPLOSION, VANISHING))
+        ],
+    )
 
 
 def diagnose_events(path: str | os.PathLike) -> Diagnosis:
@@ -217,22 +274,30 @@ def _as_dict(v: Any) -> dict[str, Any] | None:
     return d
 
 
-
 def _earliest(found: list[dict[str, Any]], patterns: tuple[str, ...]) -> dict[str, Any] | None:
     hits = [v for v in found if v["pattern"] in patterns]
     # Same step: the pattern listed first in the class leads (hot_lr before loss_spike).
     return min(hits, key=lambda v: (v["step"], patterns.index(v["pattern"])), default=None)
 
 
-def _from_curves(found: list[dict[str, Any]], losses: list[tuple[int, float]],
-                 validation: list[tuple[int, float]]) -> list[dict[str, Any]]:
+def _from_curves(
+    found: list[dict[str, Any]],
+    losses: list[tuple[int, float]],
+    validation: list[tuple[int, float]],
+) -> list[dict[str, Any]]:
     """Verdict-shaped symptoms read from the loss curves, where no verdict reported them."""
     have = {v["pattern"] for v in found}
     extra = []
     bad = [(s, x) for s, x in losses if not math.isfinite(x)]
     if bad and not have & set(CLASSES[NUMERICAL]):
-        extra.append({"pattern": P.NONFINITE_LOSS, "step": bad[0][0], "block": None,
-                      "evidence": {"loss": bad[0][1], "source": "loss curve"}})
+        extra.append(
+            {
+                "pattern": P.NONFINITE_LOSS,
+                "step": bad[0][0],
+                "block": None,
+                "evidence": {"loss": bad[0][1], "source": "loss curve"},
+            }
+        )
     if len(validation) >= 4 and P.GENERALIZATION_GAP not in have:
         # The detector's reading: the last 3 validations rising past their best by 2% while the
         # training loss (EMA, as of each validation) keeps falling.
@@ -242,9 +307,18 @@ def _from_curves(found: list[dict[str, Any]], losses: list[tuple[int, float]],
         best = min(x for _, x in validation)
         rising = all(b > a for a, b in zip(val, val[1:])) and val[-1] >= 1.02 * best
         if rising and all(b < a for a, b in zip(train, train[1:])):
-            extra.append({"pattern": P.GENERALIZATION_GAP, "step": recent[1][0], "block": None,
-                          "evidence": {"validation": val, "best_validation": best,
-                                       "source": "validation curve"}})
+            extra.append(
+                {
+                    "pattern": P.GENERALIZATION_GAP,
+                    "step": recent[1][0],
+                    "block": None,
+                    "evidence": {
+                        "validation": val,
+                        "best_validation": best,
+                        "source": "validation curve",
+                    },
+                }
+            )
     return extra
 
 
@@ -260,31 +334,42 @@ def _ema_at(losses: list[tuple[int, float]], step: int) -> float:
 
 def _summary(cause: str, lead: dict[str, Any], crash: dict[str, Any] | None) -> str:
     at = f"step {lead['step']}" + (f" in block {lead['block']}" if lead.get("block") else "")
-    crashed = (f", and the run crashed with {crash['pattern']} at step {crash['step']}: the crash "
-               f"site and the root cause are far apart" if crash is not None and crash is not lead else "")
+    crashed = (
+        f", and the run crashed with {crash['pattern']} at step {crash['step']}: the crash "
+        f"site and the root cause are far apart"
+        if crash is not None and crash is not lead
+        else ""
+    )
     text = {
         NUMERICAL: f"The run went non-finite ({lead['pattern']}) at {at} with no earlier explosion "
-                   f"or vanishing signal, pointing at an overflow in log/exp, a division or the precision",
-        EXPLOSION: (f"The learning rate is too high: the update ratio ran hot (hot_lr) at {at} "
-                    f"ahead of the gradients and the loss{crashed}" if lead["pattern"] == P.HOT_LR else
-                    f"Gradients exploded, first seen as {lead['pattern']} at {at}{crashed}"),
+        f"or vanishing signal, pointing at an overflow in log/exp, a division or the precision",
+        EXPLOSION: (
+            f"The learning rate is too high: the update ratio ran hot (hot_lr) at {at} "
+            f"ahead of the gradients and the loss{crashed}"
+            if lead["pattern"] == P.HOT_LR
+            else f"Gradients exploded, first seen as {lead['pattern']} at {at}{crashed}"
+        ),
         # A NaN after vanishing gradients is the saturated units' log-softmax overflowing.
-        VANISHING: ("Dead ReLUs starve the gradients" if lead["pattern"] == P.DEAD_RELU and crash is None
-                    else "Saturation-driven vanishing gradients"
-                    if crash is not None or lead["pattern"] in (P.SATURATION, P.ATTENTION_SATURATION) else "Gradients vanish")
-                   + f", first seen as {lead['pattern']} at {at}{crashed}",
+        VANISHING: (
+            "Dead ReLUs starve the gradients"
+            if lead["pattern"] == P.DEAD_RELU and crash is None
+            else "Saturation-driven vanishing gradients"
+            if crash is not None or lead["pattern"] in (P.SATURATION, P.ATTENTION_SATURATION)
+            else "Gradients vanish"
+        )
+        + f", first seen as {lead['pattern']} at {at}{crashed}",
         DEAD_PIPELINE: f"The loss was flat from the start with ~zero gradients (dead pipeline at {at}): "
-                       f"the graph, the data or the loss is miswired",
+        f"the graph, the data or the loss is miswired",
         GAP: f"Training loss falls while validation loss rises from {at}: overfitting, not an "
-             f"optimization failure",
+        f"optimization failure",
         DEAD_LAYER: f"Block {lead.get('block')} barely moves from step {lead['step']} while the others "
-                    f"train: frozen, left out of the optimizer, or given a zero learning rate",
+        f"train: frozen, left out of the optimizer, or given a zero learning rate",
         STRAGGLER: f"Rank {lead['evidence'].get('rank', '?')} is a straggler from step {lead['step']}"
-                   + (f" ({lead['evidence']['cause']})" if "cause" in lead["evidence"] else ""),
+        + (f" ({lead['evidence']['cause']})" if "cause" in lead["evidence"] else ""),
         REPLICAS: f"The DDP replicas' weights differed at step {lead['step']} (ranks "
-                  f"{lead['evidence'].get('ranks', '?')}): silent data corruption or a write to one replica",
+        f"{lead['evidence'].get('ranks', '?')}): silent data corruption or a write to one replica",
         LEAK: f"Memory ({lead['evidence'].get('memory', '?')}) rose at every sample up to step "
-              f"{lead['step']}: a leak that ends in an out-of-memory kill",
+        f"{lead['step']}: a leak that ends in an out-of-memory kill",
         DATA: f"The ranks waited for data most of each step from step {lead['step']}",
     }[cause]
     return text + "."

@@ -68,24 +68,38 @@ class PreflightReport:
 
     @property
     def passed(self) -> bool:
-        return (self.memorization.passed and self.lr_range.passed
-                and not any(f.severity == CRITICAL for f in self.findings))
+        return (
+            self.memorization.passed
+            and self.lr_range.passed
+            and not any(f.severity == CRITICAL for f in self.findings)
+        )
 
     def render(self) -> str:
         """The report as readable lines for a terminal."""
         m, r, ok = self.memorization, self.lr_range, ("FAIL", "pass")
         edge = f"boundary {r.boundary_lr:.3g}" if r.boundary_lr else "no boundary below lr_max"
-        return "\n".join([
-            f"preflight: {'PASSED' if self.passed else 'FAILED'}",
-            f"memorization: {ok[m.passed]}: {m.reason}",
-            f"lr range: {ok[r.passed]}: {edge}, suggested lr {r.suggested_lr:.3g}"
-            + (f" (plot: {r.png})" if r.png else ""),
-            f"wiring: {len(self.findings)} finding(s)" if self.findings else "wiring: no findings",
-            *(f"  [{f.severity}] {f.check} {f.subject}: {f.message}" for f in self.findings)])
+        return "\n".join(
+            [
+                f"preflight: {'PASSED' if self.passed else 'FAILED'}",
+                f"memorization: {ok[m.passed]}: {m.reason}",
+                f"lr range: {ok[r.passed]}: {edge}, suggested lr {r.suggested_lr:.3g}"
+                + (f" (plot: {r.png})" if r.png else ""),
+                f"wiring: {len(self.findings)} finding(s)"
+                if self.findings
+                else "wiring: no findings",
+                *(f"  [{f.severity}] {f.check} {f.subject}: {f.message}" for f in self.findings),
+            ]
+        )
 
 
-def memorization_test(model: nn.Module, loss_fn: LossFn, batch: Any, optimizer: Any = None,
-                      steps: int = 300, target_ratio: float = 1e-2) -> PreflightResult:
+def memorization_test(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batch: Any,
+    optimizer: Any = None,
+    steps: int = 300,
+    target_ratio: float = 1e-2,
+) -> PreflightResult:
     """Overfit one small fixed batch (~12 examples) under torchvitals and explain a failure.
 
     Args:
@@ -100,7 +114,11 @@ def memorization_test(model: nn.Module, loss_fn: LossFn, batch: Any, optimizer: 
     Returns:
         The result; on failure ``reason`` names the signal that looked wrong.
     """
-    opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else _make_optimizer(optimizer, model)
+    opt = (
+        optimizer
+        if isinstance(optimizer, torch.optim.Optimizer)
+        else _make_optimizer(optimizer, model)
+    )
     # Only grad norms and the loss are read: skip the activation hooks and parameter snapshots.
     agent = watch(model, opt, metrics_port=0, log_dir="", activations=False, update_ratio=False)
     model.train()
@@ -111,19 +129,31 @@ def memorization_test(model: nn.Module, loss_fn: LossFn, batch: Any, optimizer: 
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, batch)
             if not loss.requires_grad:
-                return PreflightResult(False, "no gradient: the loss does not require grad, so it is "
-                                       "detached from every parameter", float(loss), float(loss), step)
+                return PreflightResult(
+                    False,
+                    "no gradient: the loss does not require grad, so it is "
+                    "detached from every parameter",
+                    float(loss),
+                    float(loss),
+                    step,
+                )
             loss.backward()
             report = agent.step(loss)
             last = report.loss
             patterns |= {v.pattern for v in report.verdicts}
             first = last if step == 1 else first
             if report.nonfinite:
-                return PreflightResult(False, f"numerical: the loss or gradient became non-finite at "
-                                       f"step {step} (check log/exp/division, precision, the LR)",
-                                       first, last, step)
-            zero = ({b for b, v in report.grad_norm.items() if v == 0}
-                    | set(report.grad_norm_missing))       # no gradient to read: none either
+                return PreflightResult(
+                    False,
+                    f"numerical: the loss or gradient became non-finite at "
+                    f"step {step} (check log/exp/division, precision, the LR)",
+                    first,
+                    last,
+                    step,
+                )
+            zero = {b for b, v in report.grad_norm.items() if v == 0} | set(
+                report.grad_norm_missing
+            )  # no gradient to read: none either
             zero_blocks = zero if zero_blocks is None else zero_blocks & zero
             all_zero = all_zero and report.grad_norm_total == 0
             # Without gradients nothing updates: the remaining steps could not differ.
@@ -138,25 +168,41 @@ def memorization_test(model: nn.Module, loss_fn: LossFn, batch: Any, optimizer: 
         reason = f"loss {first:.4g} -> {last:.4g} ({ratio:.2g}x) in {step} steps"
         reason += f"; but block(s) {blocks} got no gradient" if blocks else ""
     elif all_zero:
-        reason = ("no gradient: the total grad norm was exactly 0 at every step, so the loss is "
-                  "detached from the parameters (.detach(), .item(), no_grad or a rebuilt tensor)")
+        reason = (
+            "no gradient: the total grad norm was exactly 0 at every step, so the loss is "
+            "detached from the parameters (.detach(), .item(), no_grad or a rebuilt tensor)"
+        )
     elif blocks:
-        reason = (f"block(s) {blocks} get no gradient (grad norm exactly 0 at every step): frozen, "
-                  f"unused in forward, or detached")
+        reason = (
+            f"block(s) {blocks} get no gradient (grad norm exactly 0 at every step): frozen, "
+            f"unused in forward, or detached"
+        )
     elif ratio > 0.9:
-        reason = (f"loss flat ({first:.4g} -> {last:.4g}) with non-zero gradients: check the learning "
-                  f"rate (lr_range_test) and that the optimizer holds and steps these parameters")
+        reason = (
+            f"loss flat ({first:.4g} -> {last:.4g}) with non-zero gradients: check the learning "
+            f"rate (lr_range_test) and that the optimizer holds and steps these parameters"
+        )
     else:
-        reason = (f"loss fell only to {ratio:.2g}x of its initial value in {step} steps (target "
-                  f"{target_ratio:g}): raise steps or LR, add capacity, or check the labels are consistent")
+        reason = (
+            f"loss fell only to {ratio:.2g}x of its initial value in {step} steps (target "
+            f"{target_ratio:g}): raise steps or LR, add capacity, or check the labels are consistent"
+        )
     if patterns and not passed:
         reason += f" [detector: {', '.join(sorted(patterns))}]"
     return PreflightResult(passed, reason, first, last, step)
 
 
-def lr_range_test(model_factory: Callable[[], nn.Module], loss_fn: LossFn, batches: Iterable[Any],
-                  lr_min: float = 1e-6, lr_max: float = 1.0, steps: int = 100, png: str | None = None,
-                  optimizer: Any = None, diverge_factor: float = 4.0) -> LRRangeResult:
+def lr_range_test(
+    model_factory: Callable[[], nn.Module],
+    loss_fn: LossFn,
+    batches: Iterable[Any],
+    lr_min: float = 1e-6,
+    lr_max: float = 1.0,
+    steps: int = 100,
+    png: str | None = None,
+    optimizer: Any = None,
+    diverge_factor: float = 4.0,
+) -> LRRangeResult:
     """Sweep the learning rate exponentially on a fresh model and find the instability boundary.
 
     Args:
@@ -191,7 +237,7 @@ def lr_range_test(model_factory: Callable[[], nn.Module], loss_fn: LossFn, batch
             loss.backward()
             opt.step()
         avg = beta * avg + (1 - beta) * value
-        smooth = avg / (1 - beta ** (i + 1))      # bias-corrected EMA: the first values are not ~0
+        smooth = avg / (1 - beta ** (i + 1))  # bias-corrected EMA: the first values are not ~0
         lrs.append(lr), losses.append(value), smoothed.append(smooth)
         # k x the minimum (fastai's stop rule) misses a cross-entropy that climbs back toward its
         # start without quadrupling: losing a quarter of the progress made (and 10% of the
@@ -209,11 +255,21 @@ def lr_range_test(model_factory: Callable[[], nn.Module], loss_fn: LossFn, batch
     return result
 
 
-def preflight(model: nn.Module, loss_fn: LossFn, batch: Any, batches: Iterable[Any] | None = None, *,
-              optimizer: Any = None, evaluate: Callable[[nn.Module], Any] | None = None,
-              model_factory: Callable[[], nn.Module] | None = None, steps: int = 300,
-              lr_steps: int = 100, lr_min: float = 1e-6, lr_max: float = 1.0,
-              png: str | None = None) -> PreflightReport:
+def preflight(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batch: Any,
+    batches: Iterable[Any] | None = None,
+    *,
+    optimizer: Any = None,
+    evaluate: Callable[[nn.Module], Any] | None = None,
+    model_factory: Callable[[], nn.Module] | None = None,
+    steps: int = 300,
+    lr_steps: int = 100,
+    lr_min: float = 1e-6,
+    lr_max: float = 1.0,
+    png: str | None = None,
+) -> PreflightReport:
     """Run the wiring checks, the memorization test and the LR range test; ``model`` is not trained.
 
     Args:
@@ -235,13 +291,26 @@ def preflight(model: nn.Module, loss_fn: LossFn, batch: Any, batches: Iterable[A
         The PreflightReport.
     """
     initial = copy.deepcopy(model)
-    make = (lambda ps, o=optimizer: type(o)(ps, **o.defaults)) if isinstance(
-        optimizer, torch.optim.Optimizer) else optimizer
-    live = optimizer if isinstance(optimizer, torch.optim.Optimizer) else _make_optimizer(make, model)
+    make = (
+        (lambda ps, o=optimizer: type(o)(ps, **o.defaults))
+        if isinstance(optimizer, torch.optim.Optimizer)
+        else optimizer
+    )
+    live = (
+        optimizer if isinstance(optimizer, torch.optim.Optimizer) else _make_optimizer(make, model)
+    )
     findings = wiring_checks(model, live, evaluate)
     memo = memorization_test(copy.deepcopy(initial), loss_fn, batch, make, steps)
-    lr = lr_range_test(model_factory or (lambda: copy.deepcopy(initial)), loss_fn,
-                       [batch] if batches is None else batches, lr_min, lr_max, lr_steps, png, make)
+    lr = lr_range_test(
+        model_factory or (lambda: copy.deepcopy(initial)),
+        loss_fn,
+        [batch] if batches is None else batches,
+        lr_min,
+        lr_max,
+        lr_steps,
+        png,
+        make,
+    )
     return PreflightReport(memo, lr, findings)
 
 
@@ -266,30 +335,42 @@ def load_setup(spec: str) -> dict[str, Any]:
     known = {"model", "loss_fn", "batch", "batches", "optimizer", "evaluate", "model_factory"}
     missing, unknown = {"model", "loss_fn", "batch"} - set(setup), set(setup) - known
     if missing or unknown:
-        raise ValueError(f"{spec} returned a dict missing {sorted(missing)} / with unknown "
-                         f"{sorted(unknown)}; keys: {sorted(known)}")
+        raise ValueError(
+            f"{spec} returned a dict missing {sorted(missing)} / with unknown "
+            f"{sorted(unknown)}; keys: {sorted(known)}"
+        )
     return setup
 
 
 def _make_optimizer(spec: Any, model: nn.Module) -> torch.optim.Optimizer:
     # Adam at 3e-3, not 1e-3: a dozen examples tolerate a hotter rate, and it takes a small
     # transformer to 1% of its loss in ~85 steps where 1e-3 needs ~270 of the 300.
-    return spec(model.parameters()) if spec is not None else torch.optim.Adam(model.parameters(), lr=3e-3)
+    return (
+        spec(model.parameters())
+        if spec is not None
+        else torch.optim.Adam(model.parameters(), lr=3e-3)
+    )
 
 
 def _plot(result: LRRangeResult, path: str) -> None:
     try:
-        from matplotlib.figure import Figure    # no pyplot: leaves the user's backend alone
+        from matplotlib.figure import Figure  # no pyplot: leaves the user's backend alone
     except ImportError as exc:
         raise ImportError("the LR range plot needs matplotlib: pip install matplotlib") from exc
     fig = Figure(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
-    for ys, style in ((result.losses, dict(alpha=0.35, label="loss")),
-                      (result.smoothed, dict(label="smoothed loss (EMA)"))):
+    for ys, style in (
+        (result.losses, dict(alpha=0.35, label="loss")),
+        (result.smoothed, dict(label="smoothed loss (EMA)")),
+    ):
         ax.plot(result.lrs, [y if math.isfinite(y) else math.nan for y in ys], **style)
     if result.boundary_lr:
-        ax.axvline(result.boundary_lr, color="tab:red", ls="--", label=f"boundary {result.boundary_lr:.2g}")
-    ax.axvline(result.suggested_lr, color="tab:green", ls=":", label=f"suggested {result.suggested_lr:.2g}")
+        ax.axvline(
+            result.boundary_lr, color="tab:red", ls="--", label=f"boundary {result.boundary_lr:.2g}"
+        )
+    ax.axvline(
+        result.suggested_lr, color="tab:green", ls=":", label=f"suggested {result.suggested_lr:.2g}"
+    )
     ax.set(xscale="log", xlabel="learning rate", ylabel="loss", title="LR range test")
     ax.legend()
     fig.savefig(path, dpi=100, bbox_inches="tight")

@@ -29,7 +29,7 @@ from ..report import json_number
 from .diagnose import Diagnosis, diagnose_events
 
 PLOTS = ("loss", "grad_norm", "update_ratio", "activations")
-HEALTHY_BAND = (10 ** -3.5, 10 ** -2.5)
+HEALTHY_BAND = (10**-3.5, 10**-2.5)
 """The shaded update-ratio band: half a decade either side of the rule-of-thumb 1e-3."""
 SEVERITY_COLORS = {"warning": "#e69f00", "critical": "#d62728", "info": "#1f77b4"}
 ROLLBACK_COLOR = "#9b30ff"
@@ -55,14 +55,24 @@ class RunReport:
 
     def render_summary(self) -> str:
         """A few lines for a terminal: the outcome, the rollbacks and the diagnosis."""
-        lines = [f"run: {self.steps} steps, final loss {self.final_loss:.4f}, "
-                 f"learning-rate scale {self.lr_scale:g}, "
-                 f"{sum(b - a for a, b in self.skipped)} batches skipped"
-                 + ("" if self.healthy_at_end is None else
-                    ", finished healthy" if self.healthy_at_end else ", NOT healthy at the end")]
-        lines += [f"rollback at step {r['step']} to step {r['to_step']} ({r['reason']}), "
-                  f"lr scale {r['lr_scale']:g}, batches {r['skipped'][0]}..{r['skipped'][1] - 1} "
-                  f"skipped" for r in self.rollbacks]
+        lines = [
+            f"run: {self.steps} steps, final loss {self.final_loss:.4f}, "
+            f"learning-rate scale {self.lr_scale:g}, "
+            f"{sum(b - a for a, b in self.skipped)} batches skipped"
+            + (
+                ""
+                if self.healthy_at_end is None
+                else ", finished healthy"
+                if self.healthy_at_end
+                else ", NOT healthy at the end"
+            )
+        ]
+        lines += [
+            f"rollback at step {r['step']} to step {r['to_step']} ({r['reason']}), "
+            f"lr scale {r['lr_scale']:g}, batches {r['skipped'][0]}..{r['skipped'][1] - 1} "
+            f"skipped"
+            for r in self.rollbacks
+        ]
         return "\n".join(lines + ["diagnosis:", self.diagnosis.render()])
 
 
@@ -74,9 +84,14 @@ def find_ledger(run_dir: Path) -> Path | None:
     return None
 
 
-def write_report(run_dir: str | os.PathLike, *, ledger: str | os.PathLike | None = None,
-                 out_dir: str | os.PathLike | None = None, healthy_at_end: bool | None = None,
-                 facts: Sequence[tuple[str, str]] = ()) -> RunReport:
+def write_report(
+    run_dir: str | os.PathLike,
+    *,
+    ledger: str | os.PathLike | None = None,
+    out_dir: str | os.PathLike | None = None,
+    healthy_at_end: bool | None = None,
+    facts: Sequence[tuple[str, str]] = (),
+) -> RunReport:
     """Plot a run and write its HTML page.
 
     Args:
@@ -97,21 +112,44 @@ def write_report(run_dir: str | os.PathLike, *, ledger: str | os.PathLike | None
     out = Path(out_dir) if out_dir is not None else run_dir
     out.mkdir(parents=True, exist_ok=True)
     events_path = run_dir / "events.jsonl"
-    diagnosis = diagnose_events(events_path)      # raises on a missing, corrupt or empty log
-    steps = [e for e in read_events(events_path)
-             if isinstance(e, dict) and e.get("event", "step") == "step" and "step" in e]
+    diagnosis = diagnose_events(events_path)  # raises on a missing, corrupt or empty log
+    steps = [
+        e
+        for e in read_events(events_path)
+        if isinstance(e, dict) and e.get("event", "step") == "step" and "step" in e
+    ]
     ledger_path = Path(ledger) if ledger is not None else find_ledger(run_dir)
     book = Ledger(ledger_path, writer=False).load() if ledger_path is not None else None
-    rollbacks = ([e for e in book.entries if e["event"] == "rollback"] if book is not None else
-                 [{"step": e["step"], "reason": ", ".join(v["pattern"] for v in e["verdicts"]
-                                                           if v.get("severity") == "critical"),
-                   **e["rollback"]} for e in steps if e.get("action") == "rollback"])
-    report = RunReport(run_dir, out / "report.html", {}, diagnosis, rollbacks,
-                       steps=steps[-1]["step"], final_loss=json_number(steps[-1].get("loss")),
-                       lr_scale=book.lr_scale if book is not None else
-                       (rollbacks[-1]["lr_scale"] if rollbacks else 1.0),
-                       skipped=[list(r) for r in book.skipped] if book is not None else
-                       [list(r["skipped"]) for r in rollbacks])
+    rollbacks = (
+        [e for e in book.entries if e["event"] == "rollback"]
+        if book is not None
+        else [
+            {
+                "step": e["step"],
+                "reason": ", ".join(
+                    v["pattern"] for v in e["verdicts"] if v.get("severity") == "critical"
+                ),
+                **e["rollback"],
+            }
+            for e in steps
+            if e.get("action") == "rollback"
+        ]
+    )
+    report = RunReport(
+        run_dir,
+        out / "report.html",
+        {},
+        diagnosis,
+        rollbacks,
+        steps=steps[-1]["step"],
+        final_loss=json_number(steps[-1].get("loss")),
+        lr_scale=book.lr_scale
+        if book is not None
+        else (rollbacks[-1]["lr_scale"] if rollbacks else 1.0),
+        skipped=[list(r) for r in book.skipped]
+        if book is not None
+        else [list(r["skipped"]) for r in rollbacks],
+    )
     report.images = _plots(steps, out)
     report.healthy_at_end = healthy_at_end
     report.html.write_text(_page(report, steps, book, facts), encoding="utf-8")
@@ -134,7 +172,7 @@ def branches(steps: list[dict[str, Any]]) -> list[tuple[list[dict[str, Any]], li
     segments = [s for s in segments if s]
     out = []
     for i, seg in enumerate(segments):
-        later = min((s[0]["step"] for s in segments[i + 1:]), default=math.inf)
+        later = min((s[0]["step"] for s in segments[i + 1 :]), default=math.inf)
         out.append((seg, [e["step"] < later for e in seg]))
     return out
 
@@ -150,8 +188,14 @@ def _runs(xs: list[float], ys: list[float], kept: list[bool]) -> Iterable[tuple[
             start = i
 
 
-def _series(ax: Any, steps: list[dict[str, Any]], value: Any, color: str, label: str | None,
-            x_of: Any = lambda e: e["step"]) -> None:
+def _series(
+    ax: Any,
+    steps: list[dict[str, Any]],
+    value: Any,
+    color: str,
+    label: str | None,
+    x_of: Any = lambda e: e["step"],
+) -> None:
     """Plot ``value(report)`` (None: no point) along every branch."""
     for seg, kept in branches(steps):
         points = [(x_of(e), value(e), k) for e, k in zip(seg, kept) if value(e) is not None]
@@ -159,8 +203,15 @@ def _series(ax: Any, steps: list[dict[str, Any]], value: Any, color: str, label:
             continue
         xs, ys, ks = (list(t) for t in zip(*points))
         for rx, ry, keep in _runs(xs, ys, ks):
-            ax.plot(rx, ry, color=color, lw=1.4 if keep else 1.0, alpha=1.0 if keep else 0.35,
-                    ls="-" if keep else "--", label=label if keep else None)
+            ax.plot(
+                rx,
+                ry,
+                color=color,
+                lw=1.4 if keep else 1.0,
+                alpha=1.0 if keep else 0.35,
+                ls="-" if keep else "--",
+                label=label if keep else None,
+            )
             if keep:
                 label = None
 
@@ -182,11 +233,17 @@ def _block_names(steps: list[dict[str, Any]], key: str) -> list[str]:
 
 # ---------------------------------------------------------------- plots
 
+
 def _plots(steps: list[dict[str, Any]], out: Path) -> dict[str, Path]:
-    from matplotlib.figure import Figure    # no pyplot: leaves the user's backend alone
+    from matplotlib.figure import Figure  # no pyplot: leaves the user's backend alone
+
     images = {}
-    for name, draw in (("loss", _plot_loss), ("grad_norm", _plot_grad_norm),
-                       ("update_ratio", _plot_update_ratio), ("activations", _plot_activations)):
+    for name, draw in (
+        ("loss", _plot_loss),
+        ("grad_norm", _plot_grad_norm),
+        ("update_ratio", _plot_update_ratio),
+        ("activations", _plot_activations),
+    ):
         fig = Figure(figsize=(9, 4.2), dpi=100)
         ax = fig.subplots()
         draw(ax, steps)
@@ -204,7 +261,9 @@ def _plots(steps: list[dict[str, Any]], out: Path) -> dict[str, Path]:
 
 def _plot_loss(ax: Any, steps: list[dict[str, Any]]) -> None:
     ax.set_title("loss (mean over ranks), verdicts and rollbacks")
-    finite = lambda e: json_number(e.get("loss")) if math.isfinite(json_number(e.get("loss"))) else None  # noqa: E731
+    finite = lambda e: (
+        json_number(e.get("loss")) if math.isfinite(json_number(e.get("loss"))) else None
+    )  # noqa: E731
     _series(ax, steps, finite, "#1f77b4", "loss (kept)")
     seen: set[tuple[str, Any]] = set()
     top = max((finite(e) for e in steps if finite(e) is not None), default=1.0)
@@ -214,15 +273,27 @@ def _plot_loss(ax: Any, steps: list[dict[str, Any]]) -> None:
             y = finite(e) if finite(e) is not None else top
             label = f"{sev}: {v['pattern']}" if (sev, v["pattern"]) not in seen else None
             seen.add((sev, v["pattern"]))
-            ax.scatter([e["step"]], [y], marker="^" if sev == "warning" else "X", s=60, zorder=5,
-                       color=SEVERITY_COLORS.get(sev, "gray"), label=label)
+            ax.scatter(
+                [e["step"]],
+                [y],
+                marker="^" if sev == "warning" else "X",
+                s=60,
+                zorder=5,
+                color=SEVERITY_COLORS.get(sev, "gray"),
+                label=label,
+            )
         if e.get("action") == "rollback":
             rb = e["rollback"]
-            ax.annotate(f"rollback to step {rb['to_step']}\nlr x{rb['lr_scale']:g}, batches "
-                        f"{rb['skipped'][0]}..{rb['skipped'][1] - 1} skipped",
-                        xy=(e["step"], finite(e) or top), xytext=(-150, -10),
-                        textcoords="offset points", fontsize=8, color=ROLLBACK_COLOR,
-                        arrowprops=dict(arrowstyle="->", color=ROLLBACK_COLOR))
+            ax.annotate(
+                f"rollback to step {rb['to_step']}\nlr x{rb['lr_scale']:g}, batches "
+                f"{rb['skipped'][0]}..{rb['skipped'][1] - 1} skipped",
+                xy=(e["step"], finite(e) or top),
+                xytext=(-150, -10),
+                textcoords="offset points",
+                fontsize=8,
+                color=ROLLBACK_COLOR,
+                arrowprops=dict(arrowstyle="->", color=ROLLBACK_COLOR),
+            )
     ax.set_ylabel("loss")
 
 
@@ -244,8 +315,14 @@ def _plot_update_ratio(ax: Any, steps: list[dict[str, Any]]) -> None:
     for i, b in enumerate(_block_names(sampled, "update_ratio")):
         value = lambda e, b=b: _positive(e["update_ratio"].get(b))  # noqa: E731
         # The ratio rides the next sampled step's report; it describes update_ratio_step.
-        _series(ax, sampled, value, f"C{i % 10}", b,
-                x_of=lambda e: e.get("update_ratio_step") or e["step"])
+        _series(
+            ax,
+            sampled,
+            value,
+            f"C{i % 10}",
+            b,
+            x_of=lambda e: e.get("update_ratio_step") or e["step"],
+        )
     ax.set_yscale("log")
     ax.set_ylabel("update ratio")
 
@@ -275,12 +352,21 @@ td,th{padding:.2em .8em;border-bottom:1px solid #eee;text-align:left}img{max-wid
 .warning{color:#b07800}.critical{color:#d62728}.rollback{color:#9b30ff}"""
 
 
-def _page(report: RunReport, steps: list[dict[str, Any]], book: Ledger | None,
-          extra_facts: Sequence[tuple[str, str]]) -> str:
+def _page(
+    report: RunReport,
+    steps: list[dict[str, Any]],
+    book: Ledger | None,
+    extra_facts: Sequence[tuple[str, str]],
+) -> str:
     esc = html.escape
-    facts = [*extra_facts, ("steps", report.steps), ("final loss", f"{report.final_loss:.4f}"),
-             ("rollbacks", len(report.rollbacks)), ("learning-rate scale", f"{report.lr_scale:g}"),
-             ("batches skipped", sum(b - a for a, b in report.skipped))]
+    facts = [
+        *extra_facts,
+        ("steps", report.steps),
+        ("final loss", f"{report.final_loss:.4f}"),
+        ("rollbacks", len(report.rollbacks)),
+        ("learning-rate scale", f"{report.lr_scale:g}"),
+        ("batches skipped", sum(b - a for a, b in report.skipped)),
+    ]
     if report.healthy_at_end is not None:
         facts.append(("finished healthy", "yes" if report.healthy_at_end else "no"))
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in facts)
@@ -289,18 +375,25 @@ def _page(report: RunReport, steps: list[dict[str, Any]], book: Ledger | None,
         for v in e.get("verdicts") or []:
             where = f" in {v['block']}" if v.get("block") else ""
             sev = v.get("severity", "info")
-            timeline.append(f"<li class='{esc(sev)}'>step {e['step']}: {esc(sev)} "
-                            f"<b>{esc(v['pattern'])}</b>{esc(where)}</li>")
+            timeline.append(
+                f"<li class='{esc(sev)}'>step {e['step']}: {esc(sev)} "
+                f"<b>{esc(v['pattern'])}</b>{esc(where)}</li>"
+            )
         if e.get("action") == "rollback":
             rb = e["rollback"]
-            timeline.append(f"<li class='rollback'>step {e['step']}: <b>rollback</b> to step "
-                            f"{rb['to_step']}, lr scale {rb['lr_scale']:g}, batches "
-                            f"{rb['skipped'][0]}..{rb['skipped'][1] - 1} skipped</li>")
+            timeline.append(
+                f"<li class='rollback'>step {e['step']}: <b>rollback</b> to step "
+                f"{rb['to_step']}, lr scale {rb['lr_scale']:g}, batches "
+                f"{rb['skipped'][0]}..{rb['skipped'][1] - 1} skipped</li>"
+            )
     ledger_rows = "".join(
         f"<tr><td>{esc(x['event'])}</td><td>{x['step']}</td><td>{esc(_ledger_detail(x))}</td></tr>"
-        for x in (book.entries if book is not None else []))
-    images = "".join(f"<h2>{esc(name.replace('_', ' '))}</h2><img src='{esc(path.name)}' "
-                     f"alt='{esc(name)}'>" for name, path in report.images.items())
+        for x in (book.entries if book is not None else [])
+    )
+    images = "".join(
+        f"<h2>{esc(name.replace('_', ' '))}</h2><img src='{esc(path.name)}' alt='{esc(name)}'>"
+        for name, path in report.images.items()
+    )
     title = f"torchvitals run report: {report.run_dir.name}"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
@@ -310,11 +403,14 @@ def _page(report: RunReport, steps: list[dict[str, Any]], book: Ledger | None,
 <h2>diagnosis</h2>
 <pre>{esc(report.diagnosis.render())}</pre>
 <h2>verdicts and rollbacks</h2>
-<ul>{''.join(timeline) or '<li>none</li>'}</ul>
+<ul>{"".join(timeline) or "<li>none</li>"}</ul>
 {images}
 <h2>ledger</h2>
-{f'<table><tr><th>event</th><th>step</th><th></th></tr>{ledger_rows}</table>' if ledger_rows
- else '<p>no ledger (the watchdog was off)</p>'}
+{
+        f"<table><tr><th>event</th><th>step</th><th></th></tr>{ledger_rows}</table>"
+        if ledger_rows
+        else "<p>no ledger (the watchdog was off)</p>"
+    }
 </body></html>
 """
 
@@ -322,8 +418,10 @@ def _page(report: RunReport, steps: list[dict[str, Any]], book: Ledger | None,
 def _ledger_detail(entry: dict[str, Any]) -> str:
     if entry["event"] == "rollback":
         a, b = entry["skipped"]
-        return (f"to step {entry['to_step']} ({entry['reason']}), lr scale {entry['lr_scale']:g}, "
-                f"batches {a}..{b - 1} skipped")
+        return (
+            f"to step {entry['to_step']} ({entry['reason']}), lr scale {entry['lr_scale']:g}, "
+            f"batches {a}..{b - 1} skipped"
+        )
     if entry["event"] == "checkpoint":
         return os.path.basename(entry["path"])
     if entry["event"] == "adopt":

@@ -13,8 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ...protocol import (ABORT_EXIT_CODE, BUDGET_EXIT_CODE, ENV_PREFIX, NODE_LOST_EXIT_CODE,
-                         NO_PROGRESS_EXIT_CODE, REFUSED_EXIT_CODE)
+from ...protocol import (
+    ABORT_EXIT_CODE,
+    BUDGET_EXIT_CODE,
+    ENV_PREFIX,
+    NODE_LOST_EXIT_CODE,
+    NO_PROGRESS_EXIT_CODE,
+    REFUSED_EXIT_CODE,
+)
 from ...settings import add_flags, settings
 
 SUPERVISOR_ENV_PREFIX = ENV_PREFIX + "SUPERVISOR_"
@@ -185,8 +191,17 @@ class SupervisorConfig:
     """Exit status when a node was lost and none took its place within ``peer_timeout_s``."""
 
     def __post_init__(self) -> None:
-        for name in ("hang_factor", "hang_floor_s", "checkpoint_timeout_s", "startup_timeout_s",
-                     "poll_s", "node_ttl_s", "peer_timeout_s", "store_poll_s", "job_ttl_s"):
+        for name in (
+            "hang_factor",
+            "hang_floor_s",
+            "checkpoint_timeout_s",
+            "startup_timeout_s",
+            "poll_s",
+            "node_ttl_s",
+            "peer_timeout_s",
+            "store_poll_s",
+            "job_ttl_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
@@ -198,36 +213,49 @@ class SupervisorConfig:
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if bool(self.metrics_certfile) != bool(self.metrics_keyfile):
-            raise ValueError("metrics_certfile and metrics_keyfile go together: set both or "
-                             "neither")
+            raise ValueError(
+                "metrics_certfile and metrics_keyfile go together: set both or neither"
+            )
         if self.metrics_client_cafile and not self.metrics_certfile:
-            raise ValueError("metrics_client_cafile needs metrics_certfile and metrics_keyfile "
-                             "(client certificates are checked over HTTPS only)")
+            raise ValueError(
+                "metrics_client_cafile needs metrics_certfile and metrics_keyfile "
+                "(client certificates are checked over HTTPS only)"
+            )
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"need 0 <= node_rank < nnodes, got {self.node_rank}, {self.nnodes}")
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nnodes:
             raise ValueError(f"need 1 <= min_nodes <= nnodes, got {self.min_nodes}, {self.nnodes}")
         if self.nnodes > 1 and not self.store_url:
-            raise ValueError(f"nnodes={self.nnodes} needs store_url: the nodes' supervisors agree "
-                             "through the job's etcd")
+            raise ValueError(
+                f"nnodes={self.nnodes} needs store_url: the nodes' supervisors agree "
+                "through the job's etcd"
+            )
         if self.store_url and not self.store_url.startswith(("http://", "https://")):
             raise ValueError(f"store_url {self.store_url!r} must start with http:// or https://")
         tls = [n for n in ("store_cafile", "store_certfile", "store_keyfile") if getattr(self, n)]
         if tls and not (self.store_url or "").startswith("https://"):
-            raise ValueError(f"{', '.join(tls)} need an https:// store_url, got "
-                             f"{self.store_url!r}")
+            raise ValueError(f"{', '.join(tls)} need an https:// store_url, got {self.store_url!r}")
         if bool(self.store_certfile) != bool(self.store_keyfile):
             raise ValueError("store_certfile and store_keyfile go together: set both or neither")
         if self.store_password is not None and self.store_password_file:
-            raise ValueError("set either store_password_file or "
-                             f"{SUPERVISOR_ENV_PREFIX}STORE_PASSWORD, not both")
+            raise ValueError(
+                f"set either store_password_file or {SUPERVISOR_ENV_PREFIX}STORE_PASSWORD, not both"
+            )
         has_password = self.store_password is not None or bool(self.store_password_file)
         if has_password != bool(self.store_user):
-            raise ValueError("store_user and its password go together: set store_user and "
-                             f"store_password_file (or {SUPERVISOR_ENV_PREFIX}STORE_PASSWORD)"
-                             if self.store_user else "a store password without store_user")
-        codes = {self.abort_exit_code, self.no_progress_exit_code, self.budget_exit_code,
-                 self.refused_exit_code, self.node_lost_exit_code}
+            raise ValueError(
+                "store_user and its password go together: set store_user and "
+                f"store_password_file (or {SUPERVISOR_ENV_PREFIX}STORE_PASSWORD)"
+                if self.store_user
+                else "a store password without store_user"
+            )
+        codes = {
+            self.abort_exit_code,
+            self.no_progress_exit_code,
+            self.budget_exit_code,
+            self.refused_exit_code,
+            self.node_lost_exit_code,
+        }
         if len(codes) != 5 or not all(0 < c < 256 for c in codes):
             raise ValueError("the five exit codes must differ and lie in 1..255")
 
@@ -242,12 +270,15 @@ class SupervisorConfig:
         try:
             return Path(self.store_password_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise ValueError(f"store_password_file {self.store_password_file}: cannot be read "
-                             f"({exc.strerror or exc})") from None
+            raise ValueError(
+                f"store_password_file {self.store_password_file}: cannot be read "
+                f"({exc.strerror or exc})"
+            ) from None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None,
-                 **overrides: Any) -> "SupervisorConfig":
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> "SupervisorConfig":
         """Defaults, then ``TORCHVITALS_SUPERVISOR_<FIELD>``, then ``overrides`` (flags).
 
         Args:
@@ -257,22 +288,33 @@ class SupervisorConfig:
         Returns:
             The validated config.
         """
-        return cls(**settings(cls, environ, overrides,
-                              lambda name: SUPERVISOR_ENV_PREFIX + name.upper(), "supervisor"))
+        return cls(
+            **settings(
+                cls,
+                environ,
+                overrides,
+                lambda name: SUPERVISOR_ENV_PREFIX + name.upper(),
+                "supervisor",
+            )
+        )
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Add one ``--<field>`` flag per field (default None: not given); ``--store-password``
         only refuses (``SECRET_FIELDS``: a command line is readable by every user of the
         machine), where argparse would otherwise take it for ``--store-password-file``."""
-        add_flags(parser, cls, lambda name: SUPERVISOR_ENV_PREFIX + name.upper(),
-                  skip=SECRET_FIELDS)
+        add_flags(
+            parser, cls, lambda name: SUPERVISOR_ENV_PREFIX + name.upper(), skip=SECRET_FIELDS
+        )
 
         class _Refused(argparse.Action):
             def __call__(self, parser, namespace, values, option_string=None):
-                parser.error(f"{option_string}: never put a password on the command line; use "
-                             f"--store-password-file or {SUPERVISOR_ENV_PREFIX}STORE_PASSWORD")
+                parser.error(
+                    f"{option_string}: never put a password on the command line; use "
+                    f"--store-password-file or {SUPERVISOR_ENV_PREFIX}STORE_PASSWORD"
+                )
 
         for name in SECRET_FIELDS:
-            parser.add_argument("--" + name.replace("_", "-"), action=_Refused,
-                                help=argparse.SUPPRESS)
+            parser.add_argument(
+                "--" + name.replace("_", "-"), action=_Refused, help=argparse.SUPPRESS
+            )

@@ -76,14 +76,17 @@ class StoreTLS:
         try:
             context = ssl.create_default_context(cafile=self.cafile)
         except (OSError, ssl.SSLError) as exc:
-            raise StoreError(f"store_cafile {self.cafile}: cannot be read as a CA bundle "
-                             f"({exc})") from None
+            raise StoreError(
+                f"store_cafile {self.cafile}: cannot be read as a CA bundle ({exc})"
+            ) from None
         if self.certfile is not None:
             try:
                 context.load_cert_chain(self.certfile, self.keyfile)
             except (OSError, ssl.SSLError) as exc:
-                raise StoreError(f"store_certfile {self.certfile} / store_keyfile "
-                                 f"{self.keyfile}: not a certificate and its key ({exc})") from None
+                raise StoreError(
+                    f"store_certfile {self.certfile} / store_keyfile "
+                    f"{self.keyfile}: not a certificate and its key ({exc})"
+                ) from None
         return context
 
 
@@ -115,19 +118,29 @@ class EtcdStore:
             of the user and the password is.
     """
 
-    def __init__(self, url: str, timeout_s: float = 5.0, *, tls: StoreTLS | None = None,
-                 user: str | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 5.0,
+        *,
+        tls: StoreTLS | None = None,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
         if not self.url.startswith(("http://", "https://")):
             raise StoreError(f"store_url {url!r}: must start with http:// or https://")
         https = self.url.startswith("https://")
         if tls is not None and tls != StoreTLS() and not https:
-            raise StoreError(f"store_url {url!r}: a CA or client certificate needs an https:// "
-                             "store_url")
+            raise StoreError(
+                f"store_url {url!r}: a CA or client certificate needs an https:// store_url"
+            )
         self._context = (tls or StoreTLS()).context() if https else None
         if bool(user) != (password is not None):
-            raise StoreError("store_user and its password go together: set store_user and "
-                             "store_password_file (or TORCHVITALS_SUPERVISOR_STORE_PASSWORD)")
+            raise StoreError(
+                "store_user and its password go together: set store_user and "
+                "store_password_file (or TORCHVITALS_SUPERVISOR_STORE_PASSWORD)"
+            )
         self.user, self._password = user or None, password
         self._token: str | None = None
         self._auth_lock = threading.Lock()
@@ -170,19 +183,34 @@ class EtcdStore:
 
     def create(self, key: str, value: str, lease: int = 0) -> bool:
         """Set ``key`` only if it does not exist; whether this call set it."""
-        return self._txn({"key": _b64(key), "target": "CREATE", "result": "EQUAL",
-                          "create_revision": "0"}, key, value, lease)
+        return self._txn(
+            {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
+            key,
+            value,
+            lease,
+        )
 
     def swap(self, key: str, value: str, mod_revision: int, lease: int = 0) -> bool:
         """Set ``key`` only if it is unchanged since ``mod_revision``; whether this call set it.
         A put binds the key to ``lease`` anew (0: to none), so pass the lease it lives by."""
-        return self._txn({"key": _b64(key), "target": "MOD", "result": "EQUAL",
-                          "mod_revision": str(mod_revision)}, key, value, lease)
+        return self._txn(
+            {
+                "key": _b64(key),
+                "target": "MOD",
+                "result": "EQUAL",
+                "mod_revision": str(mod_revision),
+            },
+            key,
+            value,
+            lease,
+        )
 
     def _txn(self, compare: dict[str, str], key: str, value: str, lease: int) -> bool:
-        answer = self._call("/v3/kv/txn", {"compare": [compare],
-                                           "success": [{"request_put": _put(key, value, lease)}]})
-        return bool(answer.get("succeeded", False))     # proto3 JSON leaves false out
+        answer = self._call(
+            "/v3/kv/txn",
+            {"compare": [compare], "success": [{"request_put": _put(key, value, lease)}]},
+        )
+        return bool(answer.get("succeeded", False))  # proto3 JSON leaves false out
 
     # ------------------------------------------------------------ the wire
 
@@ -194,8 +222,10 @@ class EtcdStore:
             if token is None:
                 raise StoreError(f"etcd at {self.url}{path}: {exc}") from None
         # The token expired (or another member issued it): one new one, one retry.
-        log.info("torchvitals supervise: the store's token for user %r expired; "
-                 "authenticating again", self.user)
+        log.info(
+            "torchvitals supervise: the store's token for user %r expired; authenticating again",
+            self.user,
+        )
         with self._auth_lock:
             if self._token == token:
                 self._token = None
@@ -209,27 +239,36 @@ class EtcdStore:
         with self._auth_lock:
             if self._token is None:
                 try:
-                    answer = self._post("/v3/auth/authenticate",
-                                        {"name": self.user, "password": self._password}, None)
+                    answer = self._post(
+                        "/v3/auth/authenticate",
+                        {"name": self.user, "password": self._password},
+                        None,
+                    )
                 except (StoreError, _Unauthenticated) as exc:
-                    raise StoreError(f"etcd at {self.url}: authentication as store_user "
-                                     f"{self.user!r} failed: {exc}") from None
+                    raise StoreError(
+                        f"etcd at {self.url}: authentication as store_user "
+                        f"{self.user!r} failed: {exc}"
+                    ) from None
                 if not answer.get("token"):
-                    raise StoreError(f"etcd at {self.url}: no token for store_user {self.user!r}"
-                                     " (is authentication enabled on the store?)")
+                    raise StoreError(
+                        f"etcd at {self.url}: no token for store_user {self.user!r}"
+                        " (is authentication enabled on the store?)"
+                    )
                 self._token = str(answer["token"])
             return self._token
 
     def _post(self, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
         headers = {"Content-Type": "application/json"}
         if token is not None:
-            headers["Authorization"] = token      # etcd's gateway: the bare token, no scheme
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                         headers=headers)
+            headers["Authorization"] = token  # etcd's gateway: the bare token, no scheme
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers=headers
+        )
         where = f"etcd at {self.url}{path}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s,
-                                        context=self._context) as response:
+            with urllib.request.urlopen(
+                request, timeout=self.timeout_s, context=self._context
+            ) as response:
                 answer = json.loads(response.read().decode() or "{}")
         except urllib.error.HTTPError as exc:
             text = exc.read().decode(errors="replace")[:300]
@@ -237,12 +276,16 @@ class EtcdStore:
                 error = json.loads(text)
             except ValueError:
                 error = {}
-            message = str(error.get("message") or error.get("error") or text) \
-                if isinstance(error, dict) else text
+            message = (
+                str(error.get("message") or error.get("error") or text)
+                if isinstance(error, dict)
+                else text
+            )
             if isinstance(error, dict) and error.get("code") == _UNAUTHENTICATED:
                 raise _Unauthenticated(message) from None
-            raise StoreError(f"{where}: HTTP {exc.code}: {message}"
-                             f"{_hint(message, self.user)}") from None
+            raise StoreError(
+                f"{where}: HTTP {exc.code}: {message}{_hint(message, self.user)}"
+            ) from None
         except (OSError, ValueError) as exc:
             # urllib wraps a failed connection; a refusal read after the handshake comes bare.
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
@@ -258,13 +301,18 @@ class _Unauthenticated(Exception):
 
 def _hint(message: str, user: str | None) -> str:
     """What to set, for the refusals whose fix is ours."""
-    if not user and any(m in message for m in ("user name is empty", "user name not found",
-                                               "permission denied")):
-        return (" (the store requires authentication: set store_user and store_password_file, "
-                "or TORCHVITALS_SUPERVISOR_STORE_PASSWORD)")
+    if not user and any(
+        m in message for m in ("user name is empty", "user name not found", "permission denied")
+    ):
+        return (
+            " (the store requires authentication: set store_user and store_password_file, "
+            "or TORCHVITALS_SUPERVISOR_STORE_PASSWORD)"
+        )
     if "permission denied" in message:
-        return (f" (store_user {user!r} needs read and write permission on the prefix "
-                "torchvitals/jobs/)")
+        return (
+            f" (store_user {user!r} needs read and write permission on the prefix "
+            "torchvitals/jobs/)"
+        )
     if "CommonName of client" in message:
         # etcd's gateway cannot pass a certificate's CN on as the user, so with auth on it
         # refuses any client certificate that has one.
@@ -278,8 +326,10 @@ def _tls_hint(reason: object) -> str:
     if isinstance(reason, ssl.SSLCertVerificationError):
         return " (set store_cafile to the CA that signed the store's certificate)"
     if isinstance(reason, (ssl.SSLError, ConnectionResetError)) or "certificate" in str(reason):
-        return (" (the TLS handshake failed: a store started with --client-cert-auth needs "
-                "store_certfile and store_keyfile signed by its trusted CA)")
+        return (
+            " (the TLS handshake failed: a store started with --client-cert-auth needs "
+            "store_certfile and store_keyfile signed by its trusted CA)"
+        )
     return ""
 
 
@@ -291,6 +341,10 @@ def _put(key: str, value: str, lease: int) -> dict[str, Any]:
 
 
 def _entry(kv: dict[str, Any]) -> Entry:
-    return Entry(key=_text(kv["key"]), value=_text(kv.get("value", "")),
-                 mod_revision=int(kv.get("mod_revision", 0)), lease=int(kv.get("lease", 0)),
-                 version=int(kv.get("version", 0)))
+    return Entry(
+        key=_text(kv["key"]),
+        value=_text(kv.get("value", "")),
+        mod_revision=int(kv.get("mod_revision", 0)),
+        lease=int(kv.get("lease", 0)),
+        version=int(kv.get("version", 0)),
+    )

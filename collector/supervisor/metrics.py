@@ -1,7 +1,7 @@
 """The supervisor's own Prometheus metrics, each name defined here once.
 
-    torchvitals supervise --metrics-port 9501 -- CMD ...; curl -s 127.0.0.1:9501/metrics
-    (``--metrics-host`` binds another address: a pod's IP, for Prometheus.)
+torchvitals supervise --metrics-port 9501 -- CMD ...; curl -s 127.0.0.1:9501/metrics
+(``--metrics-host`` binds another address: a pod's IP, for Prometheus.)
 """
 
 from __future__ import annotations
@@ -25,31 +25,48 @@ class SupervisorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self.restarts = Counter(
-            f"{SUPERVISOR_PREFIX}restarts", "Restarts of the supervised job, by reason "
+            f"{SUPERVISOR_PREFIX}restarts",
+            "Restarts of the supervised job, by reason "
             "(crash: non-zero exit; hang: heartbeat stalled; peer: another node's restart; lost: "
-            "a node was lost).", ["reason"], registry=self.registry)
+            "a node was lost).",
+            ["reason"],
+            registry=self.registry,
+        )
         self.attempt = Gauge(
-            f"{SUPERVISOR_PREFIX}attempt", "Current attempt of the supervised job (1 = first run).",
-            registry=self.registry)
+            f"{SUPERVISOR_PREFIX}attempt",
+            "Current attempt of the supervised job (1 = first run).",
+            registry=self.registry,
+        )
         self.heartbeat_age = Gauge(
-            f"{SUPERVISOR_PREFIX}heartbeat_age_seconds", "Seconds since the job's heartbeat last "
+            f"{SUPERVISOR_PREFIX}heartbeat_age_seconds",
+            "Seconds since the job's heartbeat last "
             "advanced (since the attempt started, before the first heartbeat).",
-            registry=self.registry)
+            registry=self.registry,
+        )
         self.node_present = Gauge(
-            f"{SUPERVISOR_PREFIX}node_present", "Whether this node of a multi-node job is "
+            f"{SUPERVISOR_PREFIX}node_present",
+            "Whether this node of a multi-node job is "
             "present in the store (its supervisor holds its lease), labelled with its node "
             "rank; each node publishes its own, so a lost node's series goes stale with it.",
-            ["node"], registry=self.registry)
+            ["node"],
+            registry=self.registry,
+        )
         self.nodes_present = Gauge(
-            f"{SUPERVISOR_PREFIX}nodes_present", "Nodes of the job present in the store, as "
-            "this node sees them.", registry=self.registry)
+            f"{SUPERVISOR_PREFIX}nodes_present",
+            "Nodes of the job present in the store, as this node sees them.",
+            registry=self.registry,
+        )
         self.nodes_expected = Gauge(
-            f"{SUPERVISOR_PREFIX}nodes_expected", "Nodes the job runs on (nnodes, fewer once "
+            f"{SUPERVISOR_PREFIX}nodes_expected",
+            "Nodes the job runs on (nnodes, fewer once "
             "it went on without a lost node); nodes_present below it: a node is missing.",
-            registry=self.registry)
+            registry=self.registry,
+        )
         self.waiting_for_peers = Gauge(
-            f"{SUPERVISOR_PREFIX}waiting_for_peers", "1 while this node waits for the other nodes "
+            f"{SUPERVISOR_PREFIX}waiting_for_peers",
+            "1 while this node waits for the other nodes "
             "at the start of an attempt (a phase of its own, never a hang), else 0.",
-            registry=self.registry)
+            registry=self.registry,
+        )
         for reason in RESTART_REASONS:
             self.restarts.labels(reason)

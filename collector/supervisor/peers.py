@@ -164,13 +164,25 @@ class StorePeers:
         clock, sleep: monotonic seconds and the wait between polls.
     """
 
-    def __init__(self, store: EtcdStore, job_id: str, config: SupervisorConfig,
-                 metrics: SupervisorMetrics, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        store: EtcdStore,
+        job_id: str,
+        config: SupervisorConfig,
+        metrics: SupervisorMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.store, self.config, self.metrics = store, config, metrics
         self.prefix = f"{KEY_ROOT}{job_id}/"
-        self.me = NodeState(node=config.node_rank, host=socket.gethostname(), pid=os.getpid(),
-                            attempt=0, state=WAITING)
+        self.me = NodeState(
+            node=config.node_rank,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            attempt=0,
+            state=WAITING,
+        )
         self._clock, self._sleep = clock, sleep
         self.members: set[int] = set(range(config.nnodes))
         """The node ranks the job runs on (fewer than ``nnodes`` after it went on without a lost
@@ -201,20 +213,28 @@ class StorePeers:
         """
         self._lease = self.store.grant(self.config.node_ttl_s)
         self._publish(replace(self.me, attempt=0, state=WAITING))
-        self._keeper = threading.Thread(target=self._keep_alive, daemon=True,
-                                         name="torchvitals-supervisor-lease")
+        self._keeper = threading.Thread(
+            target=self._keep_alive, daemon=True, name="torchvitals-supervisor-lease"
+        )
         self._keeper.start()
         self._ensure_record(JobAttempt())
         record = self.current()
         others = [s for s in self._nodes().values() if s.node != self.me.node]
         final = self._final()
         if any(s.attempt == record.number and s.state == RUNNING for s in others) or (
-                final is not None and final[2] >= record.number and not others):
+            final is not None and final[2] >= record.number and not others
+        ):
             # Running without this node, or ended for good before a requeue: a new attempt.
-            record = self.restart(replace(record, number=record.number + 1,
-                                          reason=f"node {self.me.node} joined"))
-        log.info("torchvitals supervise: node %d of %d joined job %s at attempt %d",
-                 self.me.node, self.config.nnodes, self.prefix[len(KEY_ROOT):-1], record.number)
+            record = self.restart(
+                replace(record, number=record.number + 1, reason=f"node {self.me.node} joined")
+            )
+        log.info(
+            "torchvitals supervise: node %d of %d joined job %s at attempt %d",
+            self.me.node,
+            self.config.nnodes,
+            self.prefix[len(KEY_ROOT) : -1],
+            record.number,
+        )
         return record
 
     def current(self) -> JobAttempt:
@@ -223,11 +243,16 @@ class StorePeers:
         if entry is None:
             return self._record
         if entry.lease:
-            self._job_lease = entry.lease       # whoever made the record chose the job's lease
+            self._job_lease = entry.lease  # whoever made the record chose the job's lease
         data = json.loads(entry.value)
-        self._record = JobAttempt(number=int(data["number"]), restarts=int(data["restarts"]),
-                                  best=data.get("best"), stalled=int(data["stalled"]),
-                                  reason=str(data.get("reason", "")), revision=entry.mod_revision)
+        self._record = JobAttempt(
+            number=int(data["number"]),
+            restarts=int(data["restarts"]),
+            best=data.get("best"),
+            stalled=int(data["stalled"]),
+            reason=str(data.get("reason", "")),
+            revision=entry.mod_revision,
+        )
         return self._record
 
     def restart(self, record: JobAttempt) -> JobAttempt:
@@ -240,9 +265,13 @@ class StorePeers:
         while True:
             now = self.current()
             if now.number >= record.number:
-                return now              # another node restarted the job first
-            if self.store.swap(self._key("attempt"), json.dumps(_record_dict(record)),
-                               now.revision, lease=self._job_lease):
+                return now  # another node restarted the job first
+            if self.store.swap(
+                self._key("attempt"),
+                json.dumps(_record_dict(record)),
+                now.revision,
+                lease=self._job_lease,
+            ):
                 return self.current()
 
     def wait_for_peers(self, attempt: int) -> Order:
@@ -260,12 +289,16 @@ class StorePeers:
             while True:
                 try:
                     order = self._barrier_poll(attempt, deadline, reported)
-                except StoreError as exc:    # a blink of the store; the deadline still holds
+                except StoreError as exc:  # a blink of the store; the deadline still holds
                     self._store_failed(exc)
                     order = None
-                if order is not None and order.attempt is not None and order.attempt != attempt \
-                        and not order.final:
-                    attempt = order.attempt         # the job moved on while this node waited
+                if (
+                    order is not None
+                    and order.attempt is not None
+                    and order.attempt != attempt
+                    and not order.final
+                ):
+                    attempt = order.attempt  # the job moved on while this node waited
                     deadline = self._clock() + self.config.peer_timeout_s
                     continue
                 if order is not None:
@@ -279,16 +312,25 @@ class StorePeers:
                         # torchrun --nnodes MIN:MAX: go on with the nodes there are; the job
                         # resumes its last healthy checkpoint at the new world size.
                         self.members = ready
-                        log.error("torchvitals supervise: %s: no node took its place within "
-                                  "%g s; the job goes on with %d of %d nodes (%s): the world "
-                                  "size changes", why, self.config.peer_timeout_s, len(ready),
-                                  self.config.nnodes, ", ".join(map(str, sorted(ready))))
+                        log.error(
+                            "torchvitals supervise: %s: no node took its place within "
+                            "%g s; the job goes on with %d of %d nodes (%s): the world "
+                            "size changes",
+                            why,
+                            self.config.peer_timeout_s,
+                            len(ready),
+                            self.config.nnodes,
+                            ", ".join(map(str, sorted(ready))),
+                        )
                         return Order(attempt=attempt)
-                    reason = (f"{why}: no node took its place within "
-                              f"{self.config.peer_timeout_s:g} s (peer_timeout_s)")
+                    reason = (
+                        f"{why}: no node took its place within "
+                        f"{self.config.peer_timeout_s:g} s (peer_timeout_s)"
+                    )
                     log.error("torchvitals supervise: %s; stopping the job", reason)
-                    return Order(final=self.finish(self.config.node_lost_exit_code, reason),
-                                 reason=reason)
+                    return Order(
+                        final=self.finish(self.config.node_lost_exit_code, reason), reason=reason
+                    )
                 self._sleep(self.config.store_poll_s)
         finally:
             self.metrics.waiting_for_peers.set(0)
@@ -297,7 +339,7 @@ class StorePeers:
         """One look at the barrier: an order to start (maybe a later attempt), the end, or None
         (keep waiting)."""
         waiting = replace(self.me, attempt=attempt, state=WAITING, step=0)
-        if waiting != self.me:          # the lease says the node waits; the value, what for
+        if waiting != self.me:  # the lease says the node waits; the value, what for
             self._publish(waiting)
         final = self._final()
         if final is not None and final[2] >= attempt:
@@ -307,19 +349,25 @@ class StorePeers:
             return Order(attempt=record.number)
         ready = self._ready(attempt)
         if ready >= self.members:
-            self.members |= ready           # a replacement rejoins a job that went on without it
+            self.members |= ready  # a replacement rejoins a job that went on without it
             return Order(attempt=attempt)
         for n in sorted(set(self._seen) - ready - reported - set(self._alive)):
             reported.add(n)
-            log.error("torchvitals supervise: %s; waiting up to %.0f s more for a node to take "
-                      "its place", self._describe(n), max(0.0, deadline - self._clock()))
+            log.error(
+                "torchvitals supervise: %s; waiting up to %.0f s more for a node to take its place",
+                self._describe(n),
+                max(0.0, deadline - self._clock()),
+            )
         return None
 
     def _ready(self, attempt: int) -> set[int]:
         """The nodes at the barrier of ``attempt`` or running it."""
         self._alive = self._nodes()
-        return {n for n, s in self._alive.items()
-                if s.attempt == attempt and s.state in (WAITING, RUNNING)}
+        return {
+            n
+            for n, s in self._alive.items()
+            if s.attempt == attempt and s.state in (WAITING, RUNNING)
+        }
 
     def started(self, attempt: int) -> None:
         """This node's launcher runs ``attempt``."""
@@ -353,11 +401,15 @@ class StorePeers:
         self._store_down = False
         # A key present is a node alive (or done); one that rejoined under a new supervisor
         # makes a new attempt itself (``join``), which the record shows at the next poll.
-        lost = tuple(self._seen.get(n, NodeState(n, "?", 0, attempt, WAITING))
-                     for n in sorted(self.members) if n not in nodes)
+        lost = tuple(
+            self._seen.get(n, NodeState(n, "?", 0, attempt, WAITING))
+            for n in sorted(self.members)
+            if n not in nodes
+        )
         if lost:
-            return Order(lost=lost, reason="; ".join(
-                f"{s.name()} lost at step {s.step}" for s in lost))
+            return Order(
+                lost=lost, reason="; ".join(f"{s.name()} lost at step {s.step}" for s in lost)
+            )
         return None
 
     def finish(self, code: int, reason: str) -> int:
@@ -367,11 +419,20 @@ class StorePeers:
             The exit status every node ends with.
         """
         try:
-            self.store.create(self._key("final"), json.dumps(
-                {"code": code, "reason": reason, "node": self.me.node,
-                 "attempt": self.current().number}), lease=self._job_lease)
+            self.store.create(
+                self._key("final"),
+                json.dumps(
+                    {
+                        "code": code,
+                        "reason": reason,
+                        "node": self.me.node,
+                        "attempt": self.current().number,
+                    }
+                ),
+                lease=self._job_lease,
+            )
             final = self._final()
-        except StoreError as exc:       # the others find this node lost; its own code stands
+        except StoreError as exc:  # the others find this node lost; its own code stands
             log.error("torchvitals supervise: cannot tell the other nodes the job ends: %s", exc)
             return code
         return code if final is None else final[0]
@@ -399,8 +460,11 @@ class StorePeers:
                     self.store.revoke(self._job_lease)
                     log.info("torchvitals supervise: the job ended; its keys are removed")
         except StoreError as exc:
-            log.warning("torchvitals supervise: %s (the job's keys expire within "
-                        "job_ttl_s=%g s)", exc, self.config.job_ttl_s)
+            log.warning(
+                "torchvitals supervise: %s (the job's keys expire within job_ttl_s=%g s)",
+                exc,
+                self.config.job_ttl_s,
+            )
 
     # ------------------------------------------------------------ pieces
 
@@ -425,17 +489,21 @@ class StorePeers:
         with self._lock:
             self.me = state
             self._put_at = self._clock()
-            self.store.put(self._key(f"nodes/{state.node:05d}"), json.dumps(asdict(state)),
-                           lease=self._lease if lease is None else lease)
+            self.store.put(
+                self._key(f"nodes/{state.node:05d}"),
+                json.dumps(asdict(state)),
+                lease=self._lease if lease is None else lease,
+            )
 
     def _ensure_record(self, record: JobAttempt) -> None:
         """Make the job's attempt record (``record``) under a new job lease unless it exists;
         either way, follow the lease it lives by."""
         if self.store.get(self._key("attempt")) is None:
             lease = self.store.grant(self.config.job_ttl_s)
-            if not self.store.create(self._key("attempt"), json.dumps(_record_dict(record)),
-                                     lease=lease):
-                self.store.revoke(lease)    # another node made it first: its lease is the job's
+            if not self.store.create(
+                self._key("attempt"), json.dumps(_record_dict(record)), lease=lease
+            ):
+                self.store.revoke(lease)  # another node made it first: its lease is the job's
         self.current()
 
     def _nodes(self) -> dict[int, NodeState]:
@@ -479,8 +547,11 @@ class StorePeers:
                     self._lease = self.store.grant(self.config.node_ttl_s)
                     if self.me.state != DONE:
                         self._publish(self.me)
-                if self._job_lease and not self.store.keepalive(self._job_lease) \
-                        and self.me.state != DONE:
+                if (
+                    self._job_lease
+                    and not self.store.keepalive(self._job_lease)
+                    and self.me.state != DONE
+                ):
                     self._ensure_record(self._record)
             except StoreError as exc:
                 self._store_failed(exc)

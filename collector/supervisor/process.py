@@ -40,20 +40,21 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     if not os.uname().sysname == "Linux":
         return None
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    prctl = libc.prctl          # resolved here: the child between fork and exec does the least
+    prctl = libc.prctl  # resolved here: the child between fork and exec does the least
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     parent = os.getpid()
 
     def preexec() -> None:
         prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:      # the supervisor died before prctl took effect
+        if os.getppid() != parent:  # the supervisor died before prctl took effect
             os.kill(os.getpid(), sig)
 
     return preexec
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float, pids: Sequence[int] = (),
-               poll_s: float = 0.05) -> int:
+def stop_group(
+    proc: subprocess.Popen, grace_s: float, pids: Sequence[int] = (), poll_s: float = 0.05
+) -> int:
     """Stop the job: the process group led by ``proc``, every descendant of ``proc`` and
     ``pids`` (the ranks' heartbeat pids: torchrun starts each worker in a session of its own,
     outside the launcher's group). SIGTERM (and SIGCONT, so a stopped rank can act on it), then
@@ -70,7 +71,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float, pids: Sequence[int] = (),
             _kill(pid, sig)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and (_group_alive(pgid) or any(map(running, targets))):
-        proc.poll()             # reap the leader, or it stays in the group as a zombie
+        proc.poll()  # reap the leader, or it stays in the group as a zombie
         time.sleep(poll_s)
     _killpg(pgid, signal.SIGKILL)
     for pid in targets:

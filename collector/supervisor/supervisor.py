@@ -43,8 +43,15 @@ from typing import Callable, Sequence
 
 from ...agent.recover.jobid import job_identity, launcher_job_id
 from ...agent.recover.ledger import Ledger, LedgerError
-from ...protocol import (ATTEMPT_ENV, HEARTBEAT_DIR_ENV, HEARTBEAT_GLOB, JOB_ID_ENV, LEDGER_FILE,
-                         Beat, read_heartbeats)
+from ...protocol import (
+    ATTEMPT_ENV,
+    HEARTBEAT_DIR_ENV,
+    HEARTBEAT_GLOB,
+    JOB_ID_ENV,
+    LEDGER_FILE,
+    Beat,
+    read_heartbeats,
+)
 from .config import SupervisorConfig, node_rank
 from .etcd import EtcdStore, StoreError, StoreTLS
 from .metrics import SupervisorMetrics
@@ -106,8 +113,9 @@ class HangClock:
             return self.config.hang_timeout_s
         if not self.intervals:
             return self.config.hang_floor_s
-        return max(self.config.hang_floor_s,
-                   self.config.hang_factor * statistics.median(self.intervals))
+        return max(
+            self.config.hang_floor_s, self.config.hang_factor * statistics.median(self.intervals)
+        )
 
     def hung(self, now: float) -> bool:
         return self.age(now) > self.timeout()
@@ -127,12 +135,17 @@ class Supervisor:
             ``config.store_url``).
     """
 
-    def __init__(self, config: SupervisorConfig, command: Sequence[str], *,
-                 metrics: SupervisorMetrics | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep,
-                 environ: dict[str, str] | None = None,
-                 peers: Peers | None = None) -> None:
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        command: Sequence[str],
+        *,
+        metrics: SupervisorMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        environ: dict[str, str] | None = None,
+        peers: Peers | None = None,
+    ) -> None:
         if not command:
             raise ValueError("no command to supervise (put it after --)")
         self.config, self.command = config, list(command)
@@ -145,8 +158,13 @@ class Supervisor:
         # restart and refuses it to another job (torchvitals.agent.recover.jobid).
         self._environ[JOB_ID_ENV] = self.job_id
         if peers is None:
-            peers = (StorePeers(store_of(config), self.job_id, config, self.metrics,
-                                clock=clock, sleep=sleep) if config.store_url else SoloPeers())
+            peers = (
+                StorePeers(
+                    store_of(config), self.job_id, config, self.metrics, clock=clock, sleep=sleep
+                )
+                if config.store_url
+                else SoloPeers()
+            )
         self.peers = peers
         root = config.heartbeat_root or tempfile.mkdtemp(prefix="torchvitals-supervise-")
         self.root = Path(root)
@@ -182,9 +200,15 @@ class Supervisor:
                     return order.final
                 if order.lost:
                     self.metrics.restarts.labels("lost").inc()
-                    record = self.peers.restart(JobAttempt(
-                        number=self.attempt + 1, restarts=record.restarts + 1, best=record.best,
-                        stalled=record.stalled, reason=order.reason))
+                    record = self.peers.restart(
+                        JobAttempt(
+                            number=self.attempt + 1,
+                            restarts=record.restarts + 1,
+                            best=record.best,
+                            stalled=record.stalled,
+                            reason=order.reason,
+                        )
+                    )
                 else:
                     self.metrics.restarts.labels("peer").inc()
                     record = self.peers.current()
@@ -197,29 +221,38 @@ class Supervisor:
             if beat is not None and beat.refused:
                 # The folder is another job's (or a run this one was not told to continue): a
                 # restart meets the same folder, and must never wear the refusal down.
-                why = (f"the job refused to resume its checkpoint folder (attempt {self.attempt}, "
-                       f"status {status}); see the job's log for both job ids and the fix")
+                why = (
+                    f"the job refused to resume its checkpoint folder (attempt {self.attempt}, "
+                    f"status {status}); see the job's log for both job ids and the fix"
+                )
                 log.error("torchvitals supervise: %s: not restarting", why)
                 return self.peers.finish(self.config.refused_exit_code, why)
             if beat is not None and beat.aborted:
                 # A restart would undo the decision: the loop guard found rollbacks not curing
                 # the run, or the collector ordered it stopped. A person decides what is next.
-                why = (f"the job aborted itself (attempt {self.attempt}, status {status}, "
-                       f"step {beat.step})")
+                why = (
+                    f"the job aborted itself (attempt {self.attempt}, status {status}, "
+                    f"step {beat.step})"
+                )
                 log.error("torchvitals supervise: %s: not restarting", why)
                 return self.peers.finish(self.config.abort_exit_code, why)
             reason = "hang" if reason == "hang" else "crash"
             record = self.peers.current()
             if record.number != self.attempt:
-                continue            # another node restarted the job meanwhile: follow it
+                continue  # another node restarted the job meanwhile: follow it
             best, stalled = record.best, record.stalled
             progress = self._progress(folder)
             if progress is not None and (best is None or progress > best):
                 best, stalled = progress, 0
             elif self.attempt > 1:
-                stalled += 1        # a restart that did not move the last healthy step
-            log.warning("torchvitals supervise: attempt %d ended by %s (status %s); last healthy "
-                        "step %s", self.attempt, reason, status, progress)
+                stalled += 1  # a restart that did not move the last healthy step
+            log.warning(
+                "torchvitals supervise: attempt %d ended by %s (status %s); last healthy step %s",
+                self.attempt,
+                reason,
+                status,
+                progress,
+            )
             if stalled >= self.config.no_progress_restarts:
                 why = f"{stalled} restarts in a row without progress past step {best}"
                 log.error("torchvitals supervise: %s; giving up", why)
@@ -230,13 +263,18 @@ class Supervisor:
                 return self.peers.finish(self.config.budget_exit_code, why)
             self.metrics.restarts.labels(reason).inc()
             # One new attempt for the job, which every node's supervisor follows at once.
-            record = self.peers.restart(JobAttempt(
-                number=self.attempt + 1, restarts=record.restarts + 1, best=best, stalled=stalled,
-                reason=f"node {self.config.node_rank}: attempt {self.attempt} ended by {reason}"))
+            record = self.peers.restart(
+                JobAttempt(
+                    number=self.attempt + 1,
+                    restarts=record.restarts + 1,
+                    best=best,
+                    stalled=stalled,
+                    reason=f"node {self.config.node_rank}: attempt {self.attempt} ended by {reason}",
+                )
+            )
             self.restarts = record.restarts
             # Progress resets the back-off: a job that fails rarely restarts quickly.
-            self._sleep(min(self.config.backoff_max_s,
-                            self.config.backoff_s * 2 ** stalled))
+            self._sleep(min(self.config.backoff_max_s, self.config.backoff_s * 2**stalled))
 
     def stop(self) -> None:
         """Stop the running attempt's process group (a signal to the supervisor itself)."""
@@ -248,15 +286,16 @@ class Supervisor:
         """One run of the command. Returns ("exit", status, None), ("hang", status after the
         stop, None), or ("peer", status after the stop, the job's order)."""
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob(HEARTBEAT_GLOB):    # a requeued job may reuse the number
+        for stale in folder.glob(HEARTBEAT_GLOB):  # a requeued job may reuse the number
             stale.unlink(missing_ok=True)
         env = {**self._environ, HEARTBEAT_DIR_ENV: str(folder), ATTEMPT_ENV: str(self.attempt)}
         log.info("torchvitals supervise: attempt %d: %s", self.attempt, " ".join(self.command))
         started = time.time()
         # The launcher dies with this supervisor: a SIGKILLed supervisor leaves no job running
         # unsupervised (the other nodes then see this node lost).
-        self._proc = proc = subprocess.Popen(self.command, env=env, start_new_session=True,
-                                             preexec_fn=die_with_parent())
+        self._proc = proc = subprocess.Popen(
+            self.command, env=env, start_new_session=True, preexec_fn=die_with_parent()
+        )
         self.peers.started(self.attempt)
         hang = HangClock(self.config, self.intervals, self._clock())
         while True:
@@ -275,22 +314,36 @@ class Supervisor:
             if order is not None:
                 ended = time.time()
                 if order.final is not None:
-                    log.error("torchvitals supervise: the job ends on another node's word (%s); "
-                              "stopping this node's launcher", order.reason)
+                    log.error(
+                        "torchvitals supervise: the job ends on another node's word (%s); "
+                        "stopping this node's launcher",
+                        order.reason,
+                    )
                 elif order.lost:
-                    log.error("torchvitals supervise: %s; stopping this node's launcher and "
-                              "waiting up to %g s for a node to take its place", order.reason,
-                              self.config.peer_timeout_s)
+                    log.error(
+                        "torchvitals supervise: %s; stopping this node's launcher and "
+                        "waiting up to %g s for a node to take its place",
+                        order.reason,
+                        self.config.peer_timeout_s,
+                    )
                 else:
-                    log.warning("torchvitals supervise: the job restarts into attempt %d (%s); "
-                                "stopping this node's launcher", order.attempt, order.reason)
+                    log.warning(
+                        "torchvitals supervise: the job restarts into attempt %d (%s); "
+                        "stopping this node's launcher",
+                        order.attempt,
+                        order.reason,
+                    )
                 status = stop_group(proc, self.config.grace_s, _pids(folder))
                 self.history.append(Attempt(self.attempt, started, ended, "peer", status))
                 return "peer", status, order
             if hang.hung(now):
-                log.warning("torchvitals supervise: no heartbeat advance for %.1f s (timeout "
-                            "%.1f s, last %s); stopping the job", hang.age(now), hang.timeout(),
-                            hang.beat)
+                log.warning(
+                    "torchvitals supervise: no heartbeat advance for %.1f s (timeout "
+                    "%.1f s, last %s); stopping the job",
+                    hang.age(now),
+                    hang.timeout(),
+                    hang.beat,
+                )
                 ended = time.time()
                 status = stop_group(proc, self.config.grace_s, _pids(folder))
                 self.history.append(Attempt(self.attempt, started, ended, "hang", status))
@@ -303,8 +356,11 @@ class Supervisor:
             beat = read_heartbeats(folder)
             return None if beat is None else beat.step
         try:
-            entry = Ledger(Path(self.config.checkpoint_dir) / LEDGER_FILE, writer=False).load() \
+            entry = (
+                Ledger(Path(self.config.checkpoint_dir) / LEDGER_FILE, writer=False)
+                .load()
                 .last_checkpoint
+            )
         except LedgerError as exc:
             log.error("torchvitals supervise: %s", exc)
             return None
@@ -323,9 +379,11 @@ def _job_id(config: SupervisorConfig, environ: dict[str, str], command: list[str
     if found is not None:
         return found
     if config.nnodes > 1:
-        raise ValueError(f"a job of {config.nnodes} nodes needs one job id on every node: set "
-                         f"{JOB_ID_ENV}, run under Slurm (SLURM_JOB_ID), or pass torchrun "
-                         "--rdzv-id")
+        raise ValueError(
+            f"a job of {config.nnodes} nodes needs one job id on every node: set "
+            f"{JOB_ID_ENV}, run under Slurm (SLURM_JOB_ID), or pass torchrun "
+            "--rdzv-id"
+        )
     return uuid.uuid4().hex
 
 
@@ -337,9 +395,16 @@ def store_of(config: SupervisorConfig) -> EtcdStore:
             field): a setting to fix before the start, like every other refused setting.
     """
     try:
-        return EtcdStore(config.store_url or "", tls=StoreTLS(
-            cafile=config.store_cafile, certfile=config.store_certfile,
-            keyfile=config.store_keyfile), user=config.store_user, password=config.password())
+        return EtcdStore(
+            config.store_url or "",
+            tls=StoreTLS(
+                cafile=config.store_cafile,
+                certfile=config.store_certfile,
+                keyfile=config.store_keyfile,
+            ),
+            user=config.store_user,
+            password=config.password(),
+        )
     except StoreError as exc:
         raise ValueError(str(exc)) from None
 
@@ -370,15 +435,24 @@ def supervise(config: SupervisorConfig, command: Sequence[str]) -> int:
         return 2
     if config.metrics_port:
         from prometheus_client import start_http_server
+
         try:
-            start_http_server(config.metrics_port, addr=config.metrics_host,
-                              registry=supervisor.metrics.registry,
-                              certfile=config.metrics_certfile, keyfile=config.metrics_keyfile,
-                              client_cafile=config.metrics_client_cafile,
-                              client_auth_required=bool(config.metrics_client_cafile))
-        except OSError as exc:      # a taken port or a bad certificate: watch the job anyway
-            log.error("torchvitals supervise: no /metrics on %s:%d (%s); supervising without",
-                      config.metrics_host, config.metrics_port, exc)
+            start_http_server(
+                config.metrics_port,
+                addr=config.metrics_host,
+                registry=supervisor.metrics.registry,
+                certfile=config.metrics_certfile,
+                keyfile=config.metrics_keyfile,
+                client_cafile=config.metrics_client_cafile,
+                client_auth_required=bool(config.metrics_client_cafile),
+            )
+        except OSError as exc:  # a taken port or a bad certificate: watch the job anyway
+            log.error(
+                "torchvitals supervise: no /metrics on %s:%d (%s); supervising without",
+                config.metrics_host,
+                config.metrics_port,
+                exc,
+            )
 
     class _Stopped(Exception):
         pass
@@ -390,8 +464,10 @@ def supervise(config: SupervisorConfig, command: Sequence[str]) -> int:
     try:
         return supervisor.run()
     except StoreError as exc:
-        log.error("torchvitals supervise: the job's store does not answer (%s); stopping this "
-                  "node's job", exc)
+        log.error(
+            "torchvitals supervise: the job's store does not answer (%s); stopping this node's job",
+            exc,
+        )
         supervisor.stop()
         return 1
     except _Stopped as stopped:

@@ -23,13 +23,22 @@ def _name(requirement: str) -> str:
 
 
 def test_the_collector_gets_the_dependencies_without_the_training_sides_plus_its_extra():
-    out = subprocess.run([sys.executable, str(ROOT / "docker" / "collector-requirements.py"),
-                          str(ROOT / "pyproject.toml")], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "docker" / "collector-requirements.py"),
+            str(ROOT / "pyproject.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     training = {"torch", "rich", "matplotlib"}
     assert training <= {_name(d) for d in project["dependencies"]}
     assert out.stdout.splitlines() == (
         [d for d in project["dependencies"] if _name(d) not in training]
-        + project["optional-dependencies"]["collector"])
+        + project["optional-dependencies"]["collector"]
+    )
     assert {"starlette", "uvicorn", "prometheus-client"} <= set(map(_name, out.stdout.split()))

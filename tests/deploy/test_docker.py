@@ -38,8 +38,13 @@ def _tool(name: str) -> str:
 def compose() -> dict:
     """compose.yaml as docker-compose resolves it (absolute host paths, defaults filled in)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))}
-    proc = subprocess.run([_tool("docker-compose"), "-f", str(DOCKER / "compose.yaml"), "config"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [_tool("docker-compose"), "-f", str(DOCKER / "compose.yaml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     return yaml.safe_load(proc.stdout)
 
@@ -79,8 +84,9 @@ def host_path(service: dict, container_path: str) -> Path | None:
 def named_volume_of(service: dict, container_path: str) -> str | None:
     for volume in service.get("volumes", []):
         source, target = volume.split(":")[:2]
-        if not source.startswith("/") and (container_path == target
-                                           or container_path.startswith(target + "/")):
+        if not source.startswith("/") and (
+            container_path == target or container_path.startswith(target + "/")
+        ):
             return source
     return None
 
@@ -105,8 +111,12 @@ def test_prometheus_config_passes_promtool_with_the_canonical_rules(compose, tmp
     config_path = flag.split("=", 1)[1]
     root = container_view(service, tmp_path)
     config = root / config_path.lstrip("/")
-    proc = subprocess.run([_tool("promtool"), "check", "config", str(config)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [_tool("promtool"), "check", "config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     canonical = sorted((ROOT / "grafana" / "rules").glob("*.rules.yml"))
     assert f"SUCCESS: {len(canonical)} rule files found" in proc.stdout + proc.stderr
@@ -122,7 +132,7 @@ def test_prometheus_scrapes_every_rank_of_the_trainer_under_its_collector_job(co
     job_name = trainer["environment"]["TORCHVITALS_COLLECTOR_JOB"]
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == job_name]
     targets = [t for sc in job["static_configs"] for t in sc["targets"]]
-    base = 19400   # the trainer image's TORCHVITALS_METRICS_PORT, the agent's default
+    base = 19400  # the trainer image's TORCHVITALS_METRICS_PORT, the agent's default
     assert targets == [f"trainer:{base + rank}" for rank in range(nproc)]
     assert "TORCHVITALS_METRICS_PORT=19400" in (DOCKER / "trainer.Dockerfile").read_text()
     script = next(a for a in command if a.endswith(".py"))
@@ -135,8 +145,12 @@ def test_alertmanager_config_passes_amtool_and_reaches_the_collector(compose, tm
     flag = next(a for a in service["command"] if a.startswith("--config.file="))
     root = container_view(service, tmp_path)
     config_file = root / flag.split("=", 1)[1].lstrip("/")
-    proc = subprocess.run([_tool("amtool"), "check-config", str(config_file)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [_tool("amtool"), "check-config", str(config_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     config = yaml.safe_load(config_file.read_text())
     webhooks = [w for r in config["receivers"] for w in r.get("webhook_configs", [])]
@@ -167,13 +181,18 @@ def test_grafana_provisioning_points_at_the_dashboards_and_prometheus(compose):
     for provider_file in sorted(providers_dir.glob("*.y*ml")):
         for provider in yaml.safe_load(provider_file.read_text())["providers"]:
             folder = host_path(grafana, provider["options"]["path"])
-            assert folder is not None and folder.is_dir(), \
+            assert folder is not None and folder.is_dir(), (
                 f"{provider_file.name}: {provider['options']['path']} is not mounted"
+            )
             provided |= {p.name for p in folder.glob("*.json")}
     assert provided == canonical
     datasources_dir = host_path(grafana, "/etc/grafana/provisioning/datasources")
-    urls = [d["url"] for f in sorted(datasources_dir.glob("*.y*ml"))
-            for d in yaml.safe_load(f.read_text())["datasources"] if d["type"] == "prometheus"]
+    urls = [
+        d["url"]
+        for f in sorted(datasources_dir.glob("*.y*ml"))
+        for d in yaml.safe_load(f.read_text())["datasources"]
+        if d["type"] == "prometheus"
+    ]
     assert urls and all(u.rstrip("/") == "http://prometheus:9090" for u in urls)
     for name in canonical:
         json.loads((ROOT / "grafana" / "dashboards" / name).read_text())
@@ -212,18 +231,23 @@ def test_images_are_multi_stage_non_root_with_healthcheck_and_pinned_torch(name)
     # Nothing is built or installed in the final stage, and the installers left the venv.
     assert not any(re.search(r"pip |apt-get|apk |gcc|make", r) for r in _args(final, "RUN"))
     assert any("pip uninstall --yes pip setuptools" in r for r in _args(build, "RUN"))
-    torch_pin = re.search(r'^\s*"(torch[<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text(),
-                          re.MULTILINE).group(1)
+    torch_pin = re.search(
+        r'^\s*"(torch[<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE
+    ).group(1)
     torch_runs = [r for r in _args(build, "RUN") if f'"{torch_pin}"' in r]
     if name == "collector.Dockerfile":
         # The collector imports no torch: every other dependency, then the package alone.
         assert not torch_runs and "TORCH_INDEX_URL" not in (DOCKER / name).read_text()
-        assert any("collector-requirements.py" in r and "pip install --no-deps ." in r
-                   for r in _args(build, "RUN"))
+        assert any(
+            "collector-requirements.py" in r and "pip install --no-deps ." in r
+            for r in _args(build, "RUN")
+        )
     else:
         assert torch_runs and all("--index-url" in r for r in torch_runs)
-        assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in \
-            (DOCKER / name).read_text()
+        assert (
+            "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"
+            in (DOCKER / name).read_text()
+        )
     ignored = (ROOT / ".dockerignore").read_text().split()
     for stage in stages[1:]:
         for copy in _args(stage, "COPY"):
@@ -231,10 +255,12 @@ def test_images_are_multi_stage_non_root_with_healthcheck_and_pinned_torch(name)
                 continue
             for source in shlex.split(copy)[:-1]:
                 assert (ROOT / source).exists(), f"{name} copies {source}, which is missing"
-                assert any(source.rstrip("/") == i.lstrip("!").rstrip("/")
-                           or source.startswith(i.lstrip("!").rstrip("/") + "/")
-                           for i in ignored if i.startswith("!")), \
-                    f"{source} is excluded from the build context by .dockerignore"
+                assert any(
+                    source.rstrip("/") == i.lstrip("!").rstrip("/")
+                    or source.startswith(i.lstrip("!").rstrip("/") + "/")
+                    for i in ignored
+                    if i.startswith("!")
+                ), f"{source} is excluded from the build context by .dockerignore"
 
 
 def test_collector_image_runs_the_collector_and_trainer_image_runs_the_supervisor():
@@ -252,34 +278,42 @@ def test_collector_image_runs_the_collector_and_trainer_image_runs_the_superviso
 
 def _healthcheck(name: str) -> list[str]:
     (hc,) = _args(dockerfile_stages(DOCKER / name)[-1], "HEALTHCHECK")
-    command = json.loads(hc[hc.index("CMD") + 3:].strip())
+    command = json.loads(hc[hc.index("CMD") + 3 :].strip())
     assert command[0] == "python"
     return [sys.executable] + command[1:]
 
 
 def test_collector_healthcheck_passes_on_a_live_collector_and_fails_without_one(tmp_path):
     from torchvitals.collector import CollectorConfig, CollectorServer
-    server = CollectorServer(CollectorConfig(port=0, state_dir=str(tmp_path / "state"),
-                                             webhook_token="t" * 16, access_log=False)).start()
+
+    server = CollectorServer(
+        CollectorConfig(
+            port=0, state_dir=str(tmp_path / "state"), webhook_token="t" * 16, access_log=False
+        )
+    ).start()
     try:
         env = {**os.environ, "TORCHVITALS_COLLECTOR_PORT": str(server.port)}
-        ok = subprocess.run(_healthcheck("collector.Dockerfile"), env=env, capture_output=True,
-                            timeout=30)
+        ok = subprocess.run(
+            _healthcheck("collector.Dockerfile"), env=env, capture_output=True, timeout=30
+        )
         assert ok.returncode == 0, ok.stderr
     finally:
         server.stop()
-    down = subprocess.run(_healthcheck("collector.Dockerfile"), env=env, capture_output=True,
-                          timeout=30)
+    down = subprocess.run(
+        _healthcheck("collector.Dockerfile"), env=env, capture_output=True, timeout=30
+    )
     assert down.returncode != 0
 
 
 def test_trainer_healthcheck_reads_rank_zero_metrics(tmp_path):
     from prometheus_client import CollectorRegistry, start_http_server
+
     server, thread = start_http_server(0, addr="127.0.0.1", registry=CollectorRegistry())
     try:
         env = {**os.environ, "TORCHVITALS_METRICS_PORT": str(server.server_port)}
-        ok = subprocess.run(_healthcheck("trainer.Dockerfile"), env=env, capture_output=True,
-                            timeout=30)
+        ok = subprocess.run(
+            _healthcheck("trainer.Dockerfile"), env=env, capture_output=True, timeout=30
+        )
         assert ok.returncode == 0, ok.stderr
     finally:
         server.shutdown()
@@ -287,33 +321,45 @@ def test_trainer_healthcheck_reads_rank_zero_metrics(tmp_path):
 
 
 def test_the_trainer_holds_its_own_token_and_the_collector_accepts_it_for_its_job_only(
-        compose, tmp_path):
+    compose, tmp_path
+):
     services = compose["services"]
-    token, collector, trainer = (services[n] for n in ("token", "torchvitals-collector",
-                                                       "trainer"))
+    token, collector, trainer = (services[n] for n in ("token", "torchvitals-collector", "trainer"))
     job = trainer["environment"]["TORCHVITALS_COLLECTOR_JOB"]
     assert token["environment"]["TORCHVITALS_COLLECTOR_JOB"] == job
     # The trainer never mounts the volume of Alertmanager's token (which may post alerts).
     webhook_file = collector["environment"]["TORCHVITALS_WEBHOOK_TOKEN_FILE"]
     assert named_volume_of(collector, webhook_file) not in {
-        v.split(":")[0] for v in trainer["volumes"]}
+        v.split(":")[0] for v in trainer["volumes"]
+    }
     # Run the token service's script with its volumes as folders here, twice (a restart).
     script = token["entrypoint"][2]
     for volume in token["volumes"]:
         name, target = volume.split(":")[:2]
         (tmp_path / name).mkdir(exist_ok=True)
         script = script.replace(f'"{target}/', f'"{tmp_path / name}/').replace(
-            f'f"{target}/', f'f"{tmp_path / name}/')
+            f'f"{target}/', f'f"{tmp_path / name}/'
+        )
     for _ in range(2):
-        subprocess.run([sys.executable, "-c", script], check=True, timeout=60,
-                       env={**os.environ, **token["environment"]})
+        subprocess.run(
+            [sys.executable, "-c", script],
+            check=True,
+            timeout=60,
+            env={**os.environ, **token["environment"]},
+        )
 
     def here(service, path):
         return tmp_path / named_volume_of(service, path) / PurePosixPath(path).name
+
     from torchvitals.collector.auth import Tokens
+
     webhook = here(collector, webhook_file).read_text().strip()
-    tokens = Tokens(webhook, job_tokens_file=str(here(
-        collector, collector["environment"]["TORCHVITALS_COLLECTOR_JOB_TOKENS_FILE"])))
+    tokens = Tokens(
+        webhook,
+        job_tokens_file=str(
+            here(collector, collector["environment"]["TORCHVITALS_COLLECTOR_JOB_TOKENS_FILE"])
+        ),
+    )
     mine = here(trainer, trainer["environment"]["TORCHVITALS_WEBHOOK_TOKEN_FILE"]).read_text()
     principal = tokens.identify(f"Bearer {mine.strip()}")
     assert (principal.kind, principal.job) == ("job", job)

@@ -71,7 +71,9 @@ def one(docs: list[dict], kind: str) -> dict:
 
 def token_secrets(docs: list[dict]) -> list[dict]:
     """The Secrets holding tokens: all but the example job's checkpoint key."""
-    return [d for d in by_kind(docs, "Secret") if not d["metadata"]["name"].endswith("-checkpoint-key")]
+    return [
+        d for d in by_kind(docs, "Secret") if not d["metadata"]["name"].endswith("-checkpoint-key")
+    ]
 
 
 def container_env(container: dict) -> dict:
@@ -98,16 +100,21 @@ def test_every_rendered_manifest_matches_its_schema(chart, name):
                 try:
                     kubernetes_validate.validate(doc, version, strict=True)
                 except kubernetes_validate.ValidationError as exc:
-                    pytest.fail(f"{where} invalid for Kubernetes {version}: {exc.message} "
-                                f"at {list(exc.path)}")
+                    pytest.fail(
+                        f"{where} invalid for Kubernetes {version}: {exc.message} "
+                        f"at {list(exc.path)}"
+                    )
         else:
             assert key in SCHEMAS, f"{where}: no schema for {key}"
             jsonschema.validate(doc, SCHEMAS[key])
         if doc["kind"] == "PyTorchJob":
             for role, spec in doc["spec"]["pytorchReplicaSpecs"].items():
-                template = {"apiVersion": "v1", "kind": "PodTemplate",
-                            "metadata": {"name": f"{doc['metadata']['name']}-{role.lower()}"},
-                            "template": spec["template"]}
+                template = {
+                    "apiVersion": "v1",
+                    "kind": "PodTemplate",
+                    "metadata": {"name": f"{doc['metadata']['name']}-{role.lower()}"},
+                    "template": spec["template"],
+                }
                 for version in KUBE_VERSIONS:
                     kubernetes_validate.validate(template, version, strict=True)
 
@@ -115,16 +122,29 @@ def test_every_rendered_manifest_matches_its_schema(chart, name):
 def test_each_component_sits_behind_its_enabled_flag(chart):
     everything = render(chart, VALUE_SETS["full-values"])
     kinds = {d["kind"] for d in everything}
-    assert kinds >= {"Deployment", "Service", "Secret", "PersistentVolumeClaim", "PodMonitor",
-                     "ServiceMonitor", "PrometheusRule", "AlertmanagerConfig", "ConfigMap",
-                     "PyTorchJob"}
+    assert kinds >= {
+        "Deployment",
+        "Service",
+        "Secret",
+        "PersistentVolumeClaim",
+        "PodMonitor",
+        "ServiceMonitor",
+        "PrometheusRule",
+        "AlertmanagerConfig",
+        "ConfigMap",
+        "PyTorchJob",
+    }
     switches = {
-        "collector": ({"collector": {"enabled": False}},
-                      {"Deployment", "Service", "ServiceMonitor", "AlertmanagerConfig"}),
+        "collector": (
+            {"collector": {"enabled": False}},
+            {"Deployment", "Service", "ServiceMonitor", "AlertmanagerConfig"},
+        ),
         "podMonitor": ({"scraping": {"podMonitor": {"enabled": False}}}, {"PodMonitor"}),
         "rules": ({"rules": {"enabled": False}}, {"PrometheusRule"}),
-        "alertmanagerConfig": ({"alertmanager": {"alertmanagerConfig": {"enabled": False}}},
-                               {"AlertmanagerConfig"}),
+        "alertmanagerConfig": (
+            {"alertmanager": {"alertmanagerConfig": {"enabled": False}}},
+            {"AlertmanagerConfig"},
+        ),
         "exampleJob": ({"exampleJob": {"enabled": False}}, {"PyTorchJob"}),
     }
     for name, (off, gone) in switches.items():
@@ -137,9 +157,10 @@ def test_each_component_sits_behind_its_enabled_flag(chart):
         assert not (left & gone), f"{name} off still renders {left & gone}"
     config_maps = lambda docs: {d["metadata"]["name"] for d in by_kind(docs, "ConfigMap")}
     full = config_maps(everything)
-    for off, suffix in [({"scraping": {"scrapeConfig": {"enabled": False}}}, "-scrape-config"),
-                        ({"alertmanager": {"snippet": {"enabled": False}}},
-                         "-alertmanager-snippet")]:
+    for off, suffix in [
+        ({"scraping": {"scrapeConfig": {"enabled": False}}}, "-scrape-config"),
+        ({"alertmanager": {"snippet": {"enabled": False}}}, "-alertmanager-snippet"),
+    ]:
         assert "tv-torchvitals" + suffix in full
         assert "tv-torchvitals" + suffix not in config_maps(render(chart, off))
     with_dashboards = {n for n in full if "-dashboard-" in n}
@@ -148,23 +169,26 @@ def test_each_component_sits_behind_its_enabled_flag(chart):
     assert len(with_dashboards) == len(list((ROOT / "grafana" / "dashboards").glob("*.json")))
 
 
-@pytest.mark.parametrize("values", [
-    {"collector": {"port": "9500"}},
-    {"collector": {"replicas": 2}},                           # not a value of this chart
-    {"colector": {"enabled": False}},                         # a typo
-    {"scraping": {"portPrefix": "Rank_"}},                    # not a valid port name
-    {"scraping": {"ranksPerPod": 0}},
-    {"alertmanager": {"matchers": ["severity: critical"]}},   # not matcher syntax
-    {"exampleJob": {"nodes": 0}},
-    {"exampleJob": {"image": {"pullPolicy": "Sometimes"}}},
-    {"collector": {"resources": {"requests": {"memory": "lots"}}}},
-    {"webhookToken": {"value": 12345}},
-    {"exampleJob": {"supervisor": {"storeUrl": "etcd.ml.svc:2379"}}},    # no scheme
-    {"etcd": {"replicas": 2}},                                # no quorum to lose one of
-    {"etcd": {"quotaBackendBytes": 1024}},
-    {"etcd": {"autoCompactionRetention": "an hour"}},
-    {"etcd": {"tls": {"serverSecret": ""}}},
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"collector": {"port": "9500"}},
+        {"collector": {"replicas": 2}},  # not a value of this chart
+        {"colector": {"enabled": False}},  # a typo
+        {"scraping": {"portPrefix": "Rank_"}},  # not a valid port name
+        {"scraping": {"ranksPerPod": 0}},
+        {"alertmanager": {"matchers": ["severity: critical"]}},  # not matcher syntax
+        {"exampleJob": {"nodes": 0}},
+        {"exampleJob": {"image": {"pullPolicy": "Sometimes"}}},
+        {"collector": {"resources": {"requests": {"memory": "lots"}}}},
+        {"webhookToken": {"value": 12345}},
+        {"exampleJob": {"supervisor": {"storeUrl": "etcd.ml.svc:2379"}}},  # no scheme
+        {"etcd": {"replicas": 2}},  # no quorum to lose one of
+        {"etcd": {"quotaBackendBytes": 1024}},
+        {"etcd": {"autoCompactionRetention": "an hour"}},
+        {"etcd": {"tls": {"serverSecret": ""}}},
+    ],
+)
 def test_wrong_values_fail_at_install(chart, values):
     with pytest.raises(helm.HelmValuesError):
         chart.render(values, name="tv", namespace="ml", is_install=True)
@@ -210,12 +234,13 @@ def test_an_existing_secret_is_referenced_and_none_is_created(chart):
     trainer = container_env(job["Master"]["template"]["spec"]["containers"][0])
     # The job's own token, never Alertmanager's (which may post alerts only).
     assert trainer["TORCHVITALS_WEBHOOK_TOKEN"] == {
-        "secretKeyRef": {"name": "torchvitals-job-tokens", "key": "job-tv-torchvitals-example"}}
+        "secretKeyRef": {"name": "torchvitals-job-tokens", "key": "job-tv-torchvitals-example"}
+    }
     jobs_volume = next(v for v in pod["volumes"] if v["name"] == "job-tokens")
     assert jobs_volume["secret"]["secretName"] == "torchvitals-job-tokens"
     claim = next(v for v in pod["volumes"] if v["name"] == "state")
     assert claim["persistentVolumeClaim"]["claimName"] == "torchvitals-state"
-    assert by_kind(docs, "PersistentVolumeClaim") == []   # both claims exist already
+    assert by_kind(docs, "PersistentVolumeClaim") == []  # both claims exist already
 
 
 def test_collector_runs_non_root_read_only_with_requests(chart):
@@ -225,7 +250,9 @@ def test_collector_runs_non_root_read_only_with_requests(chart):
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+    assert (
+        container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+    )
     assert container["command"] == ["torchvitals-collector"]
     env = container_env(container)
     assert env["TORCHVITALS_COLLECTOR_HOST"] == "0.0.0.0"
@@ -235,8 +262,9 @@ def test_collector_runs_non_root_read_only_with_requests(chart):
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts[env["TORCHVITALS_COLLECTOR_STATE_DIR"]] == "state"
     claim = next(v for v in pod["volumes"] if v["name"] == "state")["persistentVolumeClaim"]
-    assert claim["claimName"] in {d["metadata"]["name"]
-                                  for d in by_kind(docs, "PersistentVolumeClaim")}
+    assert claim["claimName"] in {
+        d["metadata"]["name"] for d in by_kind(docs, "PersistentVolumeClaim")
+    }
     service = one(docs, "Service")
     assert service["spec"]["selector"].items() <= pod_labels(one(docs, "Deployment")).items()
 
@@ -293,8 +321,9 @@ def test_chart_copies_equal_the_canonical_rules_and_dashboards(chart):
     for cm in by_kind(docs, "ConfigMap"):
         if cm["metadata"]["labels"].get("grafana_dashboard") == "1":
             rendered.update(cm["data"])
-    assert {k: v.rstrip("\n") for k, v in rendered.items()} == \
-        {k: v.rstrip("\n") for k, v in dashboards.items()}
+    assert {k: v.rstrip("\n") for k, v in rendered.items()} == {
+        k: v.rstrip("\n") for k, v in dashboards.items()
+    }
 
 
 def test_sync_reports_and_repairs_a_stale_copy(tmp_path, monkeypatch):
@@ -321,14 +350,22 @@ def _tool(name: str) -> str:
 
 def test_plain_scrape_config_passes_promtool(chart, tmp_path):
     docs = render(chart, VALUE_SETS["full-values"])
-    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-scrape-config"))
+    cm = next(
+        d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-scrape-config")
+    )
     snippet = yaml.safe_load(cm["data"]["torchvitals-scrape.yml"])
     (job,) = snippet["scrape_configs"]
     keep = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
-    assert {"regex": "true", "action": "keep",
-            "source_labels": ["__meta_kubernetes_pod_label_torchvitals_io_scrape"]} in keep
-    assert any(r.get("target_label") == "job" and r["source_labels"] ==
-               ["__meta_kubernetes_pod_label_torchvitals_io_job"] for r in job["relabel_configs"])
+    assert {
+        "regex": "true",
+        "action": "keep",
+        "source_labels": ["__meta_kubernetes_pod_label_torchvitals_io_scrape"],
+    } in keep
+    assert any(
+        r.get("target_label") == "job"
+        and r["source_labels"] == ["__meta_kubernetes_pod_label_torchvitals_io_job"]
+        for r in job["relabel_configs"]
+    )
     (sd,) = job["kubernetes_sd_configs"]
     assert sd == {"role": "pod", "namespaces": {"names": ["ml", "ml-staging"]}}
     # Debian's promtool is built without Kubernetes service discovery ("field
@@ -338,8 +375,12 @@ def test_plain_scrape_config_passes_promtool(chart, tmp_path):
     job["static_configs"] = [{"targets": []}]
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump({"global": {"scrape_interval": "15s"}, **snippet}))
-    proc = subprocess.run([_tool("promtool"), "check", "config", str(config)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [_tool("promtool"), "check", "config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -347,54 +388,78 @@ def test_alertmanager_snippet_passes_amtool_and_matches_the_alertmanagerconfig(c
     token_file = tmp_path / "token"
     token_file.write_text("t0ken\n")
     docs = render(chart, {"alertmanager": {"snippet": {"credentialsFile": str(token_file)}}})
-    cm = next(d for d in by_kind(docs, "ConfigMap")
-              if d["metadata"]["name"].endswith("-alertmanager-snippet"))
+    cm = next(
+        d
+        for d in by_kind(docs, "ConfigMap")
+        if d["metadata"]["name"].endswith("-alertmanager-snippet")
+    )
     snippet = yaml.safe_load(cm["data"]["torchvitals-receiver.yml"])
-    config = {"route": {"receiver": "default", "routes": snippet["route"]["routes"]},
-              "receivers": [{"name": "default"}] + snippet["receivers"]}
+    config = {
+        "route": {"receiver": "default", "routes": snippet["route"]["routes"]},
+        "receivers": [{"name": "default"}] + snippet["receivers"],
+    }
     path = tmp_path / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run([_tool("amtool"), "check-config", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [_tool("amtool"), "check-config", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (webhook,) = snippet["receivers"][0]["webhook_configs"]
     amc = one(docs, "AlertmanagerConfig")["spec"]
     (amc_webhook,) = amc["receivers"][0]["webhookConfigs"]
-    assert webhook["url"] == amc_webhook["url"] == "http://tv-torchvitals-collector.ml.svc:9500/alerts"
+    assert (
+        webhook["url"] == amc_webhook["url"] == "http://tv-torchvitals-collector.ml.svc:9500/alerts"
+    )
     ops = {"=": "=", "=~": "=~", "!=": "!=", "!~": "!~"}
     as_text = [f'{m["name"]}{ops[m["matchType"]]}"{m["value"]}"' for m in amc["route"]["matchers"]]
     assert as_text == snippet["route"]["routes"][0]["matchers"]
     assert amc_webhook["httpConfig"]["authorization"]["credentials"] == {
-        "name": "tv-torchvitals-webhook-token", "key": "token"}
+        "name": "tv-torchvitals-webhook-token",
+        "key": "token",
+    }
 
 
 def test_the_chart_routes_to_the_collector_as_the_canonical_alertmanager_config_does(chart):
     canonical = yaml.safe_load((ROOT / "grafana" / "alertmanager" / "alertmanager.yml").read_text())
-    webhook_receivers = {r["name"] for r in canonical["receivers"]
-                         if any(urlsplit(w["url"]).path == "/alerts"
-                                for w in r.get("webhook_configs", []))}
+    webhook_receivers = {
+        r["name"]
+        for r in canonical["receivers"]
+        if any(urlsplit(w["url"]).path == "/alerts" for w in r.get("webhook_configs", []))
+    }
     (route,) = [r for r in canonical["route"]["routes"] if r["receiver"] in webhook_receivers]
     docs = render(chart)
-    cm = next(d for d in by_kind(docs, "ConfigMap")
-              if d["metadata"]["name"].endswith("-alertmanager-snippet"))
+    cm = next(
+        d
+        for d in by_kind(docs, "ConfigMap")
+        if d["metadata"]["name"].endswith("-alertmanager-snippet")
+    )
     (ours,) = yaml.safe_load(cm["data"]["torchvitals-receiver.yml"])["route"]["routes"]
     no_spaces = lambda matchers: [re.sub(r"\s*(=~|!~|!=|=)\s*", r"\1", m) for m in matchers]
     assert no_spaces(ours["matchers"]) == no_spaces(route["matchers"])
     for key in ("group_by", "group_wait", "group_interval", "repeat_interval", "continue"):
         assert ours[key] == route[key], key
     amc = one(docs, "AlertmanagerConfig")["spec"]["route"]
-    assert (amc["groupBy"], amc["groupWait"], amc["groupInterval"], amc["repeatInterval"]) == \
-        (route["group_by"], route["group_wait"], route["group_interval"], route["repeat_interval"])
+    assert (amc["groupBy"], amc["groupWait"], amc["groupInterval"], amc["repeatInterval"]) == (
+        route["group_by"],
+        route["group_wait"],
+        route["group_interval"],
+        route["repeat_interval"],
+    )
 
 
 def test_each_job_gets_its_own_token_and_the_collector_only_their_digests(chart):
     webhook = "w3bh00k-" + "x" * 20
-    docs = render(chart, {"webhookToken": {"value": webhook}, "exampleJob": {"enabled": True},
-                          "jobTokens": {"jobs": ["train-b"]}})
+    docs = render(
+        chart,
+        {
+            "webhookToken": {"value": webhook},
+            "exampleJob": {"enabled": True},
+            "jobTokens": {"jobs": ["train-b"]},
+        },
+    )
     (secret,) = token_secrets(docs)
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    assert set(data) == {"token", "job-tokens.json", "job-tv-torchvitals-example",
-                         "job-train-b"}
+    assert set(data) == {"token", "job-tokens.json", "job-tv-torchvitals-example", "job-train-b"}
     digests = json.loads(data["job-tokens.json"])
     for job in ("tv-torchvitals-example", "train-b"):
         token = data[f"job-{job}"]
@@ -404,20 +469,27 @@ def test_each_job_gets_its_own_token_and_the_collector_only_their_digests(chart)
     env = container_env(pod["containers"][0])
     assert env["TORCHVITALS_COLLECTOR_JOB_TOKENS_FILE"] == "/etc/torchvitals/jobs/job-tokens.json"
     jobs_volume = next(v for v in pod["volumes"] if v["name"] == "job-tokens")
-    assert jobs_volume["secret"]["items"] == [{"key": "job-tokens.json",
-                                               "path": "job-tokens.json"}]
+    assert jobs_volume["secret"]["items"] == [{"key": "job-tokens.json", "path": "job-tokens.json"}]
     master = one(docs, "PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Master"]
     trainer = container_env(master["template"]["spec"]["containers"][0])
-    assert trainer["TORCHVITALS_WEBHOOK_TOKEN"] == {"secretKeyRef": {
-        "name": "tv-torchvitals-webhook-token", "key": "job-tv-torchvitals-example"}}
-    assert {"TORCHVITALS_COLLECTOR_MAX_JOBS", "TORCHVITALS_COLLECTOR_DIRECTIVE_TTL_SECONDS",
-            "TORCHVITALS_COLLECTOR_RETENTION_SECONDS",
-            "TORCHVITALS_COLLECTOR_MAX_LABEL_BYTES"} <= set(env)
+    assert trainer["TORCHVITALS_WEBHOOK_TOKEN"] == {
+        "secretKeyRef": {
+            "name": "tv-torchvitals-webhook-token",
+            "key": "job-tv-torchvitals-example",
+        }
+    }
+    assert {
+        "TORCHVITALS_COLLECTOR_MAX_JOBS",
+        "TORCHVITALS_COLLECTOR_DIRECTIVE_TTL_SECONDS",
+        "TORCHVITALS_COLLECTOR_RETENTION_SECONDS",
+        "TORCHVITALS_COLLECTOR_MAX_LABEL_BYTES",
+    } <= set(env)
 
 
 def test_job_tokens_get_their_own_secret_beside_an_existing_webhook_secret(chart):
-    docs = render(chart, {"webhookToken": {"existingSecret": "am-token"},
-                          "exampleJob": {"enabled": True}})
+    docs = render(
+        chart, {"webhookToken": {"existingSecret": "am-token"}, "exampleJob": {"enabled": True}}
+    )
     [secret] = token_secrets(docs)
     assert secret["metadata"]["name"] == "tv-torchvitals-job-tokens"
     assert set(secret["data"]) == {"job-tokens.json", "job-tv-torchvitals-example"}
@@ -432,10 +504,12 @@ def test_tls_scraping_is_wired_on_both_sides(chart, tmp_path):
     secret = {"name": "prometheus-scrape-tls"}
     for ep in endpoints:
         assert ep["scheme"] == "https"
-        assert ep["tlsConfig"] == {"serverName": "trainer.ml.svc",
-                                   "ca": {"secret": {**secret, "key": "ca.crt"}},
-                                   "cert": {"secret": {**secret, "key": "tls.crt"}},
-                                   "keySecret": {**secret, "key": "tls.key"}}
+        assert ep["tlsConfig"] == {
+            "serverName": "trainer.ml.svc",
+            "ca": {"secret": {**secret, "key": "ca.crt"}},
+            "cert": {"secret": {**secret, "key": "tls.crt"}},
+            "keySecret": {**secret, "key": "tls.key"},
+        }
     job = one(docs, "PyTorchJob")
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         pod = replica["template"]["spec"]
@@ -450,10 +524,13 @@ def test_tls_scraping_is_wired_on_both_sides(chart, tmp_path):
         assert volumes["metrics-tls"]["secret"]["secretName"] == "trainer-metrics-tls"
     # The agent reads those variables into a config that serves HTTPS and demands certificates.
     from torchvitals.agent.config import Config
+
     config = Config.from_env({k: v for k, v in env.items() if k.startswith("TORCHVITALS_METRICS")})
     assert config.metrics_client_auth_required and config.metrics_certfile.endswith("tls.crt")
 
-    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-scrape-config"))
+    cm = next(
+        d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-scrape-config")
+    )
     (scrape,) = yaml.safe_load(cm["data"]["torchvitals-scrape.yml"])["scrape_configs"]
     assert scrape["scheme"] == "https" and scrape["tls_config"]["server_name"] == "trainer.ml.svc"
     files = scrape["tls_config"]
@@ -462,19 +539,42 @@ def test_tls_scraping_is_wired_on_both_sides(chart, tmp_path):
     # promtool opens the files a tls_config names: give it real ones at those names.
     d = tmp_path / "tls"
     d.mkdir()
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=tv", "-keyout", str(d / "tls.key"), "-out", str(d / "tls.crt")],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=tv",
+            "-keyout",
+            str(d / "tls.key"),
+            "-out",
+            str(d / "tls.crt"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     shutil.copy(d / "tls.crt", d / "ca.crt")
     for key, name in (("ca_file", "ca.crt"), ("cert_file", "tls.crt"), ("key_file", "tls.key")):
         files[key] = str(d / name)
     del scrape["kubernetes_sd_configs"]
     scrape["static_configs"] = [{"targets": []}]
     config_file = tmp_path / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump({"global": {"scrape_interval": "15s"},
-                                           "scrape_configs": [scrape]}))
-    proc = subprocess.run([_tool("promtool"), "check", "config", str(config_file)],
-                          capture_output=True, text=True, timeout=60)
+    config_file.write_text(
+        yaml.safe_dump({"global": {"scrape_interval": "15s"}, "scrape_configs": [scrape]})
+    )
+    proc = subprocess.run(
+        [_tool("promtool"), "check", "config", str(config_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -489,17 +589,29 @@ def test_every_node_of_the_example_job_signs_checkpoints_with_one_kept_key(chart
         (entry,) = [e for e in container["env"] if e["name"] == "TORCHVITALS_CHECKPOINT_KEY"]
         ref = entry["valueFrom"]["secretKeyRef"]
         refs.add((ref["name"], ref["key"]))
-    (name, key), = refs
+    ((name, key),) = refs
     secret = next(d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == name)
     value = base64.b64decode(secret["data"][key]).decode()
-    assert len(value) >= 32 and secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert (
+        len(value) >= 32 and secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    )
     from torchvitals.agent.recover.trust import CheckpointKey
+
     assert CheckpointKey.from_env({"TORCHVITALS_CHECKPOINT_KEY": value}).sign({"step": 1})
 
-    docs = render(chart, {**VALUE_SETS["full-values"], "exampleJob": {
-        **VALUE_SETS["full-values"]["exampleJob"],
-        "checkpoint": {"keySecret": "my-checkpoint-key"}}})
-    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-checkpoint-key")]
+    docs = render(
+        chart,
+        {
+            **VALUE_SETS["full-values"],
+            "exampleJob": {
+                **VALUE_SETS["full-values"]["exampleJob"],
+                "checkpoint": {"keySecret": "my-checkpoint-key"},
+            },
+        },
+    )
+    assert not [
+        d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-checkpoint-key")
+    ]
     job = one(docs, "PyTorchJob")
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         (container,) = replica["template"]["spec"]["containers"]
@@ -508,6 +620,7 @@ def test_every_node_of_the_example_job_signs_checkpoints_with_one_kept_key(chart
 
 
 # ---------------------------------------------------------------- the store a job agrees through
+
 
 def pod_specs(docs: list[dict]) -> list[dict]:
     """The example job's pod specs, Master first."""
@@ -547,22 +660,25 @@ def test_a_multi_node_job_without_a_store_gets_the_charts_etcd_compacted_and_cap
     # Only the job's pods reach it.
     policy = one(docs, "NetworkPolicy")["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= pod_labels(etcd).items()
-    job_pod_labels = one(docs, "PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Master"][
-        "template"]["metadata"]["labels"]
-    client_rule = next(r for r in policy["ingress"]
-                       if r["ports"] == [{"port": 2379, "protocol": "TCP"}])
+    job_pod_labels = one(docs, "PyTorchJob")["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
+        "metadata"
+    ]["labels"]
+    client_rule = next(
+        r for r in policy["ingress"] if r["ports"] == [{"port": 2379, "protocol": "TCP"}]
+    )
     assert client_rule["from"][0]["podSelector"]["matchLabels"].items() <= job_pod_labels.items()
 
 
 def test_a_job_with_its_own_store_gets_no_etcd_from_the_chart(chart):
-    for values in ({"exampleJob": {"enabled": True,
-                                   "supervisor": {"storeUrl": "http://etcd.ml.svc:2379"}}},
-                   {"exampleJob": {"enabled": True, "nodes": 1}}):
+    for values in (
+        {"exampleJob": {"enabled": True, "supervisor": {"storeUrl": "http://etcd.ml.svc:2379"}}},
+        {"exampleJob": {"enabled": True, "nodes": 1}},
+    ):
         docs = render(chart, values)
         assert not by_kind(docs, "StatefulSet") and not by_kind(docs, "NetworkPolicy")
         assert not [s for s in by_kind(docs, "Service") if "etcd" in s["metadata"]["name"]]
     (env,) = {frozenset(container_env(spec["containers"][0])) for spec in pod_specs(docs)}
-    assert "TORCHVITALS_SUPERVISOR_STORE_URL" not in env        # one node: nothing to agree on
+    assert "TORCHVITALS_SUPERVISOR_STORE_URL" not in env  # one node: nothing to agree on
 
 
 def test_a_multi_node_job_with_the_charts_etcd_off_and_no_store_fails_naming_store_url(chart):
@@ -570,9 +686,13 @@ def test_a_multi_node_job_with_the_charts_etcd_off_and_no_store_fails_naming_sto
         render(chart, {"exampleJob": {"enabled": True, "nodes": 3}, "etcd": {"enabled": False}})
     # One node needs no store; your own store needs no chart's etcd.
     assert render(chart, {"exampleJob": {"enabled": True, "nodes": 1}, "etcd": {"enabled": False}})
-    assert render(chart, {"exampleJob": {"enabled": True,
-                                         "supervisor": {"storeUrl": "https://etcd:2379"}},
-                          "etcd": {"enabled": False}})
+    assert render(
+        chart,
+        {
+            "exampleJob": {"enabled": True, "supervisor": {"storeUrl": "https://etcd:2379"}},
+            "etcd": {"enabled": False},
+        },
+    )
 
 
 def test_the_charts_etcd_over_tls_requires_and_wires_the_supervisors_certificates(chart):
@@ -582,9 +702,10 @@ def test_the_charts_etcd_over_tls_requires_and_wires_the_supervisors_certificate
     assert flags["listen-client-urls"].startswith("https://")
     assert flags["initial-cluster"].count("=https://") == 3
     etcd_pod = one(docs, "StatefulSet")["spec"]["template"]["spec"]
-    assert {v["name"]: v for v in etcd_pod["volumes"]}["tls"]["secret"]["secretName"] == \
-        "trainer-etcd-server-tls"
-    assert len(pod_specs(docs)) == 2                    # Master + 3 Workers
+    assert {v["name"]: v for v in etcd_pod["volumes"]}["tls"]["secret"][
+        "secretName"
+    ] == "trainer-etcd-server-tls"
+    assert len(pod_specs(docs)) == 2  # Master + 3 Workers
     for spec in pod_specs(docs):
         (container,) = spec["containers"]
         env = container_env(container)
@@ -599,8 +720,15 @@ def test_the_charts_etcd_over_tls_requires_and_wires_the_supervisors_certificate
     with pytest.raises(helm.HelmRenderError, match=r"exampleJob\.supervisor\.tls\.secret"):
         render(chart, without)
     with pytest.raises(helm.HelmRenderError, match="plain http"):
-        render(chart, {"exampleJob": {"enabled": True, "supervisor": {
-            "storeUrl": "http://etcd:2379", "tls": {"secret": "client-tls"}}}})
+        render(
+            chart,
+            {
+                "exampleJob": {
+                    "enabled": True,
+                    "supervisor": {"storeUrl": "http://etcd:2379", "tls": {"secret": "client-tls"}},
+                }
+            },
+        )
 
 
 def test_the_store_password_reaches_the_supervisor_as_a_mounted_file_only(chart):
@@ -611,15 +739,26 @@ def test_the_store_password_reaches_the_supervisor_as_a_mounted_file_only(chart)
         assert env["TORCHVITALS_SUPERVISOR_STORE_USER"] == "torchvitals"
         assert "TORCHVITALS_SUPERVISOR_STORE_PASSWORD" not in env
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert env["TORCHVITALS_SUPERVISOR_STORE_PASSWORD_FILE"] == \
-            f"{mounts['store-auth']}/password"
+        assert (
+            env["TORCHVITALS_SUPERVISOR_STORE_PASSWORD_FILE"] == f"{mounts['store-auth']}/password"
+        )
         secret = {v["name"]: v for v in spec["volumes"]}["store-auth"]["secret"]
         assert secret["secretName"] == "etcd-torchvitals-password"
         assert secret["items"] == [{"key": "password", "path": "password"}]
         assert not [a for a in container["command"] if "password" in a.lower()]
     with pytest.raises(helm.HelmRenderError, match="passwordSecret"):
-        render(chart, {"exampleJob": {"enabled": True, "supervisor": {
-            "storeUrl": "https://etcd:2379", "auth": {"user": "torchvitals"}}}})
+        render(
+            chart,
+            {
+                "exampleJob": {
+                    "enabled": True,
+                    "supervisor": {
+                        "storeUrl": "https://etcd:2379",
+                        "auth": {"user": "torchvitals"},
+                    },
+                }
+            },
+        )
 
 
 @pytest.mark.parametrize("tls", [False, True])
@@ -632,14 +771,19 @@ def test_every_supervisor_serves_metrics_on_its_pod_ip_and_is_scraped(chart, tls
         (container,) = spec["containers"]
         env = container_env(container)
         assert env["TORCHVITALS_SUPERVISOR_METRICS_HOST"] == {
-            "fieldRef": {"fieldPath": "status.podIP"}}
+            "fieldRef": {"fieldPath": "status.podIP"}
+        }
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert ports["tv-supervisor"] == int(env["TORCHVITALS_SUPERVISOR_METRICS_PORT"]) == 9501
-        if tls:     # HTTPS with client certificates, as the agents beside it
-            assert env["TORCHVITALS_SUPERVISOR_METRICS_CLIENT_CAFILE"] == \
-                env["TORCHVITALS_METRICS_CLIENT_CAFILE"]
-            assert env["TORCHVITALS_SUPERVISOR_METRICS_CERTFILE"] == \
-                env["TORCHVITALS_METRICS_CERTFILE"]
+        if tls:  # HTTPS with client certificates, as the agents beside it
+            assert (
+                env["TORCHVITALS_SUPERVISOR_METRICS_CLIENT_CAFILE"]
+                == env["TORCHVITALS_METRICS_CLIENT_CAFILE"]
+            )
+            assert (
+                env["TORCHVITALS_SUPERVISOR_METRICS_CERTFILE"]
+                == env["TORCHVITALS_METRICS_CERTFILE"]
+            )
 
 
 def test_a_supervisor_port_among_the_ranks_fails_at_install(chart):
@@ -659,7 +803,9 @@ def test_the_collector_keeps_its_directives_on_a_claim_by_default_and_never_runs
     assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
     pod = deployment["spec"]["template"]["spec"]
     state = next(v for v in pod["volumes"] if v["name"] == "state")
-    assert state == {"name": "state", "persistentVolumeClaim": {
-        "claimName": claim["metadata"]["name"]}}
+    assert state == {
+        "name": "state",
+        "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]},
+    }
     off = render(chart, {"collector": {"persistence": {"enabled": False}}})
     assert not by_kind(off, "PersistentVolumeClaim")

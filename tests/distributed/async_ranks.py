@@ -25,6 +25,7 @@ def _count_disk_loads() -> list[int]:
     def counting(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
+
     dcp.load = counting
     return calls
 
@@ -58,7 +59,7 @@ def write_fails_on_rank1(rank: int, world: int, root: str) -> dict[str, Any]:
         if state == "before" and report.checkpoint_committed is not None:
             state = "full"
             if rank == 1:
-                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # else the kernel kills us
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills us
                 resource.setrlimit(resource.RLIMIT_FSIZE, (1_000, hard))
         elif state == "full" and report.checkpoint_failed is not None:
             state = "after"
@@ -66,8 +67,12 @@ def write_fails_on_rank1(rank: int, world: int, root: str) -> dict[str, Any]:
             signal.signal(signal.SIGXFSZ, handler)
     failures = agent.watchdog.metrics()["checkpoint_failures"]
     agent.close()
-    return {"reports": reports, "disk_loads": loads[0], "failures": failures,
-            "folders": sorted(os.listdir(root))}
+    return {
+        "reports": reports,
+        "disk_loads": loads[0],
+        "failures": failures,
+        "folders": sorted(os.listdir(root)),
+    }
 
 
 def decisions_at_scale(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -80,8 +85,9 @@ def decisions_at_scale(rank: int, world: int, root: str) -> dict[str, Any]:
     model, opt, sched = build("ddp", world)
     torch.manual_seed(1000 + rank)
     loads = _count_disk_loads()
-    agent = torchvitals.watch(model, opt, sched, checkpoint_dir=root,
-                              **dict(WATCH, checkpoint_every=4))
+    agent = torchvitals.watch(
+        model, opt, sched, checkpoint_dir=root, **dict(WATCH, checkpoint_every=4)
+    )
     reports = []
     injected = False
     for _, x, y in agent.batches(data):
@@ -95,8 +101,14 @@ def decisions_at_scale(rank: int, world: int, root: str) -> dict[str, Any]:
         loss.backward()
         report = agent.step(loss)
         opt.zero_grad(set_to_none=True)
-        reports.append(dict(describe(report), stragglers=[
-            v.evidence["rank"] for v in report.verdicts if v.pattern == "straggler"]))
+        reports.append(
+            dict(
+                describe(report),
+                stragglers=[
+                    v.evidence["rank"] for v in report.verdicts if v.pattern == "straggler"
+                ],
+            )
+        )
     agent.close()
     final = params(model)
     checksum = float(sum(p.double().sum() for p in final.values()))

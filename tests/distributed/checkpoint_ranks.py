@@ -23,14 +23,16 @@ def _setup(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimize
     model = TinyGPT(**TINY)
     model = wrap(kind, model, world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
     return model, opt, sched
 
 
 def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, batches: list) -> None:
     for x, y in batches:
         logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+        )
         loss.backward()
         opt.step()
         sched.step()
@@ -40,10 +42,12 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, batch
 def _state(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any) -> dict[str, Any]:
     """Whole tensors of the model and optimizer state (a collective under FSDP2)."""
     params = opt.param_groups[0]["params"]
-    return {"model": {n: full(p.detach()).clone() for n, p in model.named_parameters()},
-            "optim": [{k: full(v).clone() for k, v in opt.state[p].items()} for p in params],
-            "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
-            "sched": sched.state_dict()}
+    return {
+        "model": {n: full(p.detach()).clone() for n, p in model.named_parameters()},
+        "optim": [{k: full(v).clone() for k, v in opt.state[p].items()} for p in params],
+        "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+        "sched": sched.state_dict(),
+    }
 
 
 def same(a: Any, b: Any) -> bool:
@@ -61,26 +65,36 @@ def save_train_load(rank: int, world: int, kind: str, root: str) -> dict[str, An
     """Save at step 2, train 3 steps, load: the saved state is back, and replaying the 3 steps
     lands on the same weights as the first time."""
     model, opt, sched = _setup(kind, world)
-    batches = list(random_batches(5, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank))
+    batches = list(
+        random_batches(5, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank)
+    )
     _train(model, opt, sched, batches[:2])
     store = CheckpointStore(root, keep=2)
-    torch.manual_seed(100 + rank)           # each rank's RNG differs; each must get its own back
+    torch.manual_seed(100 + rank)  # each rank's RNG differs; each must get its own back
     rng = torch.get_rng_state()
     path = store.save(2, model, opt, sched, extra={"position": 2, "rank_that_saved": rank})
     saved = _state(model, opt, sched)
     _train(model, opt, sched, batches[2:])
     first_run = _state(model, opt, sched)
-    changed = not same(saved["model"], first_run["model"]) and not same(saved["optim"], first_run["optim"])
+    changed = not same(saved["model"], first_run["model"]) and not same(
+        saved["optim"], first_run["optim"]
+    )
     torch.manual_seed(7)
     restored = store.load(model, opt, sched)
     after_load = _state(model, opt, sched)
     rng_back = torch.equal(torch.get_rng_state(), rng)
     _train(model, opt, sched, batches[2:])
-    return {"path": str(path), "restored_path": str(restored.path), "step": restored.step,
-            "extra": restored.extra, "changed_by_training": changed,
-            "state_restored": same(saved, after_load), "rng_restored": rng_back,
-            "replay_equal": same(first_run, _state(model, opt, sched)),
-            "seconds": store.last_save_seconds}
+    return {
+        "path": str(path),
+        "restored_path": str(restored.path),
+        "step": restored.step,
+        "extra": restored.extra,
+        "changed_by_training": changed,
+        "state_restored": same(saved, after_load),
+        "rng_restored": rng_back,
+        "replay_equal": same(first_run, _state(model, opt, sched)),
+        "seconds": store.last_save_seconds,
+    }
 
 
 def fail_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
@@ -88,7 +102,9 @@ def fail_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]
     gives ENOSPC; it stops root too). Two saves fail, at the RNG files and inside DCP's shard
     writes; both ranks must raise, and step 1's checkpoint must stay the one that loads."""
     model, opt, sched = _setup(kind, world)
-    batches = list(random_batches(3, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank))
+    batches = list(
+        random_batches(3, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank)
+    )
     store = CheckpointStore(root)
     _train(model, opt, sched, batches[:1])
     store.save(1, model, opt, sched)
@@ -100,15 +116,19 @@ def fail_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]
         errors.append(_save_limited(store, rank, limit, model, opt, sched))
     leftovers = sorted(p.name for p in store.root.iterdir())
     restored = store.load(model, opt, sched)
-    return {"errors": errors, "leftovers": leftovers, "step": restored.step,
-            "state_restored": same(saved, _state(model, opt, sched))}
+    return {
+        "errors": errors,
+        "leftovers": leftovers,
+        "step": restored.step,
+        "state_restored": same(saved, _state(model, opt, sched)),
+    }
 
 
 def _save_limited(store: CheckpointStore, rank: int, limit: int, *state: Any) -> str | None:
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     handler = signal.getsignal(signal.SIGXFSZ)
     if rank == 1:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)    # else the kernel kills the process
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
     try:
         store.save(2, *state)

@@ -12,13 +12,33 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchvitals
 from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
-from support.reference import (OutputRecorder, assert_activations, assert_close, ref_grad_norms,
-                               ref_update_ratios, snapshot)
+from support.reference import (
+    OutputRecorder,
+    assert_activations,
+    assert_close,
+    ref_grad_norms,
+    ref_update_ratios,
+    snapshot,
+)
 from support.world import wrap
 
-GLOBAL_FIELDS = ("step", "loss", "grad_norm", "grad_norm_total", "update_ratio", "update_ratio_step",
-                 "activations", "nonfinite", "nonfinite_loss", "nonfinite_grad", "action",
-                 "mean_step_seconds", "world_size", "verdicts", "clip_coef")
+GLOBAL_FIELDS = (
+    "step",
+    "loss",
+    "grad_norm",
+    "grad_norm_total",
+    "update_ratio",
+    "update_ratio_step",
+    "activations",
+    "nonfinite",
+    "nonfinite_loss",
+    "nonfinite_grad",
+    "action",
+    "mean_step_seconds",
+    "world_size",
+    "verdicts",
+    "clip_coef",
+)
 
 
 def _count_all_reduce(counter: list[int]):
@@ -27,6 +47,7 @@ def _count_all_reduce(counter: list[int]):
     def counting(*args, **kwargs):
         counter[0] += 1
         return real(*args, **kwargs)
+
     dist.all_reduce = counting
 
 
@@ -37,7 +58,7 @@ def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
 
 def exact(rank: int, world: int, kind: str, steps: int, config: dict) -> list[dict]:
     """Train ``steps`` steps under DDP or FSDP2 and check every signal against the reference."""
-    dims = dict(TINY, vocab=65) if kind == "fsdp" else TINY   # 65: uneven FSDP2 shards
+    dims = dict(TINY, vocab=65) if kind == "fsdp" else TINY  # 65: uneven FSDP2 shards
     torch.manual_seed(0)
     model = TinyGPT(**dims)
     reference = copy.deepcopy(model)
@@ -51,8 +72,10 @@ def exact(rank: int, world: int, kind: str, steps: int, config: dict) -> list[di
     blocks = TINY_BLOCKS[:-1]
     reports, expected_update = [], None
     per = 4
-    for step, (x, y) in enumerate(random_batches(steps, batch=per * world, seq_len=dims["seq_len"],
-                                                 vocab=dims["vocab"]), start=1):
+    for step, (x, y) in enumerate(
+        random_batches(steps, batch=per * world, seq_len=dims["seq_len"], vocab=dims["vocab"]),
+        start=1,
+    ):
         sampled = agent.sampled(step)
         recorder = OutputRecorder(reference, blocks) if sampled else None
         ref_loss = reference.loss(x, y)
@@ -65,20 +88,28 @@ def exact(rank: int, world: int, kind: str, steps: int, config: dict) -> list[di
         report = agent.step(loss)
         assert calls[0] - before_calls == (2 if sampled else 1), "collectives per step"
         # DDP replicas are compared on sampled steps (riding the MAX vector); FSDP2 has none.
-        assert report.replicas_checked == (kind == "ddp" and sampled) and not report.replica_mismatch
+        assert (
+            report.replicas_checked == (kind == "ddp" and sampled) and not report.replica_mismatch
+        )
         assert_close(report.loss, ref_loss.item(), what="loss")
         for block, value in norms.items():
-            assert_close(report.grad_norm[block], value, what=f"{kind} step {step} grad_norm[{block}]")
+            assert_close(
+                report.grad_norm[block], value, what=f"{kind} step {step} grad_norm[{block}]"
+            )
         assert_close(report.grad_norm_total, total, what=f"{kind} total")
         if sampled:
             stats = recorder.stats()
             recorder.close()
             for block in blocks:
-                assert_activations(report.activations[block], stats[block], f"{kind} {step} {block}")
+                assert_activations(
+                    report.activations[block], stats[block], f"{kind} {step} {block}"
+                )
         if report.update_ratio:
             assert set(report.update_ratio) == set(expected_update)
             for block, value in expected_update.items():
-                assert_close(report.update_ratio[block], value, what=f"{kind} update_ratio[{block}]")
+                assert_close(
+                    report.update_ratio[block], value, what=f"{kind} update_ratio[{block}]"
+                )
         before = snapshot(reference)
         ref_opt.step()
         expected_update = ref_update_ratios(before, snapshot(reference), blocks)
@@ -113,9 +144,16 @@ def nonfinite_on_one_rank(rank: int, world: int, kind: str, where: str, config: 
         changed = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
         after_steps = [s.get("step", torch.tensor(0.0)).item() for s in opt.state.values()]
         opt.zero_grad(set_to_none=True)
-        out.append({"step": step, "nonfinite": report.nonfinite, "action": report.action,
-                    "loss": report.to_dict()["loss"], "changed": changed,
-                    "optimizer_stepped": after_steps != adam_steps or not adam_steps})
+        out.append(
+            {
+                "step": step,
+                "nonfinite": report.nonfinite,
+                "action": report.action,
+                "loss": report.to_dict()["loss"],
+                "changed": changed,
+                "optimizer_stepped": after_steps != adam_steps or not adam_steps,
+            }
+        )
     agent.close()
     return out
 
@@ -124,6 +162,7 @@ def serve_metrics(rank: int, world: int, base_port: int) -> dict:
     """Each rank serves /metrics on base + LOCAL_RANK; return what its own endpoint shows."""
     import urllib.request
     from prometheus_client.parser import text_string_to_metric_families
+
     torch.manual_seed(0)
     model = DDP(TinyGPT(**TINY))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -139,10 +178,15 @@ def serve_metrics(rank: int, world: int, base_port: int) -> dict:
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     agent.close()
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
-    return {"url": url, "names": sorted({s.name for s in samples}),
-            "ranks": sorted({s.labels.get("rank") for s in samples}),
-            "local_loss": next(s.value for s in samples if s.name == "torchvitals_local_loss"),
-            "report_local_loss": report.local_loss, "loss": report.loss,
-            "compute": next(s.value for s in samples
-                            if s.name == "torchvitals_compute_duration_seconds_sum"),
-            "report_compute": compute}
+    return {
+        "url": url,
+        "names": sorted({s.name for s in samples}),
+        "ranks": sorted({s.labels.get("rank") for s in samples}),
+        "local_loss": next(s.value for s in samples if s.name == "torchvitals_local_loss"),
+        "report_local_loss": report.local_loss,
+        "loss": report.loss,
+        "compute": next(
+            s.value for s in samples if s.name == "torchvitals_compute_duration_seconds_sum"
+        ),
+        "report_compute": compute,
+    }

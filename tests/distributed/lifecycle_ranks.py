@@ -23,28 +23,43 @@ def cycles(rank: int, world: int, root: str, n: int, steps: int) -> list[dict[st
     """``n`` cycles of ``steps`` steps each; per cycle what the agent resumed from, its
     checkpoint group's name and the steps' actions and checkpoints."""
     faulthandler.dump_traceback_later(90, exit=True, file=sys.stderr)  # a hang shows its stack
-    data = list(random_batches(steps, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"],
-                               seed=rank))
+    data = list(
+        random_batches(steps, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank)
+    )
     out = []
     for _ in range(n):
         torch.manual_seed(0)
         model = DistributedDataParallel(TinyGPT(**TINY))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        agent = torchvitals.watch(model, opt, checkpoint_dir=root, resume="auto",
-                                  checkpoint_every=2, healthy_window=0, metrics_port=0, log_dir="")
+        agent = torchvitals.watch(
+            model,
+            opt,
+            checkpoint_dir=root,
+            resume="auto",
+            checkpoint_every=2,
+            healthy_window=0,
+            metrics_port=0,
+            log_dir="",
+        )
         group = agent.watchdog.store._group
         reports = []
         for x, y in data:
             logits = model(x)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     y.reshape(-1))
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+            )
             loss.backward()
             reports.append(agent.step(loss))
             opt.zero_grad(set_to_none=True)
         agent.close()
-        out.append({"resumed_from": agent.resumed_from, "group": group.group_name,
-                    "actions": [r.action for r in reports],
-                    "checkpointed": [r.step for r in reports if r.checkpointed],
-                    "last_healthy": agent.watchdog.last_healthy})
+        out.append(
+            {
+                "resumed_from": agent.resumed_from,
+                "group": group.group_name,
+                "actions": [r.action for r in reports],
+                "checkpointed": [r.step for r in reports if r.checkpointed],
+                "last_healthy": agent.watchdog.last_healthy,
+            }
+        )
     faulthandler.cancel_dump_traceback_later()
     return out

@@ -30,16 +30,29 @@ from support.models import TINY, TinyGPT, random_batches
 from support.reference import full
 from support.world import restore_state, snapshot_state, wrap
 
-PER_RANK = 8                 # samples per rank per batch
+PER_RANK = 8  # samples per rank per batch
 BASE_LR = 1e-2
-WATCH = dict(checkpoint_every=10, checkpoint_keep=3, healthy_window=3, lr_backoff=0.5,
-             skip_margin=3, max_rollbacks=3, rollback_window=200, abort_exit_code=75,
-             metrics_port=0, log_dir="")
+WATCH = dict(
+    checkpoint_every=10,
+    checkpoint_keep=3,
+    healthy_window=3,
+    lr_backoff=0.5,
+    skip_margin=3,
+    max_rollbacks=3,
+    rollback_window=200,
+    abort_exit_code=75,
+    metrics_port=0,
+    log_dir="",
+)
 """The watchdog settings of every scenario (a test may override some)."""
 
-RECOVERY_METRICS = ("torchvitals_rollbacks_total", "torchvitals_last_healthy_step",
-                    "torchvitals_lr_scale", "torchvitals_skipped_batches_total",
-                    "torchvitals_checkpoint_seconds")
+RECOVERY_METRICS = (
+    "torchvitals_rollbacks_total",
+    "torchvitals_last_healthy_step",
+    "torchvitals_lr_scale",
+    "torchvitals_skipped_batches_total",
+    "torchvitals_checkpoint_seconds",
+)
 
 
 def lr_lambda(epoch: int) -> float:
@@ -48,7 +61,7 @@ def lr_lambda(epoch: int) -> float:
 
 
 def dims(kind: str) -> dict[str, int]:
-    return dict(TINY, vocab=65) if kind == "fsdp" else dict(TINY)   # 65: uneven FSDP2 shards
+    return dict(TINY, vocab=65) if kind == "fsdp" else dict(TINY)  # 65: uneven FSDP2 shards
 
 
 def build(kind: str, world: int, scheduler: bool = True) -> tuple[torch.nn.Module, Any, Any]:
@@ -64,8 +77,12 @@ def build(kind: str, world: int, scheduler: bool = True) -> tuple[torch.nn.Modul
 def dataset(kind: str, n: int, rank: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
     """This rank's ``n`` batches, ``(batch_id, inputs, targets)``; each rank's data differs."""
     d = dims(kind)
-    return [(i, x, y) for i, (x, y) in enumerate(
-        random_batches(n, batch=PER_RANK, seq_len=d["seq_len"], vocab=d["vocab"], seed=rank))]
+    return [
+        (i, x, y)
+        for i, (x, y) in enumerate(
+            random_batches(n, batch=PER_RANK, seq_len=d["seq_len"], vocab=d["vocab"], seed=rank)
+        )
+    ]
 
 
 def forward_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -85,22 +102,34 @@ def eval_loss(model: torch.nn.Module, kind: str) -> float:
         batches = list(random_batches(4, batch=16, seq_len=d["seq_len"], vocab=d["vocab"], seed=99))
         for x, y in batches:
             logits = model(x)
-            total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                             y.reshape(-1)))
+            total += float(
+                torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+                )
+            )
     return total / len(batches)
 
 
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Whole parameters (all-gathered under FSDP2: call on every rank)."""
-    return {n.removeprefix("module."): full(p.detach()).clone() for n, p in model.named_parameters()}
+    return {
+        n.removeprefix("module."): full(p.detach()).clone() for n, p in model.named_parameters()
+    }
 
 
-def compare(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
-            rtol: float = 1e-5, atol: float = 1e-6) -> dict[str, float]:
+def compare(
+    actual: dict[str, torch.Tensor],
+    expected: dict[str, torch.Tensor],
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+) -> dict[str, float]:
     """name -> max abs difference, for every parameter not close (empty: all close)."""
     assert actual.keys() == expected.keys(), (sorted(actual), sorted(expected))
-    return {n: float((actual[n] - expected[n]).abs().max()) for n in actual
-            if not torch.allclose(actual[n], expected[n], rtol=rtol, atol=atol)}
+    return {
+        n: float((actual[n] - expected[n]).abs().max())
+        for n in actual
+        if not torch.allclose(actual[n], expected[n], rtol=rtol, atol=atol)
+    }
 
 
 def describe(report: Any) -> dict[str, Any]:
@@ -108,10 +137,16 @@ def describe(report: Any) -> dict[str, Any]:
     rollback = getattr(report, "rollback", None)
     if isinstance(rollback, dict):
         rollback = {k: (list(v) if isinstance(v, tuple) else v) for k, v in rollback.items()}
-    return {"step": report.step, "action": report.action, "loss": report.loss,
-            "rollback": rollback, "checkpointed": getattr(report, "checkpointed", None),
-            "committed": report.checkpoint_committed, "failed": report.checkpoint_failed,
-            "verdicts": [(v.pattern, v.severity) for v in report.verdicts]}
+    return {
+        "step": report.step,
+        "action": report.action,
+        "loss": report.loss,
+        "rollback": rollback,
+        "checkpointed": getattr(report, "checkpointed", None),
+        "committed": report.checkpoint_committed,
+        "failed": report.checkpoint_failed,
+        "verdicts": [(v.pattern, v.severity) for v in report.verdicts],
+    }
 
 
 def ranges(value: Any) -> list[list[int]]:
@@ -136,6 +171,7 @@ def read_ledger(root: str) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------- 1. NaN on rank 1 at step 30
 
+
 def nan_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
     """50 batches; rank 1's loss is NaN at step 30 (once). Expected: both ranks roll back from
     step 30 to the checkpoint of step 20, skip batches [20, 33) (margin 3) with the LR halved,
@@ -143,14 +179,19 @@ def nan_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
     in-memory copy of step 20's state (taken when step 20 was checkpointed) and trains batches
     33..49 at half the scheduled LR, without the agent."""
     from prometheus_client import CollectorRegistry
+
     n = 50
     data = dataset(kind, n, rank)
     model, opt, sched = build(kind, world)
-    torch.manual_seed(1000 + rank)           # each rank's own RNG stream, restored on rollback
+    torch.manual_seed(1000 + rank)  # each rank's own RNG stream, restored on rollback
     registry = CollectorRegistry()
     agent = torchvitals.watch(model, opt, sched, checkpoint_dir=root, registry=registry, **WATCH)
-    out: dict[str, Any] = {"resumed_from": agent.resumed_from, "reports": [], "ids": [],
-                           "positions": []}
+    out: dict[str, Any] = {
+        "resumed_from": agent.resumed_from,
+        "reports": [],
+        "ids": [],
+        "positions": [],
+    }
     snap20 = params20 = None
     injected = False
     for batch_id, x, y in agent.batches(data):
@@ -169,14 +210,21 @@ def nan_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
             snap20 = snapshot_state(model, opt)
             params20 = params(model)
         if report.action == "rollback":
-            out["after_rollback"] = {"step_count": agent.step_count, "lr_scale": agent.lr_scale,
-                                     "lr": agent.lr[0],
-                                     "skipped": ranges(agent.skipped_batches),
-                                     "metrics": metric_values(registry) if rank == 0 else None,
-                                     "ledger": read_ledger(root) if rank == 0 else None}
-    out.update(final_step=agent.step_count, lr_scale=agent.lr_scale,
-               skipped=ranges(agent.skipped_batches), data_position=agent.data_position,
-               final_metrics=metric_values(registry) if rank == 0 else None)
+            out["after_rollback"] = {
+                "step_count": agent.step_count,
+                "lr_scale": agent.lr_scale,
+                "lr": agent.lr[0],
+                "skipped": ranges(agent.skipped_batches),
+                "metrics": metric_values(registry) if rank == 0 else None,
+                "ledger": read_ledger(root) if rank == 0 else None,
+            }
+    out.update(
+        final_step=agent.step_count,
+        lr_scale=agent.lr_scale,
+        skipped=ranges(agent.skipped_batches),
+        data_position=agent.data_position,
+        final_metrics=metric_values(registry) if rank == 0 else None,
+    )
     final = params(model)
     agent.close()
 
@@ -198,6 +246,7 @@ def nan_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- 2. LR x 50 at step 40
+
 
 def lr_times_50(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
     """100 batches, no scheduler; right after step 40 (and its checkpoint) the test multiplies
@@ -221,9 +270,13 @@ def lr_times_50(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
             raised = True
             for group in opt.param_groups:
                 group["lr"] *= 50
-    out.update(final_step=agent.step_count, lr_scale=agent.lr_scale,
-               lr=agent.lr[0], skipped=ranges(agent.skipped_batches),
-               final_loss=eval_loss(model, kind))
+    out.update(
+        final_step=agent.step_count,
+        lr_scale=agent.lr_scale,
+        lr=agent.lr[0],
+        skipped=ranges(agent.skipped_batches),
+        final_loss=eval_loss(model, kind),
+    )
     agent.close()
     out["clean_loss"] = _plain_run(kind, world, data, lr_x50_after=None)
     out["unrecovered_loss"] = _plain_run(kind, world, data, lr_x50_after=40)
@@ -251,8 +304,15 @@ def _plain_run(kind: str, world: int, data: list, lr_x50_after: int | None) -> f
 KILL_POINTS = ("before_commit", "during_commit", "after_commit")
 
 
-def killable_run(rank: int, world: int, kind: str, root: str, log_dir: str, run: str,
-                 kill: tuple[str, int] | None) -> dict[str, Any]:
+def killable_run(
+    rank: int,
+    world: int,
+    kind: str,
+    root: str,
+    log_dir: str,
+    run: str,
+    kill: tuple[str, int] | None,
+) -> dict[str, Any]:
     """One launch of the job: 60 batches, rank 1's loss NaN at step 25 (once per job: a marker
     file), so the ledger holds a rollback (to 20, skipping [20, 28)) before any kill.
 
@@ -267,7 +327,9 @@ def killable_run(rank: int, world: int, kind: str, root: str, log_dir: str, run:
     trained each step of the final model."""
     n = 60
     data = dataset(kind, n, rank)
-    log = os.open(os.path.join(log_dir, f"rank{rank}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    log = os.open(
+        os.path.join(log_dir, f"rank{rank}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    )
 
     def write(entry: dict[str, Any]) -> None:
         os.write(log, (json.dumps({"run": run, **entry}) + "\n").encode())
@@ -278,9 +340,17 @@ def killable_run(rank: int, world: int, kind: str, root: str, log_dir: str, run:
     torch.manual_seed(1000 + rank)
     # Each launch is a restart of the same job (by hand here, not through a supervisor).
     agent = torchvitals.watch(model, opt, sched, checkpoint_dir=root, resume="auto", **WATCH)
-    write({"event": "start", "resumed_from": agent.resumed_from, "step_count": agent.step_count,
-           "data_position": agent.data_position, "lr_scale": agent.lr_scale,
-           "lr": agent.lr[0], "skipped": ranges(agent.skipped_batches)})
+    write(
+        {
+            "event": "start",
+            "resumed_from": agent.resumed_from,
+            "step_count": agent.step_count,
+            "data_position": agent.data_position,
+            "lr_scale": agent.lr_scale,
+            "lr": agent.lr[0],
+            "skipped": ranges(agent.skipped_batches),
+        }
+    )
     marker = Path(log_dir) / f"nan-injected-rank{rank}"
     for batch_id, x, y in agent.batches(data):
         step = agent.step_count + 1
@@ -293,8 +363,14 @@ def killable_run(rank: int, world: int, kind: str, root: str, log_dir: str, run:
         report = agent.step(loss)
         opt.zero_grad(set_to_none=True)
         write({"event": "report", **describe(report), "step_count": agent.step_count})
-    write({"event": "end", "step_count": agent.step_count, "lr_scale": agent.lr_scale,
-           "skipped": ranges(agent.skipped_batches)})
+    write(
+        {
+            "event": "end",
+            "step_count": agent.step_count,
+            "lr_scale": agent.lr_scale,
+            "skipped": ranges(agent.skipped_batches),
+        }
+    )
     final = params(model)
     agent.close()
     os.close(log)
@@ -315,11 +391,19 @@ def _arm_kill(point: str, step: int, write: Callable[[dict[str, Any]], None]) ->
             return real_save(self, save_step, *args, **kwargs)
         finally:
             current[0] = None
+
     CheckpointStore.save = save
 
     def die(where: str) -> None:
-        write({"event": "killed", "point": point, "step": step, "where": where,
-               "thread": threading.current_thread().name})
+        write(
+            {
+                "event": "killed",
+                "point": point,
+                "step": step,
+                "where": where,
+                "thread": threading.current_thread().name,
+            }
+        )
         os.kill(os.getpid(), signal.SIGKILL)
 
     if point == "before_commit":
@@ -330,6 +414,7 @@ def _arm_kill(point: str, step: int, write: Callable[[dict[str, Any]], None]) ->
             if current[0] == step:
                 die("after DCP wrote the shards, before the manifest and the rename")
             return result
+
         dcp.save = dcp_save
     else:
         real_rename = os.rename
@@ -343,6 +428,7 @@ def _arm_kill(point: str, step: int, write: Callable[[dict[str, Any]], None]) ->
             if hit and point == "after_commit":
                 die(f"after renaming {Path(src).name} to {target}")
             return result
+
         os.rename = rename
     assert point in KILL_POINTS, point
 
@@ -353,8 +439,9 @@ FAULT_STEP = {"loss_x100": 21, "nan_at_25": 25}
 """The step at which each returning fault first shows, after every rollback to step 20."""
 
 
-def spike_every_time(rank: int, world: int, kind: str, root: str, result_dir: str,
-                     exit_code: int, fault: str) -> dict[str, Any]:
+def spike_every_time(
+    rank: int, world: int, kind: str, root: str, result_dir: str, exit_code: int, fault: str
+) -> dict[str, Any]:
     """60 batches and a fault that comes back after every rollback (to the checkpoint of 20):
     ``loss_x100``: both ranks' loss is multiplied by 100 on every step past 20 (a loss spike
     that persists); ``nan_at_25``: rank 1's loss is NaN every time step 25 is reached.
@@ -364,8 +451,9 @@ def spike_every_time(rank: int, world: int, kind: str, root: str, result_dir: st
     data = dataset(kind, 60, rank)
     model, opt, sched = build(kind, world)
     torch.manual_seed(1000 + rank)
-    agent = torchvitals.watch(model, opt, sched, checkpoint_dir=root,
-                              **dict(WATCH, abort_exit_code=exit_code))
+    agent = torchvitals.watch(
+        model, opt, sched, checkpoint_dir=root, **dict(WATCH, abort_exit_code=exit_code)
+    )
     out: dict[str, Any] = {"reports": [], "aborted": None}
     try:
         for batch_id, x, y in agent.batches(data):
@@ -382,12 +470,16 @@ def spike_every_time(rank: int, world: int, kind: str, root: str, result_dir: st
             out["reports"].append(describe(report))
     except BaseException as e:
         history = getattr(getattr(agent, "detector", None), "history", [])
-        out["aborted"] = {"type": type(e).__name__, "module": type(e).__module__,
-                          "is_training_aborted": isinstance(e, getattr(torchvitals, "TrainingAborted", ())),
-                          "is_system_exit": isinstance(e, SystemExit),
-                          "code": getattr(e, "code", None), "message": str(e),
-                          "history": [(v.pattern, v.severity, v.step) for v in history],
-                          "ledger": read_ledger(root) if rank == 0 else None}
+        out["aborted"] = {
+            "type": type(e).__name__,
+            "module": type(e).__module__,
+            "is_training_aborted": isinstance(e, getattr(torchvitals, "TrainingAborted", ())),
+            "is_system_exit": isinstance(e, SystemExit),
+            "code": getattr(e, "code", None),
+            "message": str(e),
+            "history": [(v.pattern, v.severity, v.step) for v in history],
+            "ledger": read_ledger(root) if rank == 0 else None,
+        }
         raise
     finally:
         with open(os.path.join(result_dir, f"rank{rank}.pkl"), "wb") as f:

@@ -19,13 +19,18 @@ def stage(rank: int) -> nn.Module:
     """Rank 0: the embedding and layers 0-1; rank 1: layers 2-3 and the head (one model's
     parameter names, split)."""
     torch.manual_seed(0)
-    emb, layers, head = nn.Embedding(32, WIDTH), nn.ModuleDict(
-        {str(i): nn.Linear(WIDTH, WIDTH) for i in range(4)}), nn.Linear(WIDTH, 32)
+    emb, layers, head = (
+        nn.Embedding(32, WIDTH),
+        nn.ModuleDict({str(i): nn.Linear(WIDTH, WIDTH) for i in range(4)}),
+        nn.Linear(WIDTH, 32),
+    )
     if rank == 0:
-        return nn.Sequential(OrderedDict(emb=emb, layers=nn.ModuleDict(
-            {k: layers[k] for k in ("0", "1")})))
-    return nn.Sequential(OrderedDict(layers=nn.ModuleDict({k: layers[k] for k in ("2", "3")}),
-                                     head=head))
+        return nn.Sequential(
+            OrderedDict(emb=emb, layers=nn.ModuleDict({k: layers[k] for k in ("0", "1")}))
+        )
+    return nn.Sequential(
+        OrderedDict(layers=nn.ModuleDict({k: layers[k] for k in ("2", "3")}), head=head)
+    )
 
 
 class Stage(nn.Module):
@@ -68,18 +73,35 @@ def two_stages(rank: int, world: int, fault_step: int) -> dict:
             loss = nn.functional.cross_entropy(model(h), tokens)
             if step == fault_step:
                 loss = loss * float("nan")
-            agent.record_loss(loss.detach())     # the loss exists on the last stage only
+            agent.record_loss(loss.detach())  # the loss exists on the last stage only
             loss.backward()
             dist.send(h.grad, 0)
-        norms.append({n: math.sqrt(sum(float(p.grad.double().pow(2).sum())
-                                       for _, p in ps if p.grad is not None))
-                      for n, ps in zip(agent.blocks.names, agent.blocks.params) if ps})
+        norms.append(
+            {
+                n: math.sqrt(
+                    sum(float(p.grad.double().pow(2).sum()) for _, p in ps if p.grad is not None)
+                )
+                for n, ps in zip(agent.blocks.names, agent.blocks.params)
+                if ps
+            }
+        )
         report = agent.step()
         opt.zero_grad(set_to_none=True)
-        out.append({"step": report.step, "action": report.action, "loss": report.loss,
-                    "grad_norm": report.grad_norm, "verdicts": [v.pattern for v in report.verdicts],
-                    "local_loss": loss.item() if rank == 1 else None})
-    result = {"blocks": agent.blocks.names, "kinds": agent.blocks.kinds, "reports": out,
-              "norms": norms}
+        out.append(
+            {
+                "step": report.step,
+                "action": report.action,
+                "loss": report.loss,
+                "grad_norm": report.grad_norm,
+                "verdicts": [v.pattern for v in report.verdicts],
+                "local_loss": loss.item() if rank == 1 else None,
+            }
+        )
+    result = {
+        "blocks": agent.blocks.names,
+        "kinds": agent.blocks.kinds,
+        "reports": out,
+        "norms": norms,
+    }
     agent.close()
     return result

@@ -65,7 +65,9 @@ def test_eight_ranks_take_every_decision_in_the_same_step(tmp_path):
         assert same(r["reports"], reports), f"rank {rank} disagrees with rank 0"
         assert r["disk_loads"] == 0, f"rank {rank}: the rollback read the disk"
         assert r["checksum"] == results[0]["checksum"], f"rank {rank}: the replicas differ"
-    rollbacks = [(x["step"], x["rollback"]["to_step"]) for x in reports if x["action"] == "rollback"]
+    rollbacks = [
+        (x["step"], x["rollback"]["to_step"]) for x in reports if x["action"] == "rollback"
+    ]
     assert rollbacks == [(10, 8)], rollbacks
     assert [x["step"] for x in reports if x["checkpointed"]][:2] == [4, 8]
     named = [(i, x["step"], x["stragglers"]) for i, x in enumerate(reports) if x["stragglers"]]

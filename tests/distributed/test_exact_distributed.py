@@ -8,11 +8,14 @@ from dist_scenarios import exact, nonfinite_on_one_rank, serve_metrics
 from support.world import run_world
 
 
-@pytest.mark.parametrize("kind,config", [
-    ("ddp", {}),
-    ("ddp", {"split_ddp_work": False}),
-    ("fsdp", {}),
-])
+@pytest.mark.parametrize(
+    "kind,config",
+    [
+        ("ddp", {}),
+        ("ddp", {"split_ddp_work": False}),
+        ("fsdp", {}),
+    ],
+)
 def test_signals_match_single_process_reference(kind, config):
     rank0, rank1 = run_world(exact, kind, 5, config)
     assert rank0 == rank1, "reports differ between ranks"
@@ -20,14 +23,17 @@ def test_signals_match_single_process_reference(kind, config):
     assert all(r["mean_step_seconds"] > 0 for r in rank0)
 
 
-@pytest.mark.parametrize("kind,where,config", [
-    ("ddp", "loss", {}),
-    ("fsdp", "loss", {}),
-    ("fsdp", "grad", {}),
-    # A gradient corrupted on one rank after DDP's all-reduce is only seen by the rank that
-    # measures that block: without the split every rank measures every block.
-    ("ddp", "grad", {"split_ddp_work": False}),
-])
+@pytest.mark.parametrize(
+    "kind,where,config",
+    [
+        ("ddp", "loss", {}),
+        ("fsdp", "loss", {}),
+        ("fsdp", "grad", {}),
+        # A gradient corrupted on one rank after DDP's all-reduce is only seen by the rank that
+        # measures that block: without the split every rank measures every block.
+        ("ddp", "grad", {"split_ddp_work": False}),
+    ],
+)
 def test_nan_on_one_rank_skips_the_step_on_every_rank(kind, where, config):
     results = run_world(nonfinite_on_one_rank, kind, where, config)
     for rank, steps in enumerate(results):
@@ -46,6 +52,7 @@ def test_nan_on_one_rank_skips_the_step_on_every_rank(kind, where, config):
 def test_each_rank_serves_its_scalars_and_rank0_the_blocks():
     from support.world import free_port
     import socket
+
     while True:
         base = free_port()
         with socket.socket() as s:
@@ -59,12 +66,16 @@ def test_each_rank_serves_its_scalars_and_rank0_the_blocks():
     assert rank1["url"] == f"http://127.0.0.1:{base + 1}/metrics"
     assert rank0["ranks"] == ["0"] and rank1["ranks"] == ["1"]
     assert "torchvitals_grad_norm" in rank0["names"] and "torchvitals_loss" in rank0["names"]
-    assert not any(n.startswith(("torchvitals_grad_norm", "torchvitals_activation", "torchvitals_update"))
-                   for n in rank1["names"])
+    assert not any(
+        n.startswith(("torchvitals_grad_norm", "torchvitals_activation", "torchvitals_update"))
+        for n in rank1["names"]
+    )
     assert "torchvitals_step_duration_seconds_count" in rank1["names"]
     for rank, r in enumerate((rank0, rank1)):
         assert r["local_loss"] == r["report_local_loss"]
         # Each rank's compute-time histogram sums its own steps' compute times.
         assert r["compute"] == pytest.approx(r["report_compute"], rel=1e-12) and r["compute"] > 0
     assert rank0["local_loss"] != rank1["local_loss"]
-    assert math.isclose(rank0["loss"], (rank0["local_loss"] + rank1["local_loss"]) / 2, rel_tol=1e-12)
+    assert math.isclose(
+        rank0["loss"], (rank0["local_loss"] + rank1["local_loss"]) / 2, rel_tol=1e-12
+    )

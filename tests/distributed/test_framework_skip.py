@@ -16,15 +16,17 @@ from support.world import run_world
 def test_a_step_the_loop_skipped_is_reported_as_its_own_skip_and_the_next_one_steps():
     steps = 8
     ranks = run_world(loop_that_skips_by_itself, steps, timeout=180)
-    assert [(a["step"], a["action"]) for a in ranks[0]["reports"]] == \
-        [(b["step"], b["action"]) for b in ranks[1]["reports"]], "the ranks decided differently"
+    assert [(a["step"], a["action"]) for a in ranks[0]["reports"]] == [
+        (b["step"], b["action"]) for b in ranks[1]["reports"]
+    ], "the ranks decided differently"
     reports = ranks[0]["reports"]
     assert [r["step"] for r in reports] == list(range(1, steps + 1))
-    assert [r["action"] for r in reports] == ["step"] * (FAULT - 1) + ["skip"] + \
-        ["step"] * (steps - FAULT)
+    assert [r["action"] for r in reports] == ["step"] * (FAULT - 1) + ["skip"] + ["step"] * (
+        steps - FAULT
+    )
     assert reports[FAULT - 1]["nonfinite_loss"] and math.isnan(reports[FAULT - 1]["loss"])
     for i, report in enumerate(reports):
-        if i != FAULT - 1:       # each step's own loss: the mean over the ranks, none carried
+        if i != FAULT - 1:  # each step's own loss: the mean over the ranks, none carried
             mean = sum(rank["losses"][i] for rank in ranks) / len(ranks)
             assert report["loss"] == pytest.approx(mean, rel=1e-6), i
     for rank in ranks:
@@ -32,11 +34,15 @@ def test_a_step_the_loop_skipped_is_reported_as_its_own_skip_and_the_next_one_st
         assert rank["real"] == steps - 1 and rank["step_count"] == steps
 
 
-@pytest.mark.parametrize("clears, routed", [
-    ([["model"], ["model"]], False),
-    ([["optimizer", "model"], ["inner"]], False),    # each rank its own door, rank 0 two
-    ([["model"], ["model"]], True),
-], ids=["model.zero_grad", "different-doors", "scaler-routed"])
+@pytest.mark.parametrize(
+    "clears, routed",
+    [
+        ([["model"], ["model"]], False),
+        ([["optimizer", "model"], ["inner"]], False),  # each rank its own door, rank 0 two
+        ([["model"], ["model"]], True),
+    ],
+    ids=["model.zero_grad", "different-doors", "scaler-routed"],
+)
 def test_a_gradscaler_skip_is_that_steps_skip_on_both_ranks_whichever_zero_grad(clears, routed):
     """A CPU GradScaler skips the step on both ranks (rank 1's loss is Inf at FAULT) and the loop
     clears the gradients with ``model.zero_grad()`` (DDP's, or the module's inside it) or the
@@ -44,11 +50,13 @@ def test_a_gradscaler_skip_is_that_steps_skip_on_both_ranks_whichever_zero_grad(
     own loss and the real step's gradient norm; no healthy step is lost."""
     steps = 7
     ranks = run_world(loop_with_a_scaler, steps, clears, routed, timeout=180)
-    assert [(a["step"], a["action"]) for a in ranks[0]["reports"]] == \
-        [(b["step"], b["action"]) for b in ranks[1]["reports"]], "the ranks decided differently"
+    assert [(a["step"], a["action"]) for a in ranks[0]["reports"]] == [
+        (b["step"], b["action"]) for b in ranks[1]["reports"]
+    ], "the ranks decided differently"
     reports = ranks[0]["reports"]
-    assert [(r["step"], r["action"]) for r in reports] == \
-        [(s, "skip" if s == FAULT else "step") for s in range(1, steps + 1)]
+    assert [(r["step"], r["action"]) for r in reports] == [
+        (s, "skip" if s == FAULT else "step") for s in range(1, steps + 1)
+    ]
     assert reports[FAULT - 1]["nonfinite_loss"] and not math.isfinite(reports[FAULT - 1]["loss"])
     stepped = [r for r in reports if r["action"] == "step"]
     for rank in ranks:

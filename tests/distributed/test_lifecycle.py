@@ -23,7 +23,7 @@ def test_six_watch_close_cycles_with_checkpoints_on_two_ranks_finish(tmp_path):
     runs = results[0]
     assert [r["resumed_from"] for r in runs] == [None] + [STEPS * c for c in range(1, CYCLES)]
     assert all(r["actions"] == ["step"] * STEPS for r in runs), runs
-    for c, r in enumerate(runs):    # the save in flight at close() was finished and committed
+    for c, r in enumerate(runs):  # the save in flight at close() was finished and committed
         assert r["checkpointed"] == [STEPS * c + 2, STEPS * c + 4], r
         assert r["last_healthy"] == STEPS * (c + 1), r
     assert len({r["group"] for r in runs}) == 1, "every agent reuses the process's checkpoint group"

@@ -24,7 +24,7 @@ def test_a_layer_no_rank_has_a_gradient_of_is_missing_on_every_rank(mode):
     for report, ref in zip(ranks[0]["reports"], ranks[0]["ref"]):
         if mode == "bypass":
             assert report["missing"] == [MISSING] and math.isnan(report["grad_norm"][MISSING])
-        else:       # present and exactly zero: measured
+        else:  # present and exactly zero: measured
             assert report["missing"] == [] and report["grad_norm"][MISSING] == 0.0
         for block in ("layers.1", "layers.2", "layers.3", "out"):
             assert report["grad_norm"][block] == pytest.approx(block_norm(ref, block), rel=1e-6)

@@ -21,13 +21,14 @@ def test_two_stages_report_every_block_exactly_and_decide_together():
         assert rank["kinds"] == ["embedding", "layer", "layer", "layer", "layer", "head"]
     a, b = ranks[0]["reports"], ranks[1]["reports"]
     assert [(r["action"], r["verdicts"]) for r in a] == [(r["action"], r["verdicts"]) for r in b]
-    assert [r["action"] for r in a] == ["step"] * (fault - 1) + ["skip"] + \
-        ["step"] * (STEPS - fault)
+    assert [r["action"] for r in a] == ["step"] * (fault - 1) + ["skip"] + ["step"] * (
+        STEPS - fault
+    )
     assert "nonfinite_loss" in a[fault - 1]["verdicts"]
     for i in range(STEPS):
         if i == fault - 1:
             continue
-        for rank_reports in (a, b):     # the last stage's loss, on both ranks
+        for rank_reports in (a, b):  # the last stage's loss, on both ranks
             assert rank_reports[i]["loss"] == pytest.approx(b[i]["local_loss"], rel=1e-12)
         # each block's norm: the one rank that holds it measured it; both report it
         held = {**ranks[0]["norms"][i], **ranks[1]["norms"][i]}

@@ -14,8 +14,15 @@ import pickle
 
 import pytest
 
-from recovery_ranks import (FAULT_STEP, WATCH, compare, killable_run, lr_times_50, nan_on_rank1,
-                            spike_every_time)
+from recovery_ranks import (
+    FAULT_STEP,
+    WATCH,
+    compare,
+    killable_run,
+    lr_times_50,
+    nan_on_rank1,
+    spike_every_time,
+)
 from support.world import run_world, spawn_job
 
 M = WATCH["skip_margin"]
@@ -26,6 +33,7 @@ def _actions(reports: list[dict]) -> list[tuple[int, str]]:
 
 
 # ---------------------------------------------------------------- 1. NaN on rank 1 at step 30
+
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp"])
 def nan_run(request, tmp_path_factory):
@@ -40,8 +48,12 @@ def test_nan_on_one_rank_rolls_every_rank_back_in_the_same_step(nan_run):
     for rank, r in enumerate(results):
         assert r["resumed_from"] is None, f"{kind} rank {rank}: resumed in a fresh folder"
         checkpointed = [x["step"] for x in r["reports"] if x["checkpointed"]]
-        assert checkpointed[:2] == [10, 20], f"{kind} rank {rank}: healthy checkpoints {checkpointed}"
-        assert _actions(r["reports"]) == [(30, "rollback")], f"{kind} rank {rank}: {_actions(r['reports'])}"
+        assert checkpointed[:2] == [10, 20], (
+            f"{kind} rank {rank}: healthy checkpoints {checkpointed}"
+        )
+        assert _actions(r["reports"]) == [(30, "rollback")], (
+            f"{kind} rank {rank}: {_actions(r['reports'])}"
+        )
         rollback = next(x for x in r["reports"] if x["action"] == "rollback")
         assert rollback["rollback"] == expected, f"{kind} rank {rank}: {rollback['rollback']}"
         assert ("nonfinite_loss", "critical") in rollback["verdicts"], rollback["verdicts"]
@@ -51,13 +63,22 @@ def test_nan_on_one_rank_rolls_every_rank_back_in_the_same_step(nan_run):
         # Every step number after the rollback is counted again from the checkpoint's.
         steps = [x["step"] for x in r["reports"]]
         assert steps == list(range(1, 31)) + list(range(21, 38)), steps
-        assert r["ids"] == list(range(30)) + list(range(30 + M, 50)), \
+        assert r["ids"] == list(range(30)) + list(range(30 + M, 50)), (
             f"{kind} rank {rank}: batches consumed {r['ids']}"
-        assert r["final_step"] == 37 and r["data_position"] == 50, (r["final_step"], r["data_position"])
-        assert r["lr_scale"] == 0.5 and r["skipped"] == [[20, 30 + M]], (r["lr_scale"], r["skipped"])
-    assert results[0]["reports"] == results[1]["reports"] or \
-        [(x["step"], x["action"], x["rollback"]) for x in results[0]["reports"]] == \
-        [(x["step"], x["action"], x["rollback"]) for x in results[1]["reports"]], "the ranks disagree"
+        )
+        assert r["final_step"] == 37 and r["data_position"] == 50, (
+            r["final_step"],
+            r["data_position"],
+        )
+        assert r["lr_scale"] == 0.5 and r["skipped"] == [[20, 30 + M]], (
+            r["lr_scale"],
+            r["skipped"],
+        )
+    assert results[0]["reports"] == results[1]["reports"] or [
+        (x["step"], x["action"], x["rollback"]) for x in results[0]["reports"]
+    ] == [(x["step"], x["action"], x["rollback"]) for x in results[1]["reports"]], (
+        "the ranks disagree"
+    )
 
 
 @pytest.mark.slow
@@ -68,8 +89,10 @@ def test_nan_rollback_lands_on_the_reference_model(nan_run):
     for rank, r in enumerate(results):
         assert r["reference_ran"], f"{kind} rank {rank}: step 20 never completed"
         assert r["moved_since_20"], f"{kind} rank {rank}: no training after the rollback"
-        assert r["mismatch"] == {}, f"{kind} rank {rank}: final weights differ from the reference " \
-                                    f"(max abs diff per parameter): {r['mismatch']}"
+        assert r["mismatch"] == {}, (
+            f"{kind} rank {rank}: final weights differ from the reference "
+            f"(max abs diff per parameter): {r['mismatch']}"
+        )
 
 
 @pytest.mark.slow
@@ -82,8 +105,11 @@ def test_nan_rollback_is_in_the_ledger_and_the_metrics(nan_run):
     events = [(e["event"], e["step"]) for e in ledger["entries"]]
     assert events[:3] == [("checkpoint", 10), ("checkpoint", 20), ("rollback", 30)], events
     rollback = ledger["entries"][2]
-    assert rollback["to_step"] == 20 and rollback["skipped"] == [20, 30 + M] \
-        and rollback["lr_scale"] == 0.5, rollback
+    assert (
+        rollback["to_step"] == 20
+        and rollback["skipped"] == [20, 30 + M]
+        and rollback["lr_scale"] == 0.5
+    ), rollback
     assert os.path.basename(ledger["entries"][1]["path"]) == "step-00000020", ledger["entries"][1]
     # Right after the rollback (rank 0 exports them) ...
     metrics = after["metrics"]
@@ -104,6 +130,7 @@ def test_nan_rollback_is_in_the_ledger_and_the_metrics(nan_run):
 
 # ---------------------------------------------------------------- 2. LR x 50 at step 40
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
 def test_lr_times_50_is_rolled_back_and_the_run_ends_near_a_clean_one(kind, tmp_path):
@@ -112,20 +139,30 @@ def test_lr_times_50_is_rolled_back_and_the_run_ends_near_a_clean_one(kind, tmp_
         actions = _actions(r["reports"])
         assert len(actions) == 1 and actions[0][1] == "rollback", f"{kind} rank {rank}: {actions}"
         report = next(x for x in r["reports"] if x["action"] == "rollback")
-        assert 41 <= report["step"] <= 45, f"{kind} rank {rank}: the spike was caught late: {report}"
+        assert 41 <= report["step"] <= 45, (
+            f"{kind} rank {rank}: the spike was caught late: {report}"
+        )
         assert ("loss_spike", "critical") in report["verdicts"], report["verdicts"]
-        spike_pos = report["step"]          # no batch was skipped before: position == step
-        assert report["rollback"] == {"to_step": 40, "lr_scale": 0.5,
-                                      "skipped": [40, spike_pos + M]}, report["rollback"]
+        spike_pos = report["step"]  # no batch was skipped before: position == step
+        assert report["rollback"] == {
+            "to_step": 40,
+            "lr_scale": 0.5,
+            "skipped": [40, spike_pos + M],
+        }, report["rollback"]
         # The checkpoint's LR (before the x 50) is back, halved.
         assert r["lr"] == pytest.approx(0.5 * 1e-2, rel=1e-12), r["lr"]
         assert r["final_step"] == 100 - (spike_pos + M - 40), r["final_step"]
         # The scenario must matter: the fault left alone ruins the run.
-        assert r["unrecovered_loss"] > 1.5 * r["clean_loss"], (r["unrecovered_loss"], r["clean_loss"])
-        assert abs(r["final_loss"] - r["clean_loss"]) <= 0.10 * r["clean_loss"], \
+        assert r["unrecovered_loss"] > 1.5 * r["clean_loss"], (
+            r["unrecovered_loss"],
+            r["clean_loss"],
+        )
+        assert abs(r["final_loss"] - r["clean_loss"]) <= 0.10 * r["clean_loss"], (
             f"{kind} rank {rank}: final loss {r['final_loss']:.4f}, clean {r['clean_loss']:.4f}"
-    assert results[0]["reports"] == results[1]["reports"] or \
-        _actions(results[0]["reports"]) == _actions(results[1]["reports"])
+        )
+    assert results[0]["reports"] == results[1]["reports"] or _actions(
+        results[0]["reports"]
+    ) == _actions(results[1]["reports"])
 
 
 # ---------------------------------------------------------------- 3. SIGKILL during a checkpoint write
@@ -137,8 +174,12 @@ def test_lr_times_50_is_rolled_back_and_the_run_ends_near_a_clean_one(kind, tmp_
 #   B: killed during the commit of step 40  -> C resumes from 30
 #   C: killed after the commit of step 50   -> D resumes from 50 (committed: complete)
 #   D: runs to the end of the epoch.
-LAUNCHES = [("A", ("before_commit", 30), None), ("B", ("during_commit", 40), 20),
-            ("C", ("after_commit", 50), 30), ("D", None, 50)]
+LAUNCHES = [
+    ("A", ("before_commit", 30), None),
+    ("B", ("during_commit", 40), 20),
+    ("C", ("after_commit", 50), 30),
+    ("D", None, 50),
+]
 SKIPPED = [[20, 25 + M]]
 N_KILL = 60
 
@@ -167,8 +208,9 @@ def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("uninterrupted")
     logs = tmp_path_factory.mktemp("uninterrupted-logs")
     outcome = spawn_job(killable_run, "ddp", str(root / "ckpt"), str(logs), "U", None)
-    assert [o["exitcode"] for o in outcome] == [0, 0], \
-        "\n".join(o.get("traceback") or str(o) for o in outcome)
+    assert [o["exitcode"] for o in outcome] == [0, 0], "\n".join(
+        o.get("traceback") or str(o) for o in outcome
+    )
     return outcome, logs
 
 
@@ -185,7 +227,9 @@ def test_uninterrupted_run_consumes_every_batch_but_the_skipped(uninterrupted):
 
 
 @pytest.mark.slow
-def test_sigkill_during_checkpoint_writes_resumes_from_the_last_complete_checkpoint(uninterrupted, tmp_path):
+def test_sigkill_during_checkpoint_writes_resumes_from_the_last_complete_checkpoint(
+    uninterrupted, tmp_path
+):
     root, logs = tmp_path / "ckpt", tmp_path / "logs"
     logs.mkdir()
     outcomes = {}
@@ -197,13 +241,15 @@ def test_sigkill_during_checkpoint_writes_resumes_from_the_last_complete_checkpo
         if kill is None:
             assert codes == [0, 0], f"launch {run}: exit codes {codes}\n{tracebacks}"
         else:
-            assert codes[0] == -9 and not outcome[0]["killed_by_parent"], \
+            assert codes[0] == -9 and not outcome[0]["killed_by_parent"], (
                 f"launch {run}: rank 0 was to kill itself at {kill}, exit codes {codes}\n{tracebacks}"
+            )
             assert codes[1] != 0, f"launch {run}: rank 1 finished although rank 0 died"
             assert not any(o["hung"] for o in outcome), f"launch {run}: hung"
             committed = (root / f"step-{kill[1]:08d}").exists()
-            assert committed == (kill[0] == "after_commit"), \
+            assert committed == (kill[0] == "after_commit"), (
                 f"launch {run}: killed {kill[0]} of step {kill[1]}, committed: {committed}"
+            )
 
     expected = [i for i in range(N_KILL) if not any(a <= i < b for a, b in SKIPPED)]
     for rank in range(2):
@@ -217,28 +263,37 @@ def test_sigkill_during_checkpoint_writes_resumes_from_the_last_complete_checkpo
             assert all(t.startswith("torchvitals-checkpoint-") for t in threads), threads
         for run, _, resumed in LAUNCHES:
             start = starts[run]
-            assert start["resumed_from"] == resumed, \
+            assert start["resumed_from"] == resumed, (
                 f"rank {rank} launch {run}: resumed from {start['resumed_from']}, expected {resumed}"
+            )
             if resumed is not None:
                 assert start["step_count"] == resumed, start
                 assert start["lr_scale"] == 0.5 and start["skipped"] == SKIPPED, start
         # After the rollback was decided, no skipped batch is ever consumed again, in any launch.
-        rolled = next(i for i, e in enumerate(entries) if e["event"] == "report" and e["action"] == "rollback")
-        replayed = [(e["run"], e["id"]) for e in entries[rolled:]
-                    if e["event"] == "batch" and any(a <= e["id"] < b for a, b in SKIPPED)]
+        rolled = next(
+            i for i, e in enumerate(entries) if e["event"] == "report" and e["action"] == "rollback"
+        )
+        replayed = [
+            (e["run"], e["id"])
+            for e in entries[rolled:]
+            if e["event"] == "batch" and any(a <= e["id"] < b for a, b in SKIPPED)
+        ]
         assert replayed == [], f"rank {rank}: skipped batches consumed again: {replayed}"
-        assert _lineage(entries) == expected, \
+        assert _lineage(entries) == expected, (
             f"rank {rank}: batches behind the final model {_lineage(entries)}, expected {expected}"
+        )
         assert entries[-1]["event"] == "end" and entries[-1]["run"] == "D"
     # The same final model as the run that was never interrupted.
     final = outcomes["D"]
     reference = uninterrupted[0]
     for rank in range(2):
-        assert compare(final[rank]["value"]["final"], reference[rank]["value"]["final"]) == {}, \
+        assert compare(final[rank]["value"]["final"], reference[rank]["value"]["final"]) == {}, (
             f"rank {rank}: the resumed job's final weights differ from the uninterrupted run's"
+        )
 
 
 # ---------------------------------------------------------------- 4. a spike that comes back
+
 
 @pytest.mark.parametrize("fault", ["nan_at_25"])
 def test_a_fault_after_every_rollback_aborts_with_the_exit_code_on_every_rank(fault, tmp_path):
@@ -247,13 +302,14 @@ def test_a_fault_after_every_rollback_aborts_with_the_exit_code_on_every_rank(fa
     loop guard in one process: tests/unit/test_watchdog.py.)"""
     results = tmp_path / "results"
     results.mkdir()
-    code = 79                       # not the default 75: the setting must be the one used
+    code = 79  # not the default 75: the setting must be the one used
     at = FAULT_STEP[fault]
     outcome = spawn_job(spike_every_time, "ddp", str(tmp_path / "ckpt"), str(results), code, fault)
     codes = [o["exitcode"] for o in outcome]
     assert not any(o["hung"] or o["killed_by_parent"] for o in outcome), f"a rank hung: {codes}"
     assert codes == [code, code], "exit codes {}:\n{}".format(
-        codes, "\n".join(o.get("traceback") or "" for o in outcome))
+        codes, "\n".join(o.get("traceback") or "" for o in outcome)
+    )
     seen = []
     for rank in range(2):
         with open(results / f"rank{rank}.pkl", "rb") as f:
@@ -261,20 +317,27 @@ def test_a_fault_after_every_rollback_aborts_with_the_exit_code_on_every_rank(fa
     for rank, r in enumerate(seen):
         aborted = r["aborted"]
         assert aborted is not None, f"rank {rank}: no exception; actions {_actions(r['reports'])}"
-        assert aborted["type"] == "TrainingAborted" and aborted["is_system_exit"] \
-            and aborted["code"] == code, aborted
+        assert (
+            aborted["type"] == "TrainingAborted"
+            and aborted["is_system_exit"]
+            and aborted["code"] == code
+        ), aborted
         rollbacks = [x for x in r["reports"] if x["action"] == "rollback"]
         assert len(rollbacks) == WATCH["max_rollbacks"], _actions(r["reports"])
         assert all(x["step"] == at and x["rollback"]["to_step"] == 20 for x in rollbacks), rollbacks
         assert [x["rollback"]["lr_scale"] for x in rollbacks] == [0.5, 0.25, 0.125], rollbacks
         assert r["current_step"] == at, f"rank {rank}: aborted at step {r['current_step']}"
-        assert ("rollback_loop", "critical") in [(p, s) for p, s, _ in aborted["history"]], \
+        assert ("rollback_loop", "critical") in [(p, s) for p, s, _ in aborted["history"]], (
             f"rank {rank}: no critical rollback_loop verdict in the detector's history"
+        )
     ledger = seen[0]["aborted"]["ledger"]
     events = [e["event"] for e in ledger["entries"]]
-    assert events == ["checkpoint", "checkpoint", "rollback", "rollback", "rollback", "abort"], events
+    assert events == ["checkpoint", "checkpoint", "rollback", "rollback", "rollback", "abort"], (
+        events
+    )
     assert ledger["lr_scale"] == 0.125, ledger
     assert _actions(seen[0]["reports"]) == _actions(seen[1]["reports"])
     # The API the user catches: torchvitals.TrainingAborted.
-    assert all(r["aborted"]["is_training_aborted"] for r in seen), \
+    assert all(r["aborted"]["is_training_aborted"] for r in seen), (
         "the exception is not torchvitals.TrainingAborted (is it exported from the package?)"
+    )

@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE]          # real_steps
+sys.path[:0] = [HERE]  # real_steps
 import torchvitals  # noqa: E402
 from torchvitals.agent.tools.demo.regression import micro_batches as batches, mlp  # noqa: E402
 
@@ -31,8 +31,13 @@ def build() -> tuple:
     """examples/accelerate_loop.py's model, AdamW and warmup schedule."""
     model = mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
-    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 10))
+    return (
+        model,
+        optimizer,
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10)),
+    )
+
+
 from real_steps import describe, exit_after, finish, record_real_steps  # noqa: E402
 
 
@@ -45,8 +50,15 @@ def main() -> None:
     accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATE, cpu=True)
     rank = accelerator.process_index
     model, optimizer, scheduler = accelerator.prepare(*build())
-    agent = torchvitals.watch(model, optimizer, scheduler, log_dir="", metrics_port=0,
-                              checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every=5)
+    agent = torchvitals.watch(
+        model,
+        optimizer,
+        scheduler,
+        log_dir="",
+        metrics_port=0,
+        checkpoint_dir=os.path.join(args.out, "ckpt"),
+        checkpoint_every=5,
+    )
     real: list[dict] = []
     record_real_steps(optimizer.optimizer, real)
     reports, clip_norms, micro, sched_lr, syncs = [], [], [], [], 0
@@ -55,7 +67,7 @@ def main() -> None:
             loss = torch.nn.functional.mse_loss(model(x), y)
             micro.append(loss.item())
             if rank == 1 and i == args.fault_step * ACCUMULATE + 1:
-                loss = loss * float("nan")        # the second micro-batch of step fault_step
+                loss = loss * float("nan")  # the second micro-batch of step fault_step
             agent.record_loss(loss.detach())
             accelerator.backward(loss)
             if accelerator.sync_gradients:
@@ -72,10 +84,21 @@ def main() -> None:
             else:
                 assert agent.last_report is before, "a micro-step was taken as a step"
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-    finish(agent, os.path.join(args.out, f"rank{rank}.json"),
-           {"reports": reports, "clip_norms": clip_norms, "micro_losses": micro, "real": real,
-            "sched_lr": sched_lr, "syncs": syncs, "accumulate": ACCUMULATE,
-            "params": flat.tolist(), "lr_scale": agent.lr_scale})
+    finish(
+        agent,
+        os.path.join(args.out, f"rank{rank}.json"),
+        {
+            "reports": reports,
+            "clip_norms": clip_norms,
+            "micro_losses": micro,
+            "real": real,
+            "sched_lr": sched_lr,
+            "syncs": syncs,
+            "accumulate": ACCUMULATE,
+            "params": flat.tolist(),
+            "lr_scale": agent.lr_scale,
+        },
+    )
 
 
 if __name__ == "__main__":

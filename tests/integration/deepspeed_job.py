@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE]          # real_steps
+sys.path[:0] = [HERE]  # real_steps
 import torchvitals  # noqa: E402
 from real_steps import describe, exit_after, finish  # noqa: E402
 from torchvitals.agent.tools.demo.regression import BLOCKS, deepspeed_config, micro_batch, mlp  # noqa: E402
@@ -42,8 +42,11 @@ def _digest(tensors: list) -> str:
     """The exact bytes of ``tensors`` (and any plain values), hashed."""
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
-                 if isinstance(t, torch.Tensor) else repr(t).encode())
+        h.update(
+            t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+            if isinstance(t, torch.Tensor)
+            else repr(t).encode()
+        )
     return h.hexdigest()
 
 
@@ -61,13 +64,17 @@ def partition_digest(engine) -> list[str]:
         inner = zero.optimizer
         masters = zero.fp32_partitioned_groups_flat
         return [_digest([p.ds_tensor for p in engine.module.parameters()])] + [
-            _digest([m, *_state(inner.state.get(m, {}))]) for m in masters]
+            _digest([m, *_state(inner.state.get(m, {}))]) for m in masters
+        ]
     if hasattr(zero, "single_partition_of_fp32_groups"):
         inner = zero.optimizer
-        return [_digest([m, *_state(inner.state.get(m, {}))])
-                for m in zero.single_partition_of_fp32_groups]
-    return [_digest([p, *_state(zero.state.get(p, {}))])
-            for g in zero.param_groups for p in g["params"]]
+        return [
+            _digest([m, *_state(inner.state.get(m, {}))])
+            for m in zero.single_partition_of_fp32_groups
+        ]
+    return [
+        _digest([p, *_state(zero.state.get(p, {}))]) for g in zero.param_groups for p in g["params"]
+    ]
 
 
 def whole(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
@@ -84,15 +91,16 @@ def whole(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
                 continue
             pieces = [torch.empty_like(part) for _ in range(dist.get_world_size())]
             dist.all_gather(pieces, part.detach().contiguous())
-            out[b].append(torch.cat(pieces)[:p.ds_numel].view(p.ds_shape).double())
+            out[b].append(torch.cat(pieces)[: p.ds_numel].view(p.ds_shape).double())
     return out
 
 
 def gathered(model: torch.nn.Module) -> torch.Tensor:
     """Every parameter, flat, as DeepSpeed gathers them (``GatheredParameters``)."""
     with deepspeed.zero.GatheredParameters(list(model.parameters())):
-        return torch.cat([p.detach().flatten().clone() for b in BLOCKS
-                          for p in getattr(model, b).parameters()])
+        return torch.cat(
+            [p.detach().flatten().clone() for b in BLOCKS for p in getattr(model, b).parameters()]
+        )
 
 
 def main() -> None:
@@ -110,30 +118,48 @@ def main() -> None:
     ref = copy.deepcopy(model).double()
     decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
     rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
-    optimizer = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}],
-                                  lr=3e-3)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay}, {"params": rest, "weight_decay": 0.0}], lr=3e-3
+    )
     config = deepspeed_config(args.stage, ACCUMULATE, CLIP)
-    if args.offload:        # with the torch optimizer (DeepSpeed's CPU Adam is a compiled op)
+    if args.offload:  # with the torch optimizer (DeepSpeed's CPU Adam is a compiled op)
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
         config["zero_force_ds_cpu_optimizer"] = False
-    if args.persistence_threshold is not None:     # 0: no parameter stays gathered (ZeRO-3)
-        config["zero_optimization"]["stage3_param_persistence_threshold"] = \
+    if args.persistence_threshold is not None:  # 0: no parameter stays gathered (ZeRO-3)
+        config["zero_optimization"]["stage3_param_persistence_threshold"] = (
             args.persistence_threshold
+        )
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     rank, world = engine.global_rank, engine.world_size
-    watchdog = (dict(checkpoint_dir=os.path.join(args.out, "ckpt"),
-                     checkpoint_every=args.checkpoint_every) if args.checkpoint_every else {})
+    watchdog = (
+        dict(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every=args.checkpoint_every)
+        if args.checkpoint_every
+        else {}
+    )
     # ZeRO-3's update ratio is asserted at every step (read from the parameter partitions).
     sampling = {"sample_every": 1} if args.stage == 3 else {}
-    agent = torchvitals.watch(engine, engine.optimizer, blocks=BLOCKS, log_dir="", metrics_port=0,
-                              **sampling, **watchdog)
-    resumed = {"step": agent.resumed_from, "digest": partition_digest(engine),
-               "lr": [g["lr"] for g in engine.optimizer.param_groups]}
+    agent = torchvitals.watch(
+        engine, engine.optimizer, blocks=BLOCKS, log_dir="", metrics_port=0, **sampling, **watchdog
+    )
+    resumed = {
+        "step": agent.resumed_from,
+        "digest": partition_digest(engine),
+        "lr": [g["lr"] for g in engine.optimizer.param_groups],
+    }
     digests = {}
-    real: list[float] = []      # the gradient norm each real step of the torch optimizer saw
-    optimizer.register_step_pre_hook(lambda opt, *_: real.append(math.sqrt(sum(
-        float(p.grad.double().pow(2).sum()) for g in opt.param_groups for p in g["params"]
-        if p.grad is not None))))
+    real: list[float] = []  # the gradient norm each real step of the torch optimizer saw
+    optimizer.register_step_pre_hook(
+        lambda opt, *_: real.append(
+            math.sqrt(
+                sum(
+                    float(p.grad.double().pow(2).sum())
+                    for g in opt.param_groups
+                    for p in g["params"]
+                    if p.grad is not None
+                )
+            )
+        )
+    )
     gens = [torch.Generator().manual_seed(r) for r in range(world)]
     out, before_step, drawn = [], whole(model), {}
     for step in range(1, args.steps + 1):
@@ -147,9 +173,10 @@ def main() -> None:
         losses = []
         for micro in range(ACCUMULATE):
             batches = [micro_batch(g) for g in gens]
-            for x, y in batches:        # the reference: every rank's micro-batches, in fp64
-                (torch.nn.functional.mse_loss(ref(x.double()), y.double())
-                 / (world * ACCUMULATE)).backward()
+            for x, y in batches:  # the reference: every rank's micro-batches, in fp64
+                (
+                    torch.nn.functional.mse_loss(ref(x.double()), y.double()) / (world * ACCUMULATE)
+                ).backward()
             x, y = batches[rank]
             loss = torch.nn.functional.mse_loss(engine(x), y)
             losses.append(loss.item())
@@ -168,22 +195,46 @@ def main() -> None:
             # Go on from the data of the step after the one restored, as a resumable loader does.
             for g, state in zip(gens, drawn[report.rollback["to_step"] + 1]):
                 g.set_state(state)
-        ratio = {b: math.sqrt(sum(float((a - w).pow(2).sum())
-                                  for a, w in zip(after_step[b], before_step[b])))
-                 / math.sqrt(sum(float(w.pow(2).sum()) for w in before_step[b])) for b in BLOCKS}
+        ratio = {
+            b: math.sqrt(
+                sum(float((a - w).pow(2).sum()) for a, w in zip(after_step[b], before_step[b]))
+            )
+            / math.sqrt(sum(float(w.pow(2).sum()) for w in before_step[b]))
+            for b in BLOCKS
+        }
         before_step = after_step
         norm = engine.get_global_grad_norm()
-        ref_norms = {b: math.sqrt(sum(float(p.grad.pow(2).sum())
-                                      for p in getattr(ref, b).parameters())) for b in BLOCKS}
-        out.append({**describe(report), "grad_norm": report.grad_norm,
-                    "missing": report.grad_norm_missing, "update_ratio": report.update_ratio,
-                    "update_ratio_step": report.update_ratio_step, "ref_update_ratio": ratio,
-                    "engine_norm": None if norm is None else float(norm), "ref": ref_norms,
-                    "losses": losses})
+        ref_norms = {
+            b: math.sqrt(sum(float(p.grad.pow(2).sum()) for p in getattr(ref, b).parameters()))
+            for b in BLOCKS
+        }
+        out.append(
+            {
+                **describe(report),
+                "grad_norm": report.grad_norm,
+                "missing": report.grad_norm_missing,
+                "update_ratio": report.update_ratio,
+                "update_ratio_step": report.update_ratio_step,
+                "ref_update_ratio": ratio,
+                "engine_norm": None if norm is None else float(norm),
+                "ref": ref_norms,
+                "losses": losses,
+            }
+        )
     flat = gathered(model)
-    finish(agent, os.path.join(args.out, f"rank{rank}.json"),
-           {"reports": out, "params": flat.tolist(), "step_count": agent.step_count,
-            "real": real, "resumed": resumed, "digests": digests, "clip": CLIP})
+    finish(
+        agent,
+        os.path.join(args.out, f"rank{rank}.json"),
+        {
+            "reports": out,
+            "params": flat.tolist(),
+            "step_count": agent.step_count,
+            "real": real,
+            "resumed": resumed,
+            "digests": digests,
+            "clip": CLIP,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 from transformers import Trainer, TrainerCallback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]          # real_steps, and tests/: the support package
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # real_steps, and tests/: the support package
 import torchvitals  # noqa: E402
 from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2  # noqa: E402
 from real_steps import describe, nan_at  # noqa: E402
@@ -49,23 +49,46 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=0)
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
-    watchdog = (dict(checkpoint_dir=os.path.join(args.out, "ckpt"),
-                     checkpoint_every=args.checkpoint_every) if args.checkpoint_every else {})
+    watchdog = (
+        dict(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every=args.checkpoint_every)
+        if args.checkpoint_every
+        else {}
+    )
     vitals = torchvitals.TransformersCallback(log_dir="", metrics_port=0, **watchdog)
     model = tiny_gpt2()
     record = Record(vitals, model, rank, args.fault_step)
-    ds = {"zero_optimization": {"stage": args.stage}, "train_micro_batch_size_per_gpu": "auto",
-          "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-          "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
-    trainer = Trainer(model=model, args=arguments(os.path.join(args.out, "hf"), args.steps,
-                                                  max_grad_norm=CLIP, logging_steps=1000,
-                                                  deepspeed=ds),
-                      train_dataset=Arithmetic(2000), callbacks=[vitals, record])
+    ds = {
+        "zero_optimization": {"stage": args.stage},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    trainer = Trainer(
+        model=model,
+        args=arguments(
+            os.path.join(args.out, "hf"),
+            args.steps,
+            max_grad_norm=CLIP,
+            logging_steps=1000,
+            deepspeed=ds,
+        ),
+        train_dataset=Arithmetic(2000),
+        callbacks=[vitals, record],
+    )
     record.trainer = trainer
     trainer.train()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"reports": record.reports, "engine_norms": record.engine_norms,
-                   "global_step": trainer.state.global_step, "clip": CLIP}, f)
+        json.dump(
+            {
+                "reports": record.reports,
+                "engine_norms": record.engine_norms,
+                "global_step": trainer.state.global_step,
+                "clip": CLIP,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

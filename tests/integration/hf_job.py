@@ -20,7 +20,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]           # real_steps, and tests/: the support package
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # real_steps, and tests/: the support package
 import torchvitals  # noqa: E402
 from real_steps import describe, nan_at, record_real_steps  # noqa: E402
 from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2  # noqa: E402
@@ -38,8 +38,9 @@ class SkipsNonFinite:
         self.skipped: list[int] = []
 
     def step(self, closure=None):
-        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"]
-                 if p.grad is not None]
+        grads = [
+            p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None
+        ]
         if all(bool(torch.isfinite(g).all()) for g in grads):
             return self.optimizer.step(closure)
         self.skipped.append(len(self.skipped))
@@ -89,23 +90,44 @@ def main() -> None:
     parser.add_argument("--framework-skip", action="store_true")
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
-    vitals = torchvitals.TransformersCallback(checkpoint_dir=os.path.join(args.out, "ckpt"),
-                                              checkpoint_every=10, log_dir="", metrics_port=0)
+    vitals = torchvitals.TransformersCallback(
+        checkpoint_dir=os.path.join(args.out, "ckpt"),
+        checkpoint_every=10,
+        log_dir="",
+        metrics_port=0,
+    )
     model = tiny_gpt2()
     record = Record(vitals, model, rank, args.fault_step)
     trainer_class = SkippingTrainer if args.framework_skip else Trainer
-    trainer = trainer_class(model=model, args=arguments(
-        os.path.join(args.out, "hf"), args.steps, max_grad_norm=CLIP,
-        logging_steps=1 if args.framework_skip else 1000),
-        train_dataset=Arithmetic(2000), callbacks=[vitals, record])
+    trainer = trainer_class(
+        model=model,
+        args=arguments(
+            os.path.join(args.out, "hf"),
+            args.steps,
+            max_grad_norm=CLIP,
+            logging_steps=1 if args.framework_skip else 1000,
+        ),
+        train_dataset=Arithmetic(2000),
+        callbacks=[vitals, record],
+    )
     trainer.train()
     logged = {e["step"]: e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump({"micro_losses": record.micro_losses, "real": record.real,
-                   "reports": record.reports, "global_step": trainer.state.global_step,
-                   "accumulate": 2, "clip": CLIP, "base_lr": record.base_lr,
-                   "lr_lambda": record.lambdas, "trainer_grad_norm": logged,
-                   "skipped_by_optimizer": len(getattr(trainer.optimizer, "skipped", []))}, f)
+        json.dump(
+            {
+                "micro_losses": record.micro_losses,
+                "real": record.real,
+                "reports": record.reports,
+                "global_step": trainer.state.global_step,
+                "accumulate": 2,
+                "clip": CLIP,
+                "base_lr": record.base_lr,
+                "lr_lambda": record.lambdas,
+                "trainer_grad_norm": logged,
+                "skipped_by_optimizer": len(getattr(trainer.optimizer, "skipped", [])),
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

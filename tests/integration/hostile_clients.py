@@ -49,27 +49,57 @@ def self_signed(directory: Path) -> tuple[str, str]:
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
     except ImportError:
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                        "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
-                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", str(key), "-out", str(cert)],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         return str(cert), str(key)
     private = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)])
     now = datetime.datetime.now(datetime.timezone.utc)
     certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(private.public_key()).serial_number(x509.random_serial_number())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(HOST))]),
-                       critical=False)
-        .sign(private, hashes.SHA256()))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(HOST))]),
+            critical=False,
+        )
+        .sign(private, hashes.SHA256())
+    )
     cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return str(cert), str(key)
 
 
@@ -104,7 +134,7 @@ def connect(port: int, rcvbuf: int | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.settimeout(TIMEOUT_S)
-        if rcvbuf:              # before connecting: the window is agreed at the handshake
+        if rcvbuf:  # before connecting: the window is agreed at the handshake
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.connect((HOST, port))
     except BaseException:
@@ -116,8 +146,9 @@ def connect(port: int, rcvbuf: int | None = None) -> socket.socket:
 class Attacker:
     """One thread's share of the mix: its own random stream, the sockets it holds open."""
 
-    def __init__(self, rng: random.Random, plain: int, tls: int, hold: int,
-                 hello: bytes, ctx: ssl.SSLContext) -> None:
+    def __init__(
+        self, rng: random.Random, plain: int, tls: int, hold: int, hello: bytes, ctx: ssl.SSLContext
+    ) -> None:
         self.rng, self.plain, self.tls, self.hold = rng, plain, tls, hold
         self.hello, self.ctx = hello, ctx
         self.held: list[socket.socket] = []
@@ -133,19 +164,19 @@ class Attacker:
 
     def half_request(self, port: int, tls: bool) -> None:
         sock = self._open(port, tls)
-        sock.sendall(REQUEST[:self.rng.randrange(1, len(REQUEST) - 3)])
+        sock.sendall(REQUEST[: self.rng.randrange(1, len(REQUEST) - 3)])
         self._keep(sock)
 
     def connect_reset(self, port: int, tls: bool) -> None:
         sock = connect(port)
         if self.rng.random() < 0.5:
-            sock.sendall((REQUEST if not tls else self.hello)[:self.rng.randrange(1, 40)])
+            sock.sendall((REQUEST if not tls else self.hello)[: self.rng.randrange(1, 40)])
         reset(sock)
 
     def slow_reader(self, port: int, tls: bool) -> None:
         sock = self._open(port, tls, rcvbuf=4096)
         sock.sendall(REQUEST)
-        self._keep(sock)                # never reads the answer
+        self._keep(sock)  # never reads the answer
 
     def garbage(self, port: int, tls: bool) -> None:
         sock = self._open(port, tls) if self.rng.random() < 0.3 else connect(port)
@@ -155,8 +186,11 @@ class Attacker:
     def oversized(self, port: int, tls: bool) -> None:
         with self._open(port, tls) as sock:
             if self.rng.random() < 0.5:
-                head = b"GET /metrics HTTP/1.0\r\nX-Pad: " + b"a" * self.rng.randrange(
-                    17000, 70000) + b"\r\n\r\n"
+                head = (
+                    b"GET /metrics HTTP/1.0\r\nX-Pad: "
+                    + b"a" * self.rng.randrange(17000, 70000)
+                    + b"\r\n\r\n"
+                )
             else:
                 # Over 100 headers, under or over the server's head limit.
                 many = self.rng.randrange(150, 3000)
@@ -176,10 +210,10 @@ class Attacker:
 
     def wrong_protocol(self, port: int, tls: bool) -> None:
         with connect(port) as sock:
-            if tls:                     # plain HTTP on the TLS port
+            if tls:  # plain HTTP on the TLS port
                 sock.sendall(REQUEST)
                 _read_all(sock)
-            else:                       # a TLS client on the plain port, soon impatient
+            else:  # a TLS client on the plain port, soon impatient
                 sock.settimeout(0.3)
                 try:
                     self.ctx.wrap_socket(sock).close()
@@ -188,14 +222,19 @@ class Attacker:
 
     def half_hello(self, port: int, tls: bool) -> None:
         sock = connect(port)
-        sock.sendall(self.hello[:self.rng.randrange(1, len(self.hello))])
+        sock.sendall(self.hello[: self.rng.randrange(1, len(self.hello))])
         self._keep(sock)
 
     KINDS: dict[str, tuple[float, Callable[..., None]]] = {
-        "good": (3.0, good), "half_request": (1.0, half_request),
-        "connect_reset": (1.5, connect_reset), "slow_reader": (1.0, slow_reader),
-        "garbage": (1.0, garbage), "oversized": (0.5, oversized), "idle": (1.5, idle),
-        "send_close": (1.0, send_close), "wrong_protocol": (1.0, wrong_protocol),
+        "good": (3.0, good),
+        "half_request": (1.0, half_request),
+        "connect_reset": (1.5, connect_reset),
+        "slow_reader": (1.0, slow_reader),
+        "garbage": (1.0, garbage),
+        "oversized": (0.5, oversized),
+        "idle": (1.5, idle),
+        "send_close": (1.0, send_close),
+        "wrong_protocol": (1.0, wrong_protocol),
         "half_hello": (0.7, half_hello),
     }
     """Name -> (weight, action)."""
@@ -212,7 +251,7 @@ class Attacker:
                 try:
                     self.KINDS[name][1](self, self.tls if tls else self.plain, tls)
                     self.outcomes[name] += 1
-                except OSError:         # ssl.SSLError and timeouts too: the server said no
+                except OSError:  # ssl.SSLError and timeouts too: the server said no
                     self.outcomes[name + " refused"] += 1
                 time.sleep(self.rng.uniform(0.0, 0.02))
         finally:
@@ -265,15 +304,17 @@ def main() -> int:
     parser.add_argument("--hold", type=int, default=16, help="sockets held open per thread")
     args = parser.parse_args()
     hello, ctx = client_hello(), trusting()
-    attackers = [Attacker(random.Random(f"{args.seed}/{i}"), args.plain, args.tls, args.hold,
-                          hello, ctx) for i in range(args.threads)]
+    attackers = [
+        Attacker(random.Random(f"{args.seed}/{i}"), args.plain, args.tls, args.hold, hello, ctx)
+        for i in range(args.threads)
+    ]
     deadline = time.monotonic() + args.seconds
     crashed: list[str] = []
 
     def run(attacker: Attacker) -> None:
         try:
             attacker.run(deadline, args.actions)
-        except BaseException as exc:    # not a network error: the attacker is broken
+        except BaseException as exc:  # not a network error: the attacker is broken
             crashed.append(repr(exc))
 
     threads = [threading.Thread(target=run, args=(a,)) for a in attackers]
@@ -282,8 +323,15 @@ def main() -> int:
     for t in threads:
         t.join(args.seconds + 30)
     total: Counter[str] = sum((a.outcomes for a in attackers), Counter())
-    print(json.dumps({"outcomes": dict(sorted(total.items())), "crashed": crashed,
-                      "hung": sum(t.is_alive() for t in threads)}))
+    print(
+        json.dumps(
+            {
+                "outcomes": dict(sorted(total.items())),
+                "crashed": crashed,
+                "hung": sum(t.is_alive() for t in threads),
+            }
+        )
+    )
     return 1 if crashed or any(t.is_alive() for t in threads) else 0
 
 

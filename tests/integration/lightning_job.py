@@ -18,7 +18,7 @@ import sys
 import lightning.pytorch as pl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]           # real_steps, and tests/: the support package
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # real_steps, and tests/: the support package
 import torchvitals  # noqa: E402
 from real_steps import describe, record_real_steps  # noqa: E402
 from support.lightning_gpt import GPTModule, loader  # noqa: E402
@@ -53,7 +53,7 @@ class Record(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         report = self.vitals.agent.last_report if self.vitals.agent else None
-        if report is not None and report is not self.last:   # an optimizer step happened
+        if report is not None and report is not self.last:  # an optimizer step happened
             self.last = report
             self.reports.append(describe(report))
 
@@ -65,22 +65,45 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     args = parser.parse_args()
     pl.seed_everything(0)
-    vitals = torchvitals.LightningCallback(checkpoint_dir=os.path.join(args.out, "ckpt"),
-                                           checkpoint_every=10, log_dir="", metrics_port=0)
+    vitals = torchvitals.LightningCallback(
+        checkpoint_dir=os.path.join(args.out, "ckpt"),
+        checkpoint_every=10,
+        log_dir="",
+        metrics_port=0,
+    )
     record = Record(vitals)
     module = Faulty(args.fault_step, args.steps)
-    trainer = pl.Trainer(accelerator="cpu", devices=int(os.environ["WORLD_SIZE"]), strategy="ddp",
-                         max_steps=args.steps, gradient_clip_val=CLIP, accumulate_grad_batches=2,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[vitals, record])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=int(os.environ["WORLD_SIZE"]),
+        strategy="ddp",
+        max_steps=args.steps,
+        gradient_clip_val=CLIP,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[vitals, record],
+    )
     trainer.fit(module, loader(2000))
     with open(os.path.join(args.out, f"rank{trainer.global_rank}.json"), "w") as f:
-        json.dump({"micro_losses": module.micro_losses, "real": record.real,
-                   "reports": record.reports, "global_step": trainer.global_step,
-                   "accumulate": 2, "clip": CLIP,
-                   "base_lr": module.lr, "lr_lambda": [module.configure_optimizers()[
-                       "lr_scheduler"]["scheduler"].lr_lambdas[0](s) for s in range(args.steps + 1)]},
-                  f)
+        json.dump(
+            {
+                "micro_losses": module.micro_losses,
+                "real": record.real,
+                "reports": record.reports,
+                "global_step": trainer.global_step,
+                "accumulate": 2,
+                "clip": CLIP,
+                "base_lr": module.lr,
+                "lr_lambda": [
+                    module.configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0](s)
+                    for s in range(args.steps + 1)
+                ],
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = (z.view(b, t, HEADS, d // HEADS).transpose(1, 2)
-                   for z in self.qkv(x).split(d, dim=2))
+        q, k, v = (
+            z.view(b, t, HEADS, d // HEADS).transpose(1, 2) for z in self.qkv(x).split(d, dim=2)
+        )
         scores = q @ k.transpose(-1, -2) / math.sqrt(d // HEADS)
         scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
         torchvitals.record_attention(self, logits=scores)
@@ -100,12 +101,19 @@ def main() -> None:
     model = nn.parallel.DistributedDataParallel(Model())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    agent = torchvitals.watch(model, opt, checkpoint_dir=args.ckpt, checkpoint_every=10,
-                              healthy_window=3, collector_url=args.collector_url,
-                              collector_job=args.job, collector_poll_seconds=0.2)
+    agent = torchvitals.watch(
+        model,
+        opt,
+        checkpoint_dir=args.ckpt,
+        checkpoint_every=10,
+        healthy_window=3,
+        collector_url=args.collector_url,
+        collector_job=args.job,
+        collector_poll_seconds=0.2,
+    )
     reports = []
     stop = Path(args.stop)
-    data = iter(agent.batches(batches(rank)))     # timed: the data-wait panels have a signal
+    data = iter(agent.batches(batches(rank)))  # timed: the data-wait panels have a signal
     for tick in range(1, args.max_steps + 1):
         x, y = next(data)
         loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
@@ -114,8 +122,14 @@ def main() -> None:
         scaler.scale(loss).backward()
         report = agent.step(loss, samples=x.shape[0], tokens=x.numel(), scaler=scaler)
         opt.zero_grad(set_to_none=True)
-        reports.append({"tick": tick, "step": report.step, "action": report.action,
-                        "verdicts": [v.pattern for v in report.verdicts]})
+        reports.append(
+            {
+                "tick": tick,
+                "step": report.step,
+                "action": report.action,
+                "verdicts": [v.pattern for v in report.verdicts],
+            }
+        )
         # Every rank reads the stop file at the same tick, so no rank leaves a collective alone.
         flag = torch.tensor([float(stop.exists())])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -34,8 +34,11 @@ def require(*names: str) -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.fail(f"{' or '.join(names)} not found: install Debian's prometheus and "
-                f"prometheus-alertmanager packages (.ci/run does)", pytrace=False)
+    pytest.fail(
+        f"{' or '.join(names)} not found: install Debian's prometheus and "
+        f"prometheus-alertmanager packages (.ci/run does)",
+        pytrace=False,
+    )
 
 
 def get_json(url: str, timeout: float = 5.0) -> Any:
@@ -46,14 +49,16 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
 class Server:
     """A server process with its log in ``workdir``; ``stop`` ends it."""
 
-    def __init__(self, argv: list[str], workdir: Path, name: str, port: int,
-                 ready_path: str) -> None:
+    def __init__(
+        self, argv: list[str], workdir: Path, name: str, port: int, ready_path: str
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.name = name
         self.log = workdir / f"{name}.log"
         self._log_file = open(self.log, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     cwd=workdir)
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=workdir
+        )
         deadline = time.monotonic() + 30
         while True:
             if self.proc.poll() is not None:
@@ -89,41 +94,71 @@ class Prometheus(Server):
     files) every second, evaluating ``rule_files`` every second and sending alerts to
     ``alertmanager`` (a URL) when given."""
 
-    def __init__(self, workdir: Path, jobs: dict[str, list[str]], rule_files: list[Path],
-                 alertmanager: str | None = None, file_sd: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        jobs: dict[str, list[str]],
+        rule_files: list[Path],
+        alertmanager: str | None = None,
+        file_sd: dict[str, str] | None = None,
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
-                       "scrape_timeout": "900ms"},
+            "global": {
+                "scrape_interval": "1s",
+                "evaluation_interval": "1s",
+                "scrape_timeout": "900ms",
+            },
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
-                               for job, targets in jobs.items()]
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": targets}]}
+                for job, targets in jobs.items()
+            ]
             # job -> a glob of file_sd target files (the agents' metrics_file_sd_dir)
-            + [{"job_name": job, "file_sd_configs": [{"files": [glob],
-                                                      "refresh_interval": "1s"}]}
-               for job, glob in (file_sd or {}).items()],
+            + [
+                {"job_name": job, "file_sd_configs": [{"files": [glob], "refresh_interval": "1s"}]}
+                for job, glob in (file_sd or {}).items()
+            ],
         }
         if alertmanager:
-            config["alerting"] = {"alertmanagers": [{"static_configs": [
-                {"targets": [urllib.parse.urlparse(alertmanager).netloc]}]}]}
+            config["alerting"] = {
+                "alertmanagers": [
+                    {"static_configs": [{"targets": [urllib.parse.urlparse(alertmanager).netloc]}]}
+                ]
+            }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         port = free_port()
-        super().__init__([require("prometheus"), "--config.file=prometheus.yml",
-                          "--storage.tsdb.path=data", f"--web.listen-address=127.0.0.1:{port}",
-                          "--log.level=warn"], workdir, "prometheus", port, "/-/ready")
+        super().__init__(
+            [
+                require("prometheus"),
+                "--config.file=prometheus.yml",
+                "--storage.tsdb.path=data",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            workdir,
+            "prometheus",
+            port,
+            "/-/ready",
+        )
 
     def query(self, expr: str, **params: Any) -> list[dict]:
         """An instant query's result vector."""
-        body = get_json(f"{self.url}/api/v1/query?"
-                        + urllib.parse.urlencode({"query": expr, **params}))
+        body = get_json(
+            f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr, **params})
+        )
         assert body["status"] == "success", body
         return body["data"]["result"]
 
     def query_range(self, expr: str, seconds: float, step: str = "1s") -> list[dict]:
         """A range query over the last ``seconds``; raises on a PromQL error."""
         end = time.time()
-        body = get_json(f"{self.url}/api/v1/query_range?" + urllib.parse.urlencode(
-            {"query": expr, "start": end - seconds, "end": end, "step": step}))
+        body = get_json(
+            f"{self.url}/api/v1/query_range?"
+            + urllib.parse.urlencode(
+                {"query": expr, "start": end - seconds, "end": end, "step": step}
+            )
+        )
         assert body["status"] == "success", body
         return body["data"]["result"]
 
@@ -138,7 +173,17 @@ class Alertmanager(Server):
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config))
         port = free_port()
-        super().__init__([require("prometheus-alertmanager", "alertmanager"),
-                          "--config.file=alertmanager.yml", "--storage.path=data",
-                          f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                          "--log.level=warn"], workdir, "alertmanager", port, "/-/ready")
+        super().__init__(
+            [
+                require("prometheus-alertmanager", "alertmanager"),
+                "--config.file=alertmanager.yml",
+                "--storage.path=data",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+            workdir,
+            "alertmanager",
+            port,
+            "/-/ready",
+        )

@@ -24,7 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))          # tests/: the support package
+sys.path.insert(0, str(HERE.parent))  # tests/: the support package
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -35,8 +35,14 @@ FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 def rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
     import torchvitals
     from support.models import TINY, TinyGPT, random_batches
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     torch.manual_seed(0)
@@ -46,23 +52,35 @@ def rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
     # Synchronous saves: the kill at step 12 must find step 10 committed. A background save
     # commits a step or more after it was staged, which tests/distributed/test_async_checkpoint.py
     # covers; here the subject is the supervisor.
-    agent = torchvitals.watch(model, opt, checkpoint_dir=args.ckpt, checkpoint_every=5,
-                              healthy_window=2, snapshot_max_bytes=0)
+    agent = torchvitals.watch(
+        model,
+        opt,
+        checkpoint_dir=args.ckpt,
+        checkpoint_every=5,
+        healthy_window=2,
+        snapshot_max_bytes=0,
+    )
     resumed = agent.resumed_from
-    data = list(random_batches(200, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"],
-                               seed=rank))
+    data = list(
+        random_batches(200, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank)
+    )
     marker = Path(args.ckpt) / f"fault-{args.fault}-done"
     for x, y in agent.batches(data):
         logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 y.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+        )
         if rank == 1 and args.fault == "nan" and agent.step_count + 1 >= args.fault_step:
-            loss = loss * float("nan")          # every time: rollbacks cannot cure it
+            loss = loss * float("nan")  # every time: rollbacks cannot cure it
         loss.backward()
         report = agent.step(loss)
         opt.zero_grad(set_to_none=True)
-        if rank == 1 and args.fault in FAULTS and report.step == args.fault_step \
-                and not marker.exists():
+        if (
+            rank == 1
+            and args.fault in FAULTS
+            and report.step == args.fault_step
+            and not marker.exists()
+        ):
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), FAULTS[args.fault])
         time.sleep(args.sleep)

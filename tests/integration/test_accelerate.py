@@ -24,24 +24,48 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def _torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+def _torchrun(
+    script: Path, out: Path, *args: str, timeout: int = 400
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHVITALS_", "ACCELERATE_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=env.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", str(script), *args],
-                          cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            *args,
+        ],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_accelerate_prepared_objects_are_watched_exactly_and_roll_back_together(tmp_path):
     fault = 12
-    done = _torchrun(HERE / "accelerate_job.py", tmp_path, str(tmp_path), "--fault-step",
-                     str(fault), "--steps", "30")
+    done = _torchrun(
+        HERE / "accelerate_job.py",
+        tmp_path,
+        str(tmp_path),
+        "--fault-step",
+        str(fault),
+        "--steps",
+        "30",
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     reports = ranks[0]["reports"]
-    assert [(r["step"], r["action"]) for r in reports] == \
-        [(r["step"], r["action"]) for r in ranks[1]["reports"]], "the ranks decided differently"
-    assert len(reports) == ranks[0]["syncs"] == 30          # one step per synchronised step
+    assert [(r["step"], r["action"]) for r in reports] == [
+        (r["step"], r["action"]) for r in ranks[1]["reports"]
+    ], "the ranks decided differently"
+    assert len(reports) == ranks[0]["syncs"] == 30  # one step per synchronised step
     # The total norm is accelerate's clip_grad_norm_'s own (the pre-clip one), on both ranks.
     for rank in ranks:
         for report, norm in zip(rank["reports"], rank["clip_norms"]):
@@ -51,7 +75,7 @@ def test_accelerate_prepared_objects_are_watched_exactly_and_roll_back_together(
     # The loss: the mean over both ranks and both micro-batches.
     k = ranks[0]["accumulate"]
     for i, report in enumerate(reports[:fault]):
-        mean = sum(sum(rank["micro_losses"][k * i:k * i + k]) / k for rank in ranks) / 2
+        mean = sum(sum(rank["micro_losses"][k * i : k * i + k]) / k for rank in ranks) / 2
         assert report["loss"] == pytest.approx(mean, rel=1e-6), i
     # One rollback, at the faulty step, on both ranks, to the last checkpoint, LR halved.
     rollbacks = [r for r in reports if r["action"] == "rollback"]
@@ -65,7 +89,7 @@ def test_accelerate_prepared_objects_are_watched_exactly_and_roll_back_together(
             scale = 0.5 if i > fault else 1.0
             assert real["lr"] == pytest.approx(scale * rank["sched_lr"][i], rel=1e-9), i
             assert real["lr"] == pytest.approx(report["lr"][0], rel=1e-9), i
-            assert real["grad_norm"] <= 0.5 * (1 + 1e-4)                # accelerate clipped
+            assert real["grad_norm"] <= 0.5 * (1 + 1e-4)  # accelerate clipped
         assert rank["lr_scale"] == 0.5
     assert all(math.isfinite(r["loss"]) for r in reports if r["action"] == "step")
     assert ranks[0]["params"] == ranks[1]["params"], "the replicas diverged"
@@ -91,7 +115,7 @@ def test_a_wrapper_is_unwrapped_and_anything_else_is_refused_by_name():
         assert agent.optimizer is opt
         model(torch.randn(3, 4)).sum().backward()
         before = model.weight.detach().clone()
-        opt.step()                               # the inner optimizer is the guarded one
+        opt.step()  # the inner optimizer is the guarded one
         assert agent.step_count == 1 and not torch.equal(before, model.weight)
     with pytest.raises(TorchvitalsError, match=r"needs a torch.optim.Optimizer.*_Holder"):
         torchvitals.watch(model, _Holder(object()), log_dir="", metrics_port=0)

@@ -20,9 +20,28 @@ VARIANTS = ("bare", "default", "guarded", "naive")
 def test_overhead_benchmark_prints_a_ratio_row_per_variant(tmp_path):
     out = tmp_path / "overhead.json"
     proc = subprocess.run(
-        [sys.executable, SCRIPT, "--small", "--rounds", "1", "--steps", "2", "--warmup", "1",
-         "--modes", "single", "--variants", ",".join(VARIANTS), "--json", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            SCRIPT,
+            "--small",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--modes",
+            "single",
+            "--variants",
+            ",".join(VARIANTS),
+            "--json",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for variant in VARIANTS:
         row = rf"^single\s+{variant}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+-\d+\.\d+"
@@ -33,11 +52,26 @@ def test_overhead_benchmark_prints_a_ratio_row_per_variant(tmp_path):
 
 def test_payload_benchmark_shows_a_payload_that_does_not_grow_with_the_world():
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "payload.py"), "--worlds", "2,512",
-         "--steps", "10", "--rounds", "1", "--onehot-max", "512", "--onehot-steps", "10"],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "payload.py"),
+            "--worlds",
+            "2,512",
+            "--steps",
+            "10",
+            "--rounds",
+            "1",
+            "--onehot-max",
+            "512",
+            "--onehot-steps",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()[1:]]
     (w2, new2, _, old2, _), (w512, new512, _, old512, _) = rows
     assert new2 == new512, "the SUM payload grew with the world"
-    assert int(old512) - int(old2) == 2 * (512 - 2)     # the old one-hot vectors: 2 per rank
+    assert int(old512) - int(old2) == 2 * (512 - 2)  # the old one-hot vectors: 2 per rank

@@ -57,8 +57,9 @@ def answers(url: str) -> str:
 def test_default_port_and_dcgm_port_held_by_another_process(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.delenv("TORCHVITALS_METRICS_PORT", raising=False)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(DEFAULT_PORT), "9400"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(DEFAULT_PORT), "9400"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         assert not port_is_free(DEFAULT_PORT) and not port_is_free(9400)
@@ -66,10 +67,11 @@ def test_default_port_and_dcgm_port_held_by_another_process(monkeypatch, caplog,
         model = TinyGPT(**TINY)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         with caplog.at_level(logging.WARNING):
-            agent = torchvitals.watch(model, opt, log_dir=str(tmp_path))   # the default port
+            agent = torchvitals.watch(model, opt, log_dir=str(tmp_path))  # the default port
             try:
-                for x, y in random_batches(6, batch=4, seq_len=TINY["seq_len"],
-                                           vocab=TINY["vocab"], seed=0):
+                for x, y in random_batches(
+                    6, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=0
+                ):
                     loss = model.loss(x, y)
                     loss.backward()
                     report = agent.step(loss)
@@ -83,8 +85,11 @@ def test_default_port_and_dcgm_port_held_by_another_process(monkeypatch, caplog,
     finally:
         holder.kill()
         holder.wait(timeout=10)
-    named = [r for r in caplog.records
-             if r.levelno >= logging.WARNING and f"port {DEFAULT_PORT} " in r.getMessage()]
+    named = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and f"port {DEFAULT_PORT} " in r.getMessage()
+    ]
     assert len(named) == 1, [r.getMessage() for r in caplog.records]
     assert url in named[0].getMessage()
 
@@ -93,29 +98,39 @@ def _srun_rank(procid: int, world: int, master_port: int, metrics_base: int, out
     """A rank as ``srun`` starts it: SLURM_* variables, no torchrun ones."""
     for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE"):
         os.environ.pop(name, None)
-    os.environ.update(SLURM_PROCID=str(procid), SLURM_LOCALID=str(procid),
-                      SLURM_NTASKS=str(world), SLURM_NTASKS_PER_NODE=str(world))
+    os.environ.update(
+        SLURM_PROCID=str(procid),
+        SLURM_LOCALID=str(procid),
+        SLURM_NTASKS=str(world),
+        SLURM_NTASKS_PER_NODE=str(world),
+    )
     import torch.distributed as dist
+
     torch.set_num_threads(1)
     # What an srun batch script does: the global rank from SLURM_PROCID.
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{master_port}",
-                            rank=int(os.environ["SLURM_PROCID"]),
-                            world_size=int(os.environ["SLURM_NTASKS"]))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{master_port}",
+        rank=int(os.environ["SLURM_PROCID"]),
+        world_size=int(os.environ["SLURM_NTASKS"]),
+    )
     try:
         torch.manual_seed(0)
         model = TinyGPT(**TINY)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         # Strict: had SLURM_LOCALID been ignored, the second rank's bind would raise here.
-        agent = torchvitals.watch(model, opt, metrics_port=metrics_base,
-                                  metrics_port_strict=True, log_dir="")
-        for x, y in random_batches(3, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"],
-                                   seed=procid):
+        agent = torchvitals.watch(
+            model, opt, metrics_port=metrics_base, metrics_port_strict=True, log_dir=""
+        )
+        for x, y in random_batches(
+            3, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=procid
+        ):
             loss = model.loss(x, y)
             loss.backward()
             agent.step(loss)
             opt.zero_grad(set_to_none=True)
         body = answers(agent.metrics_url)
-        dist.barrier()          # both ranks scraped themselves before either closes
+        dist.barrier()  # both ranks scraped themselves before either closes
         with open(out, "w") as f:
             json.dump({"url": agent.metrics_url, "served": f'rank="{procid}"' in body}, f)
         agent.close()
@@ -128,8 +143,7 @@ def test_two_srun_ranks_on_one_host_serve_on_distinct_ports(tmp_path):
     base, master = free_ports(2), free_port()
     ctx = mp.get_context("spawn")
     outs = [str(tmp_path / f"rank{r}.json") for r in range(2)]
-    procs = [ctx.Process(target=_srun_rank, args=(r, 2, master, base, outs[r]))
-             for r in range(2)]
+    procs = [ctx.Process(target=_srun_rank, args=(r, 2, master, base, outs[r])) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -153,14 +167,16 @@ def test_prometheus_finds_the_fallback_port_through_file_sd(tmp_path, monkeypatc
         taken_port = busy.getsockname()[1]
         model = TinyGPT(**TINY)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        agent = torchvitals.watch(model, opt, metrics_port=taken_port, log_dir="",
-                                  metrics_file_sd_dir=str(targets))
+        agent = torchvitals.watch(
+            model, opt, metrics_port=taken_port, log_dir="", metrics_file_sd_dir=str(targets)
+        )
     prom = None
     try:
         served = agent.metrics_url.split("://")[1].removesuffix("/metrics")
         assert served != f"127.0.0.1:{taken_port}"
-        for x, y in random_batches(4, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"],
-                                   seed=0):
+        for x, y in random_batches(
+            4, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=0
+        ):
             loss = model.loss(x, y)
             loss.backward()
             agent.step(loss)
@@ -178,4 +194,4 @@ def test_prometheus_finds_the_fallback_port_through_file_sd(tmp_path, monkeypatc
         if prom is not None:
             prom.stop()
         agent.close()
-    assert not list(targets.glob("*.json"))         # the target goes when the rank does
+    assert not list(targets.glob("*.json"))  # the target goes when the rank does

@@ -11,8 +11,17 @@ import json
 import statistics
 import time
 
-from test_collector_webhook import (JOB_TOKENS, ROLLBACK, alert, job_auth, metrics,
-                                    notification, pending, request, running)
+from test_collector_webhook import (
+    JOB_TOKENS,
+    ROLLBACK,
+    alert,
+    job_auth,
+    metrics,
+    notification,
+    pending,
+    request,
+    running,
+)
 
 BIG_BODY = 8 * 2**20
 
@@ -33,8 +42,9 @@ def gauge(server, state):
 
 
 def orders(jobs, tag=""):
-    return [alert(job=job, torchvitals_action="rollback", fingerprint=f"fp-{tag}{job}")
-            for job in jobs]
+    return [
+        alert(job=job, torchvitals_action="rollback", fingerprint=f"fp-{tag}{job}") for job in jobs
+    ]
 
 
 def test_ten_thousand_jobs_stay_within_max_jobs_and_nothing_stored_is_lost(tmp_path):
@@ -47,8 +57,9 @@ def test_ten_thousand_jobs_stay_within_max_jobs_and_nothing_stored_is_lost(tmp_p
         assert health(server) == {"pending": 0, "acknowledged": 0}
         accepted = refused = 0
         for start in range(0, len(jobs), 500):
-            status, body = request(server, "POST", "/alerts",
-                                   notification(*orders(jobs[start:start + 500])))
+            status, body = request(
+                server, "POST", "/alerts", notification(*orders(jobs[start : start + 500]))
+            )
             if status == 200:
                 accepted += len(body["issued"])
             else:
@@ -58,27 +69,48 @@ def test_ten_thousand_jobs_stay_within_max_jobs_and_nothing_stored_is_lost(tmp_p
         assert health(server) == {"pending": 1000, "acknowledged": 0}
         assert metrics(server)[("torchvitals_collector_jobs", ())] == 1000
         # A job already stored still takes new orders; the store holds no more than its cap.
-        status, body = request(server, "POST", "/alerts",
-                               notification(*orders(["job-00001"], tag="again-")))
+        status, body = request(
+            server, "POST", "/alerts", notification(*orders(["job-00001"], tag="again-"))
+        )
         assert status == 200 and body["outcomes"] == {"issued": 1}
-        assert metrics(server)[("torchvitals_collector_webhooks_rejected_total",
-                                (("reason", "too_many_jobs"),))] == 19
+        assert (
+            metrics(server)[
+                ("torchvitals_collector_webhooks_rejected_total", (("reason", "too_many_jobs"),))
+            ]
+            == 19
+        )
     assert sum(p.stat().st_size for p in (tmp_path / "state").iterdir()) < 8 * 2**20
 
 
 def test_directives_per_job_are_capped_and_closed_ones_make_room(tmp_path):
     with running(tmp_path / "state", max_directives_per_job=3) as server:
-        ids = [request(server, "POST", "/alerts", notification(
-            alert(job="train-a", torchvitals_action="rollback", fingerprint=f"fp{i}")))[1]
-            ["issued"][0] for i in range(3)]
-        status, body = request(server, "POST", "/alerts", notification(
-            alert(job="train-a", torchvitals_action="rollback", fingerprint="fp3")))
+        ids = [
+            request(
+                server,
+                "POST",
+                "/alerts",
+                notification(
+                    alert(job="train-a", torchvitals_action="rollback", fingerprint=f"fp{i}")
+                ),
+            )[1]["issued"][0]
+            for i in range(3)
+        ]
+        status, body = request(
+            server,
+            "POST",
+            "/alerts",
+            notification(alert(job="train-a", torchvitals_action="rollback", fingerprint="fp3")),
+        )
         assert status == 507 and body["error"] == "too_many_directives"
         assert "max_directives_per_job" in body["message"]
         assert poll(server) == ids
         assert request(server, "POST", f"/directives/{ids[0]}/ack", headers=job_auth())[0] == 200
-        status, body = request(server, "POST", "/alerts", notification(
-            alert(job="train-a", torchvitals_action="rollback", fingerprint="fp3")))
+        status, body = request(
+            server,
+            "POST",
+            "/alerts",
+            notification(alert(job="train-a", torchvitals_action="rollback", fingerprint="fp3")),
+        )
         assert status == 200 and body["outcomes"] == {"issued": 1}
         assert len(poll(server)) == 3
 
@@ -86,20 +118,34 @@ def test_directives_per_job_are_capped_and_closed_ones_make_room(tmp_path):
 def test_one_megabyte_labels_are_refused_naming_the_label(tmp_path):
     with running(tmp_path / "state", max_body_bytes=BIG_BODY) as server:
         huge = "x" * 2**20
-        for labels, words in [({"description": huge}, "alerts[0]: label 'description'"),
-                              ({"job": huge}, "alerts[0]: label 'job'"),
-                              ({huge: "v"}, "alerts[0]: a label name"),
-                              ({f"l{i}": "v" for i in range(65)}, "labels, over the limit of 64")]:
-            status, body = request(server, "POST", "/alerts",
-                                   notification({**ROLLBACK, "labels": {**ROLLBACK["labels"],
-                                                                        **labels}}))
+        for labels, words in [
+            ({"description": huge}, "alerts[0]: label 'description'"),
+            ({"job": huge}, "alerts[0]: label 'job'"),
+            ({huge: "v"}, "alerts[0]: a label name"),
+            ({f"l{i}": "v" for i in range(65)}, "labels, over the limit of 64"),
+        ]:
+            status, body = request(
+                server,
+                "POST",
+                "/alerts",
+                notification({**ROLLBACK, "labels": {**ROLLBACK["labels"], **labels}}),
+            )
             assert status == 400 and body["error"] == "label_too_large", body
             assert words in body["message"], body["message"]
             assert len(body["message"]) < 300, "the answer does not echo the label"
-        eight = notification(*[{**alert(job="train-a", torchvitals_action="rollback",
-                                        fingerprint=f"fp{i}"), "labels": {
-            "job": "train-a", "torchvitals_action": "rollback", "big": "y" * 10**6}}
-            for i in range(8)])
+        eight = notification(
+            *[
+                {
+                    **alert(job="train-a", torchvitals_action="rollback", fingerprint=f"fp{i}"),
+                    "labels": {
+                        "job": "train-a",
+                        "torchvitals_action": "rollback",
+                        "big": "y" * 10**6,
+                    },
+                }
+                for i in range(8)
+            ]
+        )
         status, body = request(server, "POST", "/alerts", eight)
         assert status == 400 and "max_label_bytes" in body["message"]
         assert health(server) == {"pending": 0, "acknowledged": 0}
@@ -109,8 +155,9 @@ def test_one_megabyte_labels_are_refused_naming_the_label(tmp_path):
 def _median_post_seconds(server, job_of, tag, n=25):
     times = []
     for i in range(n):
-        body = notification(alert(job=job_of(i), torchvitals_action="rollback",
-                                  fingerprint=f"{tag}-{i}"))
+        body = notification(
+            alert(job=job_of(i), torchvitals_action="rollback", fingerprint=f"{tag}-{i}")
+        )
         start = time.perf_counter()
         status, answer = request(server, "POST", "/alerts", body)
         times.append(time.perf_counter() - start)
@@ -123,8 +170,12 @@ def test_post_time_stays_flat_as_the_state_grows(tmp_path):
         request(server, "POST", "/alerts", notification(*orders([f"few-{i}" for i in range(10)])))
         small = _median_post_seconds(server, lambda i: f"few-{i % 10}", "small")
         for start in range(0, 10_000, 2500):
-            status, _ = request(server, "POST", "/alerts", notification(
-                *orders([f"many-{i}" for i in range(start, start + 2500)])))
+            status, _ = request(
+                server,
+                "POST",
+                "/alerts",
+                notification(*orders([f"many-{i}" for i in range(start, start + 2500)])),
+            )
             assert status == 200
         assert metrics(server)[("torchvitals_collector_jobs", ())] == 10_010
         large = _median_post_seconds(server, lambda i: f"many-{i * 397 % 10_000}", "large")
@@ -150,19 +201,20 @@ def test_acknowledged_directives_are_pruned_after_retention_or_resolution(tmp_pa
         clock.now += 599
         # Within retention a repeat of the still-firing alert orders nothing.
         assert request(server, "POST", "/alerts", notification(ROLLBACK))[1]["outcomes"] == {
-            "duplicate": 1}
+            "duplicate": 1
+        }
         assert health(server)["acknowledged"] == 1
         clock.now += 2
         request(server, "POST", "/alerts", notification(alert(severity="info")))  # any write
         assert health(server) == {"pending": 0, "acknowledged": 0}
-        assert request(server, "POST", f"/directives/{first}/ack",
-                       headers=job_auth())[0] == 404
+        assert request(server, "POST", f"/directives/{first}/ack", headers=job_auth())[0] == 404
     with running(tmp_path / "other") as server:
         [second] = request(server, "POST", "/alerts", notification(ROLLBACK))[1]["issued"]
         request(server, "POST", f"/directives/{second}/ack", headers=job_auth())
         resolved = {**ROLLBACK, "status": "resolved", "endsAt": "2026-11-29T10:05:00Z"}
-        assert request(server, "POST", "/alerts", notification(resolved, status="resolved")
-                       )[1]["outcomes"] == {"resolved": 1}
+        assert request(server, "POST", "/alerts", notification(resolved, status="resolved"))[1][
+            "outcomes"
+        ] == {"resolved": 1}
         assert health(server) == {"pending": 0, "acknowledged": 0}
 
 
@@ -177,7 +229,8 @@ def test_a_pending_directive_expires_and_its_repeat_orders_nothing(tmp_path):
         assert health(server) == {"pending": 0, "acknowledged": 0}
         assert gauge(server, "expired") == 1
         assert request(server, "POST", "/alerts", notification(ROLLBACK))[1]["outcomes"] == {
-            "duplicate": 1}
+            "duplicate": 1
+        }
         assert poll(server, run="run-1") == []
         assert gauge(server, "expired") == 1
 
@@ -194,8 +247,9 @@ def test_a_new_run_of_the_same_job_name_does_not_inherit_an_old_order(tmp_path):
         # Bound to the run last seen polling, run-2: delivered to it only.
         assert poll(server, run="run-2") == [new]
         assert poll(server, run="run-1") == [old]
-        [d] = request(server, "GET", "/directives?job=train-a&run=run-2",
-                      headers=job_auth())[1]["directives"]
+        [d] = request(server, "GET", "/directives?job=train-a&run=run-2", headers=job_auth())[1][
+            "directives"
+        ]
         assert d["run"] == "run-2"
 
 
@@ -219,13 +273,31 @@ def test_runs_and_directives_survive_a_restart(tmp_path):
 def test_the_state_of_an_earlier_version_is_imported_once(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
-    legacy = {"format": 1, "directives": [
-        {"id": "00000000000000aa", "job": "train-a", "action": "rollback", "fingerprint": "f1",
-         "starts_at": "2026-11-29T10:00:00Z", "labels": {"job": "train-a"},
-         "issued_at": time.time(), "acknowledged_at": None},
-        {"id": "00000000000000bb", "job": "train-a", "action": "abort", "fingerprint": "f2",
-         "starts_at": "2026-11-29T10:00:00Z", "labels": {}, "issued_at": time.time(),
-         "acknowledged_at": time.time()}]}
+    legacy = {
+        "format": 1,
+        "directives": [
+            {
+                "id": "00000000000000aa",
+                "job": "train-a",
+                "action": "rollback",
+                "fingerprint": "f1",
+                "starts_at": "2026-11-29T10:00:00Z",
+                "labels": {"job": "train-a"},
+                "issued_at": time.time(),
+                "acknowledged_at": None,
+            },
+            {
+                "id": "00000000000000bb",
+                "job": "train-a",
+                "action": "abort",
+                "fingerprint": "f2",
+                "starts_at": "2026-11-29T10:00:00Z",
+                "labels": {},
+                "issued_at": time.time(),
+                "acknowledged_at": time.time(),
+            },
+        ],
+    }
     (state / "directives.json").write_text(json.dumps(legacy))
     with running(state) as server:
         assert [d["id"] for d in pending(server)] == ["00000000000000aa"]
@@ -238,7 +310,8 @@ def test_a_malformed_poll_is_400_with_the_reason(tmp_path):
     with running(tmp_path / "state") as server:
         status, body = request(server, "GET", "/directives", headers=job_auth())
         assert status == 400 and body["error"] == "missing_field" and "job" in body["message"]
-        status, body = request(server, "GET", "/directives?job=train-a&run=" + "r" * 300,
-                               headers=job_auth())
+        status, body = request(
+            server, "GET", "/directives?job=train-a&run=" + "r" * 300, headers=job_auth()
+        )
         assert status == 400 and body["error"] == "invalid_field" and "run" in body["message"]
         assert JOB_TOKENS["train-a"] not in json.dumps(body)

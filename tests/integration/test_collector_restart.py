@@ -22,8 +22,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
-from test_collector_webhook import (JOB_TOKENS, ROLLBACK, TOKEN, alert, job_auth, notification,
-                                    request)
+from test_collector_webhook import (
+    JOB_TOKENS,
+    ROLLBACK,
+    TOKEN,
+    alert,
+    job_auth,
+    notification,
+    request,
+)
 
 LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 
@@ -32,11 +39,27 @@ LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 def collector_process(state_dir: Path, timeout_s: float = 30.0):
     """``python -m torchvitals.collector --port 0`` on ``state_dir``; yields an object with
     ``.port`` (read from its log) and ``.proc``; killed (SIGKILL) on exit if still running."""
-    env = {**os.environ, "TORCHVITALS_WEBHOOK_TOKEN": TOKEN,
-           "TORCHVITALS_COLLECTOR_JOB_TOKENS": json.dumps(JOB_TOKENS)}
-    proc = subprocess.Popen([sys.executable, "-m", "torchvitals.collector", "--port", "0",
-                             "--state-dir", str(state_dir), "--no-access-log"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "TORCHVITALS_WEBHOOK_TOKEN": TOKEN,
+        "TORCHVITALS_COLLECTOR_JOB_TOKENS": json.dumps(JOB_TOKENS),
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchvitals.collector",
+            "--port",
+            "0",
+            "--state-dir",
+            str(state_dir),
+            "--no-access-log",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
     seen = []
@@ -46,8 +69,9 @@ def collector_process(state_dir: Path, timeout_s: float = 30.0):
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"the collector did not listen within {timeout_s}s: "
-                                     f"{''.join(seen)}") from None
+                raise AssertionError(
+                    f"the collector did not listen within {timeout_s}s: {''.join(seen)}"
+                ) from None
             seen.append(line)
             found = LISTENING.search(line)
             if found:
@@ -65,19 +89,18 @@ def kill(server) -> None:
     assert server.proc.wait(timeout=10) == -signal.SIGKILL
 
 
-def test_an_acknowledged_directive_is_not_issued_again_after_a_killed_collector_restarts(
-        tmp_path):
+def test_an_acknowledged_directive_is_not_issued_again_after_a_killed_collector_restarts(tmp_path):
     state = tmp_path / "state"
     abort = alert(job="train-a", torchvitals_action="abort", fingerprint="fp-abort")
     with collector_process(state) as first:
         status, body = request(first, "POST", "/alerts", notification(ROLLBACK))
         assert status == 200 and body["outcomes"] == {"issued": 1}, body
         [rollback_id] = body["issued"]
-        status, polled = request(first, "GET", "/directives?job=train-a&run=run-1",
-                                 headers=job_auth())
+        status, polled = request(
+            first, "GET", "/directives?job=train-a&run=run-1", headers=job_auth()
+        )
         assert [d["id"] for d in polled["directives"]] == [rollback_id]
-        status, acked = request(first, "POST", f"/directives/{rollback_id}/ack",
-                                headers=job_auth())
+        status, acked = request(first, "POST", f"/directives/{rollback_id}/ack", headers=job_auth())
         assert status == 200 and acked["acknowledged"] is True
         # A second order stays pending across the restart: the state is really read back,
         # not merely empty.
@@ -89,15 +112,20 @@ def test_an_acknowledged_directive_is_not_issued_again_after_a_killed_collector_
         for _ in range(2):
             status, body = request(second, "POST", "/alerts", notification(ROLLBACK, abort))
             assert (status, body) == (200, {"outcomes": {"duplicate": 2}, "issued": []}), body
-        for run in ("run-1", "run-2"):      # the same run, and the job's next run
-            status, polled = request(second, "GET", f"/directives?job=train-a&run={run}",
-                                     headers=job_auth())
+        for run in ("run-1", "run-2"):  # the same run, and the job's next run
+            status, polled = request(
+                second, "GET", f"/directives?job=train-a&run={run}", headers=job_auth()
+            )
             assert status == 200
-            assert [d["id"] for d in polled["directives"]] == ([abort_id] if run == "run-1"
-                                                               else []), polled
-        status, again = request(second, "POST", f"/directives/{rollback_id}/ack",
-                                headers=job_auth())
+            assert [d["id"] for d in polled["directives"]] == (
+                [abort_id] if run == "run-1" else []
+            ), polled
+        status, again = request(
+            second, "POST", f"/directives/{rollback_id}/ack", headers=job_auth()
+        )
         assert status == 200 and again["acknowledged"] is False
         assert again["directive"]["acknowledged_at"] == acked["directive"]["acknowledged_at"]
         assert request(second, "GET", "/healthz", headers={})[1]["directives"] == {
-            "pending": 1, "acknowledged": 1}
+            "pending": 1,
+            "acknowledged": 1,
+        }

@@ -28,14 +28,31 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_cli_preflight(tmp_path):
     png = tmp_path / "lr.png"
     env = dict(os.environ, TORCHVITALS_PREFLIGHT_LR_STEPS="40", OMP_NUM_THREADS="1")
-    ok = subprocess.run([sys.executable, "-m", "torchvitals", "preflight", "support.preflight_factories:healthy",
-                         "--steps", "200", "--png", str(png)],
-                        cwd=TESTS, capture_output=True, text=True, timeout=180, env=env)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchvitals",
+            "preflight",
+            "support.preflight_factories:healthy",
+            "--steps",
+            "200",
+            "--png",
+            str(png),
+        ],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.startswith("preflight: PASSED") and png.stat().st_size > 0
 
 
-NO_TORCH = """raise ImportError("torch is not importable in this test: the command must not need it")\n"""
+NO_TORCH = (
+    """raise ImportError("torch is not importable in this test: the command must not need it")\n"""
+)
 
 
 def _without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -43,19 +60,33 @@ def _without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     shadow = tmp_path / "shadow"
     (shadow / "torch").mkdir(parents=True, exist_ok=True)
     (shadow / "torch" / "__init__.py").write_text(NO_TORCH)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(shadow), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                          env=env, timeout=120, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
 
 
 def _a_real_run(tmp_path: Path) -> Path:
     """A short real run's folder (event log and ledger), written by the agent here, with torch."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    agent = torchvitals.watch(model, opt, log_dir=str(tmp_path / "runs"), run_name="r",
-                              checkpoint_dir=str(tmp_path / "runs" / "r" / "ckpt"),
-                              checkpoint_every=5, metrics_port=0)
+    agent = torchvitals.watch(
+        model,
+        opt,
+        log_dir=str(tmp_path / "runs"),
+        run_name="r",
+        checkpoint_dir=str(tmp_path / "runs" / "r" / "ckpt"),
+        checkpoint_every=5,
+        metrics_port=0,
+    )
     gen = torch.Generator().manual_seed(0)
     for _ in range(12):
         x = torch.randn(16, 4, generator=gen)
@@ -70,24 +101,31 @@ def _a_real_run(tmp_path: Path) -> Path:
 def test_the_torch_free_commands_run_where_torch_cannot_be_imported(tmp_path):
     assert "must not need it" in _without_torch(tmp_path, "torchvitals.agent.agent").stderr
     run = _a_real_run(tmp_path)
-    for args, expect in [(("torchvitals", "supervise", "--help"), "--hang-timeout-s"),
-                         (("torchvitals.collector", "--help"), "--state-dir"),
-                         (("torchvitals", "diagnose", str(run / "events.jsonl")), "cause:"),
-                         (("torchvitals", "report", str(run)), "report.html")]:
+    for args, expect in [
+        (("torchvitals", "supervise", "--help"), "--hang-timeout-s"),
+        (("torchvitals.collector", "--help"), "--state-dir"),
+        (("torchvitals", "diagnose", str(run / "events.jsonl")), "cause:"),
+        (("torchvitals", "report", str(run)), "report.html"),
+    ]:
         out = _without_torch(tmp_path, *args)
         assert out.returncode == 0 and expect in out.stdout, (args, out.stderr[-2000:])
     assert (run / "loss.png").is_file()
 
 
-@pytest.mark.parametrize("cls, argv", [(SupervisorConfig, ["torchvitals", "supervise", "--help"]),
-                                       (CollectorConfig, ["torchvitals.collector", "--help"])])
+@pytest.mark.parametrize(
+    "cls, argv",
+    [
+        (SupervisorConfig, ["torchvitals", "supervise", "--help"]),
+        (CollectorConfig, ["torchvitals.collector", "--help"]),
+    ],
+)
 def test_every_flag_says_what_it_does_and_its_default(cls, argv):
     out = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
-        if f.name in ("webhook_token", "job_tokens", *SECRET_FIELDS):   # never a flag: ps shows it
+        if f.name in ("webhook_token", "job_tokens", *SECRET_FIELDS):  # never a flag: ps shows it
             assert "--" + f.name.replace("_", "-") + " " not in text
             continue
         assert "--" + f.name.replace("_", "-") in text

@@ -24,10 +24,12 @@ def _hf_fp16(tmp_path, tag: str, callbacks: list):
 
     from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
 
-    trainer = Trainer(model=tiny_gpt2(0),
-                      args=arguments(str(tmp_path / tag), STEPS, use_cpu=False, fp16=True,
-                                     logging_steps=5),
-                      train_dataset=Arithmetic(4000, seed=0), callbacks=callbacks)
+    trainer = Trainer(
+        model=tiny_gpt2(0),
+        args=arguments(str(tmp_path / tag), STEPS, use_cpu=False, fp16=True, logging_steps=5),
+        train_dataset=Arithmetic(4000, seed=0),
+        callbacks=callbacks,
+    )
     trainer.train()
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return trainer, losses
@@ -70,17 +72,31 @@ def test_hf_trainer_fp16_rollback_restores_the_schedule_with_the_model(device, t
         def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
             epochs.append(lr_scheduler.last_epoch)
 
-    vitals = torchvitals.TransformersCallback(checkpoint_dir=str(tmp_path / "ckpt"),
-                                              checkpoint_every=10, healthy_window=3, log_dir="",
-                                              metrics_port=0,
-                                              # the first steps' overflows must not keep the
-                                              # step-20 checkpoint from being healthy
-                                              detect={"overflow_skips": 1000})
+    vitals = torchvitals.TransformersCallback(
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=10,
+        healthy_window=3,
+        log_dir="",
+        metrics_port=0,
+        # the first steps' overflows must not keep the
+        # step-20 checkpoint from being healthy
+        detect={"overflow_skips": 1000},
+    )
     model = tiny_gpt2()
-    record = Record(vitals, model, rank=1, fault_step=25)      # rank 1: the rank that faults
-    trainer = Trainer(model=model, args=arguments(str(tmp_path / "hf"), 40, max_grad_norm=CLIP,
-                                                  logging_steps=1000, use_cpu=False, fp16=True),
-                      train_dataset=Arithmetic(2000), callbacks=[vitals, record, Epochs()])
+    record = Record(vitals, model, rank=1, fault_step=25)  # rank 1: the rank that faults
+    trainer = Trainer(
+        model=model,
+        args=arguments(
+            str(tmp_path / "hf"),
+            40,
+            max_grad_norm=CLIP,
+            logging_steps=1000,
+            use_cpu=False,
+            fp16=True,
+        ),
+        train_dataset=Arithmetic(2000),
+        callbacks=[vitals, record, Epochs()],
+    )
     trainer.train()
     reports = record.reports
     rollbacks = [i for i, r in enumerate(reports) if r["action"] == "rollback"]
@@ -88,6 +104,8 @@ def test_hf_trainer_fp16_rollback_restores_the_schedule_with_the_model(device, t
     saved = next(i for i, r in enumerate(reports) if r["step"] == 20 and r["action"] == "step")
     assert epochs[rollbacks[0]] == epochs[saved], "the scheduler is back where step 20 left it"
     assert len(record.real) == sum(r["action"] == "step" for r in reports)
-    after = [r for r in reports[rollbacks[0] + 1:] if r["action"] == "step"]
-    assert after and all(real["lr"] == pytest.approx(r["lr"][0]) for real, r in
-                         zip(record.real[-len(after):], after))
+    after = [r for r in reports[rollbacks[0] + 1 :] if r["action"] == "step"]
+    assert after and all(
+        real["lr"] == pytest.approx(r["lr"][0])
+        for real, r in zip(record.real[-len(after) :], after)
+    )

@@ -18,13 +18,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _torchrun(tmp_path: Path, steps: int) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
-    env.update(OMP_NUM_THREADS="1", TORCHVITALS_METRICS_PORT="0", TORCHVITALS_LOG_DIR="",
-               TORCHVITALS_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-               TORCHVITALS_CHECKPOINT_EVERY="5", TORCHVITALS_HEALTHY_WINDOW="2")
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", str(ROOT / "examples" / "ddp_train.py"),
-                           "--steps", str(steps), "--batch", "4"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    env.update(
+        OMP_NUM_THREADS="1",
+        TORCHVITALS_METRICS_PORT="0",
+        TORCHVITALS_LOG_DIR="",
+        TORCHVITALS_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+        TORCHVITALS_CHECKPOINT_EVERY="5",
+        TORCHVITALS_HEALTHY_WINDOW="2",
+    )
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "examples" / "ddp_train.py"),
+            "--steps",
+            str(steps),
+            "--batch",
+            "4",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 @pytest.mark.slow

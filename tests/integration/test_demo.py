@@ -23,9 +23,14 @@ PLOTS = ("loss", "grad_norm", "update_ratio", "activations")
 
 def _demo(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
     out = str(tmp_path / "run")
-    proc = subprocess.run([sys.executable, "-m", "torchvitals", "demo", "--out", out, *args],
-                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchvitals", "demo", "--out", out, *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, out
 
@@ -43,10 +48,17 @@ def test_lr_spike_is_warned_then_rolled_back_and_the_run_ends_healthy(lr_spike):
     assert "\x1b" not in stdout, "escape codes in piped output"
     assert len(re.findall(r"curl -s http://127\.0\.0\.1:\d+/metrics", stdout)) == 2, stdout
     lines = stdout.splitlines()
-    first = {kind: next((i for i, line in enumerate(lines)
-                         if line.strip().startswith(kind) and what in line), None)
-             for kind, what in (("WARNING", "hot_lr"), ("CRITICAL", "loss_spike"),
-                                ("ROLLBACK", "back to the healthy checkpoint"))}
+    first = {
+        kind: next(
+            (i for i, line in enumerate(lines) if line.strip().startswith(kind) and what in line),
+            None,
+        )
+        for kind, what in (
+            ("WARNING", "hot_lr"),
+            ("CRITICAL", "loss_spike"),
+            ("ROLLBACK", "back to the healthy checkpoint"),
+        )
+    }
     assert None not in first.values(), stdout
     # The early warning comes before the critical verdict, and the rollback right after it.
     assert first["WARNING"] < first["CRITICAL"] < first["ROLLBACK"], first
@@ -62,7 +74,9 @@ def test_lr_spike_is_warned_then_rolled_back_and_the_run_ends_healthy(lr_spike):
     assert rb["to_step"] in checkpoints and rb["to_step"] < rb["step"]
 
     summary = json.loads(open(os.path.join(out, "summary.json")).read())
-    assert summary["steps"] == 80 and summary["rollbacks"] == 1 and summary["healthy_at_end"], summary
+    assert summary["steps"] == 80 and summary["rollbacks"] == 1 and summary["healthy_at_end"], (
+        summary
+    )
     assert summary["lr_scale"] == 0.5 and summary["skipped"] == [[start, stop]], summary
     assert "finished healthy" in stdout and f"report: {out}/report.html" in stdout
 
@@ -71,6 +85,7 @@ def test_lr_spike_is_warned_then_rolled_back_and_the_run_ends_healthy(lr_spike):
 @pytest.mark.distributed
 def test_report_of_the_recorded_run_has_plots_and_names_the_fault(lr_spike):
     import matplotlib.image
+
     _, out = lr_spike
     html = open(os.path.join(out, "report.html"), encoding="utf-8").read()
     for name in PLOTS:
@@ -92,7 +107,7 @@ def test_report_command_renders_a_run_folder_again(lr_spike, tmp_path, capsys):
     assert main(["report", out]) == 0
     printed = capsys.readouterr().out
     assert "cause: gradient explosion" in printed and "rollback at step" in printed
-    assert main(["report", str(tmp_path)]) == 2           # no event log there
+    assert main(["report", str(tmp_path)]) == 2  # no event log there
     assert "events.jsonl" in capsys.readouterr().err
 
 
@@ -102,8 +117,9 @@ def test_nan_on_one_rank_is_rolled_back_and_diagnosed_as_numerical(tmp_path):
     proc, out = _demo(tmp_path, "--fault", "nan", "--steps", "40")
     assert "CRITICAL step 23: nonfinite_loss" in proc.stdout, proc.stdout
     ledger = json.loads(open(os.path.join(out, "checkpoints", "ledger.json")).read())
-    assert [(e["step"], e["to_step"]) for e in ledger["entries"] if e["event"] == "rollback"] \
-        == [(23, 20)], ledger
+    assert [(e["step"], e["to_step"]) for e in ledger["entries"] if e["event"] == "rollback"] == [
+        (23, 20)
+    ], ledger
     html = open(os.path.join(out, "report.html"), encoding="utf-8").read()
     assert "cause: numerical instability" in html and "nonfinite_loss" in html
 
@@ -120,14 +136,18 @@ def _exit_soon(code: int) -> None:
 
 
 def _hang() -> None:
-    time.sleep(300)             # a peer blocked in a collective, as far as the parent can tell
+    time.sleep(300)  # a peer blocked in a collective, as far as the parent can tell
 
 
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
 def test_a_dying_rank_stops_the_others_and_is_named(how):
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_hang),
-             ctx.Process(target=_exit_soon if how == "exit" else _hang, args=(3,) if how == "exit" else ())]
+    procs = [
+        ctx.Process(target=_hang),
+        ctx.Process(
+            target=_exit_soon if how == "exit" else _hang, args=(3,) if how == "exit" else ()
+        ),
+    ]
     for p in procs:
         p.start()
     if how == "sigkill":
@@ -137,4 +157,4 @@ def test_a_dying_rank_stops_the_others_and_is_named(how):
         wait_ranks(procs, timeout_s=120, grace_s=1.0)
     expected = "rank 1 exited with status 3" if how == "exit" else "rank 1 was killed by SIGKILL"
     assert str(caught.value) == expected
-    assert not any(p.is_alive() for p in procs)          # the hanging peer was stopped
+    assert not any(p.is_alive() for p in procs)  # the hanging peer was stopped

@@ -20,34 +20,61 @@ WEBHOOK_TOKEN = "alertmanager-token-456"
 
 
 def collector_config(state_dir) -> CollectorConfig:
-    return CollectorConfig(port=0, state_dir=str(state_dir), webhook_token=WEBHOOK_TOKEN,
-                           job_tokens=json.dumps({"train-a": TOKEN}), access_log=False)
+    return CollectorConfig(
+        port=0,
+        state_dir=str(state_dir),
+        webhook_token=WEBHOOK_TOKEN,
+        job_tokens=json.dumps({"train-a": TOKEN}),
+        access_log=False,
+    )
 
 
-def post(url: str, path: str, body: dict | None = None, method: str = "POST",
-         token: str = TOKEN) -> dict:
-    req = urllib.request.Request(url + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {token}",
-                                          "Content-Type": "application/json"})
+def post(
+    url: str, path: str, body: dict | None = None, method: str = "POST", token: str = TOKEN
+) -> dict:
+    req = urllib.request.Request(
+        url + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=5) as resp:
         return json.loads(resp.read().decode())
 
 
 def rollback_alert() -> dict:
-    return {"version": "4", "groupKey": "{}:{alertname=\"TorchvitalsLossSpike\"}", "status": "firing",
-            "receiver": "torchvitals", "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
-            "externalURL": "", "truncatedAlerts": 0,
-            "alerts": [{"status": "firing", "fingerprint": "abc123", "startsAt": "2026-11-29T10:00:00Z",
-                        "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "annotations": {},
-                        "labels": {"alertname": "TorchvitalsLossSpike", "job": "train-a",
-                                   "torchvitals_action": "rollback"}}]}
+    return {
+        "version": "4",
+        "groupKey": '{}:{alertname="TorchvitalsLossSpike"}',
+        "status": "firing",
+        "receiver": "torchvitals",
+        "groupLabels": {},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "",
+        "truncatedAlerts": 0,
+        "alerts": [
+            {
+                "status": "firing",
+                "fingerprint": "abc123",
+                "startsAt": "2026-11-29T10:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "annotations": {},
+                "labels": {
+                    "alertname": "TorchvitalsLossSpike",
+                    "job": "train-a",
+                    "torchvitals_action": "rollback",
+                },
+            }
+        ],
+    }
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_rollback_directive_rolls_both_ranks_back_in_the_same_step(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN", TOKEN)       # the ranks inherit it
+    monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN", TOKEN)  # the ranks inherit it
     server = CollectorServer(collector_config(tmp_path / "state")).start()
     url = f"http://127.0.0.1:{server.port}"
     marker = tmp_path / "at-step-25"
@@ -59,6 +86,7 @@ def test_rollback_directive_rolls_both_ranks_back_in_the_same_step(tmp_path, mon
             time.sleep(0.02)
         posted.append(time.time())
         post(url, "/alerts", rollback_alert(), token=WEBHOOK_TOKEN)
+
     poster = threading.Thread(target=post_when_ready, daemon=True)
     poster.start()
     try:
@@ -84,10 +112,12 @@ def test_a_collector_that_is_down_is_counted_not_a_training_failure(caplog):
     import torchvitals
     from support.models import TINY, TinyGPT, random_batches
     from support.world import free_port
+
     model = TinyGPT(**TINY)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    agent = torchvitals.watch(model, opt, collector_url=f"http://127.0.0.1:{free_port()}",
-                              collector_poll_seconds=0.02)
+    agent = torchvitals.watch(
+        model, opt, collector_url=f"http://127.0.0.1:{free_port()}", collector_poll_seconds=0.02
+    )
     for x, y in random_batches(10, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]):
         loss = model.loss(x, y)
         loss.backward()
@@ -104,7 +134,8 @@ def test_the_job_reads_its_token_from_a_mounted_secret_file(tmp_path, monkeypatc
     import torch
     import torchvitals
     from support.models import TINY, TinyGPT, random_batches
-    (tmp_path / "token").write_text(TOKEN + "\n")          # as a Kubernetes secret mounts it
+
+    (tmp_path / "token").write_text(TOKEN + "\n")  # as a Kubernetes secret mounts it
     monkeypatch.delenv("TORCHVITALS_WEBHOOK_TOKEN", raising=False)
     monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN_FILE", str(tmp_path / "token"))
     server = CollectorServer(collector_config(tmp_path / "state")).start()
@@ -113,8 +144,9 @@ def test_the_job_reads_its_token_from_a_mounted_secret_file(tmp_path, monkeypatc
         post(url, "/alerts", rollback_alert(), token=WEBHOOK_TOKEN)
         model = TinyGPT(**TINY)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        agent = torchvitals.watch(model, opt, collector_url=url, collector_job="train-a",
-                                  collector_poll_seconds=0.02)
+        agent = torchvitals.watch(
+            model, opt, collector_url=url, collector_job="train-a", collector_poll_seconds=0.02
+        )
         taken = []
         for x, y in random_batches(100, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]):
             loss = model.loss(x, y)
@@ -135,9 +167,11 @@ def test_an_unreadable_token_file_is_a_clear_error_at_watch(tmp_path, monkeypatc
     import pytest
     import torch
     import torchvitals
+
     monkeypatch.delenv("TORCHVITALS_WEBHOOK_TOKEN", raising=False)
     monkeypatch.setenv("TORCHVITALS_WEBHOOK_TOKEN_FILE", str(tmp_path / "missing"))
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="TORCHVITALS_WEBHOOK_TOKEN_FILE: cannot read"):
-        torchvitals.watch(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                          collector_url="http://127.0.0.1:9")
+        torchvitals.watch(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), collector_url="http://127.0.0.1:9"
+        )

@@ -22,9 +22,24 @@ HERE = Path(__file__).resolve().parent
 def torchrun(script: Path, out: Path, *args: str, timeout: int = 400) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", str(script), str(out), *args],
-                          cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(out),
+            *args,
+        ],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -52,10 +67,11 @@ def check_one_rollback_everywhere(ranks: list[dict], fault_step: int) -> list[di
 def check_lr_and_clipping(rank: dict, reports: list[dict], fault_step: int) -> None:
     steps = [r for r in reports if r["action"] == "step"]
     for real, report in zip(rank["real"], steps):
-        assert real["lr"] == pytest.approx(report["lr"][0], rel=1e-9)   # what it stepped with
-        assert real["grad_norm"] <= rank["clip"] * (1 + 1e-4)        # the framework clipped
-    assert any(r["grad_norm_total"] > rank["clip"] * 1.5 for r in steps), \
+        assert real["lr"] == pytest.approx(report["lr"][0], rel=1e-9)  # what it stepped with
+        assert real["grad_norm"] <= rank["clip"] * (1 + 1e-4)  # the framework clipped
+    assert any(r["grad_norm_total"] > rank["clip"] * 1.5 for r in steps), (
         "the reported norms should be the pre-clip ones"
+    )
     after = [(i, r) for i, r in enumerate(reports) if r["action"] == "step" and i > fault_step]
     assert after
     for i, report in after:
@@ -68,15 +84,16 @@ def check_lr_and_clipping(rank: dict, reports: list[dict], fault_step: int) -> N
 @pytest.mark.distributed
 def test_lightning_ddp_rolls_back_every_rank_and_keeps_its_scheduler_and_clipping(tmp_path):
     fault_step = 25
-    ranks = torchrun(HERE / "lightning_job.py", tmp_path, "--fault-step", str(fault_step),
-                     "--steps", "50")
+    ranks = torchrun(
+        HERE / "lightning_job.py", tmp_path, "--fault-step", str(fault_step), "--steps", "50"
+    )
     reports = check_one_rollback_everywhere(ranks, fault_step)
     assert ranks[0]["global_step"] == 50
     check_lr_and_clipping(ranks[0], reports, fault_step)
     # The reported loss is the true mean over both ranks and both accumulated micro-batches.
     k = ranks[0]["accumulate"]
     for i, report in enumerate(reports[:fault_step]):
-        mean = sum(sum(rank["micro_losses"][k * i:k * i + k]) / k for rank in ranks) / 2
+        mean = sum(sum(rank["micro_losses"][k * i : k * i + k]) / k for rank in ranks) / 2
         assert report["loss"] == pytest.approx(mean, rel=1e-5), i
 
 
@@ -91,7 +108,7 @@ def test_hf_trainer_rolls_back_every_rank_and_keeps_its_scheduler_and_clipping(t
     # every rank (num_items_in_batch): the step's mean loss is the sum of all those shares.
     k = ranks[0]["accumulate"]
     for i, report in enumerate(reports[:fault_step]):
-        total = sum(sum(rank["micro_losses"][k * i:k * i + k]) for rank in ranks)
+        total = sum(sum(rank["micro_losses"][k * i : k * i + k]) for rank in ranks)
         assert report["loss"] == pytest.approx(total, rel=1e-5), i
 
 
@@ -103,19 +120,27 @@ def test_hf_trainer_step_its_optimizer_skipped_is_that_steps_skip_on_both_ranks(
     its own skip on both ranks, the next one reports its own loss and the Trainer's own pre-clip
     gradient norm, and no healthy step is lost (no rollback, every other step stepped)."""
     fault_step, steps = 12, 30
-    ranks = torchrun(HERE / "hf_job.py", tmp_path, "--fault-step", str(fault_step),
-                     "--steps", str(steps), "--framework-skip")
+    ranks = torchrun(
+        HERE / "hf_job.py",
+        tmp_path,
+        "--fault-step",
+        str(fault_step),
+        "--steps",
+        str(steps),
+        "--framework-skip",
+    )
     actions = [[(r["step"], r["action"]) for r in rank["reports"]] for rank in ranks]
     assert actions[0] == actions[1], "the ranks took different decisions"
-    assert actions[0] == [(s, "skip" if s == fault_step + 1 else "step")
-                          for s in range(1, steps + 1)]
+    assert actions[0] == [
+        (s, "skip" if s == fault_step + 1 else "step") for s in range(1, steps + 1)
+    ]
     reports = ranks[0]["reports"]
     assert {"nonfinite_loss", "nonfinite_grad"} <= set(reports[fault_step]["verdicts"])
     k = ranks[0]["accumulate"]
     for i, report in enumerate(reports):
         if report["action"] != "step":
             continue
-        total = sum(sum(rank["micro_losses"][k * i:k * i + k]) for rank in ranks)
+        total = sum(sum(rank["micro_losses"][k * i : k * i + k]) for rank in ranks)
         assert report["loss"] == pytest.approx(total, rel=1e-5), i
         trainers = ranks[0]["trainer_grad_norm"][str(report["step"])]
         assert report["grad_norm_total"] == pytest.approx(trainers, rel=1e-5), i
@@ -137,17 +162,21 @@ def test_healthy_runs_in_both_frameworks_raise_nothing(tmp_path, seed):
 
     pl.seed_everything(seed)
     lightning = torchvitals.LightningCallback(log_dir="", metrics_port=0)
-    trainer(str(tmp_path / "pl"), 200, 1, [lightning]).fit(GPTModule(total_steps=200),
-                                                           loader(4000, seed=seed))
+    trainer(str(tmp_path / "pl"), 200, 1, [lightning]).fit(
+        GPTModule(total_steps=200), loader(4000, seed=seed)
+    )
     hf = torchvitals.TransformersCallback(log_dir="", metrics_port=0)
-    Trainer(model=tiny_gpt2(seed), args=arguments(str(tmp_path / "hf"), 200, seed=seed,
-                                                  logging_steps=1000),
-            train_dataset=Arithmetic(8000, seed=seed), callbacks=[hf]).train()
+    Trainer(
+        model=tiny_gpt2(seed),
+        args=arguments(str(tmp_path / "hf"), 200, seed=seed, logging_steps=1000),
+        train_dataset=Arithmetic(8000, seed=seed),
+        callbacks=[hf],
+    ).train()
     for callback in (lightning, hf):
         assert callback.last_report.step == 200 and callback.last_report.action == "step"
         assert not callback.verdicts, [str(v) for v in callback.verdicts]
     assert lightning.last_report.loss < 2.0 and hf.last_report.loss < 2.0
-    for callback in (lightning, hf):        # the time between batches reached the agent
+    for callback in (lightning, hf):  # the time between batches reached the agent
         assert 0 < callback.last_report.local_data_wait_seconds < 1.0
 
 
@@ -172,12 +201,27 @@ def _lightning_fp16(callbacks: list, tmp_path: Path, tag: str) -> tuple[list, li
     pl.seed_everything(0)
     module = Recorded(total_steps=30)
     module.losses = []
-    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 30))
-    pl.Trainer(accelerator="cpu", devices=1, max_steps=30, gradient_clip_val=1.0,
-               plugins=[plugin], logger=False, enable_checkpointing=False,
-               enable_progress_bar=False, enable_model_summary=False,
-               default_root_dir=str(tmp_path / tag), callbacks=callbacks).fit(module, loader(2000))
-    return module.losses, [p.detach().clone() for p in module.parameters()], plugin.scaler.get_scale()
+    plugin = MixedPrecision(
+        "16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**30)
+    )
+    pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=30,
+        gradient_clip_val=1.0,
+        plugins=[plugin],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path / tag),
+        callbacks=callbacks,
+    ).fit(module, loader(2000))
+    return (
+        module.losses,
+        [p.detach().clone() for p in module.parameters()],
+        plugin.scaler.get_scale(),
+    )
 
 
 def test_lightning_16_mixed_overflow_steps_reach_the_agent_and_training_is_unchanged(tmp_path):
@@ -207,7 +251,7 @@ def test_lightning_16_mixed_overflow_steps_reach_the_agent_and_training_is_uncha
     # The loss Lightning's hook hands over is the scaled one; the report holds the real loss.
     for report, loss in zip(seen, losses):
         assert report.loss == pytest.approx(loss, rel=1e-3)
-    for report, after in zip(seen, seen[1:]):     # each overflow halved the scale, nothing else
+    for report, after in zip(seen, seen[1:]):  # each overflow halved the scale, nothing else
         assert after.loss_scale == report.loss_scale / (2 if report.overflow else 1)
 
 
@@ -229,15 +273,27 @@ def test_a_restart_under_lightning_continues_the_schedule_where_it_stopped(tmp_p
                 record_real_steps(trainer.optimizers[0], real)
 
         pl.seed_everything(0)
-        pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False,
-                   enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, default_root_dir=str(tmp_path),
-                   callbacks=[*callbacks, Record()]).fit(GPTModule(total_steps=30), loader(2000))
+        pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path),
+            callbacks=[*callbacks, Record()],
+        ).fit(GPTModule(total_steps=30), loader(2000))
         return [r["lr"] for r in real]
 
     whole = fit(30, [])
-    ckpt = dict(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=10, healthy_window=0,
-                log_dir="", metrics_port=0)
+    ckpt = dict(
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=10,
+        healthy_window=0,
+        log_dir="",
+        metrics_port=0,
+    )
     first = fit(20, [torchvitals.LightningCallback(**ckpt)])
     assert first == whole[:20]
     resumed = torchvitals.LightningCallback(resume="auto", **ckpt)
@@ -265,13 +321,22 @@ def test_a_restart_under_the_hf_trainer_continues_the_schedule_where_it_stopped(
             def on_step_end(self, args, state, control, **kwargs):
                 control.should_training_stop = state.global_step >= stop_after
 
-        Trainer(model=tiny_gpt2(0), args=arguments(str(tmp_path / "hf"), 30, logging_steps=1000),
-                train_dataset=Arithmetic(4000), callbacks=[*callbacks, Record()]).train()
+        Trainer(
+            model=tiny_gpt2(0),
+            args=arguments(str(tmp_path / "hf"), 30, logging_steps=1000),
+            train_dataset=Arithmetic(4000),
+            callbacks=[*callbacks, Record()],
+        ).train()
         return [r["lr"] for r in real]
 
     whole = fit(30, [])
-    ckpt = dict(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=10, healthy_window=0,
-                log_dir="", metrics_port=0)
+    ckpt = dict(
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=10,
+        healthy_window=0,
+        log_dir="",
+        metrics_port=0,
+    )
     assert fit(20, [torchvitals.TransformersCallback(**ckpt)]) == whole[:20]
     resumed = torchvitals.TransformersCallback(resume="auto", **ckpt)
     second = fit(10, [resumed])

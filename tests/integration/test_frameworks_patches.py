@@ -29,10 +29,15 @@ class Boom(RuntimeError):
 
 
 def restored() -> bool:
-    return (torch.amp.GradScaler.step is SCALER_STEP and clip_grad._clip_grads_with_norm_ is
-            SCALE_GRADS and torch.nn.utils.clip_grads_with_norm_ is SCALE_GRADS
-            and nn.Module.zero_grad is MODULE_ZERO_GRAD and patches.ZERO_GRAD._leases == 0
-            and patches.SCALER_STEP._leases == 0 and patches.CLIPPING._leases == 0)
+    return (
+        torch.amp.GradScaler.step is SCALER_STEP
+        and clip_grad._clip_grads_with_norm_ is SCALE_GRADS
+        and torch.nn.utils.clip_grads_with_norm_ is SCALE_GRADS
+        and nn.Module.zero_grad is MODULE_ZERO_GRAD
+        and patches.ZERO_GRAD._leases == 0
+        and patches.SCALER_STEP._leases == 0
+        and patches.CLIPPING._leases == 0
+    )
 
 
 def data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,12 +72,19 @@ def test_a_lightning_run_that_raises_takes_every_patch_with_it(tmp_path):
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
     vitals = torchvitals.LightningCallback(log_dir="", metrics_port=0)
     module = Net()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=20, gradient_clip_val=0.5,
-                         plugins=[MixedPrecision("16-mixed", "cpu",
-                                                 scaler=torch.amp.GradScaler("cpu"))],
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=str(tmp_path),
-                         callbacks=[vitals])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=20,
+        gradient_clip_val=0.5,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[vitals],
+    )
     with pytest.raises(Boom):
         trainer.fit(module, loader)
     assert vitals.last_report.step == 3 and vitals.agent is None
@@ -99,10 +111,19 @@ def test_an_hf_trainer_run_that_raises_leaves_no_patch_once_the_trainer_is_gone(
 
     x, y = data(128)
     dataset = [{"x": a, "labels": b} for a, b in zip(x, y)]
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=20, per_device_train_batch_size=8,
-                             learning_rate=0.05, max_grad_norm=0.5, save_strategy="no",
-                             report_to=[], use_cpu=True, disable_tqdm=True,
-                             dataloader_num_workers=0, logging_strategy="no")
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=20,
+        per_device_train_batch_size=8,
+        learning_rate=0.05,
+        max_grad_norm=0.5,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        logging_strategy="no",
+    )
     vitals = torchvitals.TransformersCallback(log_dir="", metrics_port=0)
     trainer = Trainer(model=Net(fail_at=4), args=args, train_dataset=dataset, callbacks=[vitals])
     try:
@@ -115,8 +136,7 @@ def test_an_hf_trainer_run_that_raises_leaves_no_patch_once_the_trainer_is_gone(
     assert agent() is not None and agent().step_count == 3 and not restored()
     assert vitals.last_report.step == 3
     # Training again with the same callback closes the failed run's agent first.
-    Trainer(model=Net(fail_at=None), args=args, train_dataset=dataset,
-            callbacks=[vitals]).train()
+    Trainer(model=Net(fail_at=None), args=args, train_dataset=dataset, callbacks=[vitals]).train()
     assert agent() is not None and agent()._patches.closed and restored()
     assert vitals.last_report.step == 20
     del trainer
@@ -135,7 +155,7 @@ def test_accelerates_fp16_step_swapping_the_optimizers_step_closes_quietly():
     Accelerator(cpu=True)
     try:
         _accelerated_steps()
-    finally:                        # the next Trainer in this process builds its own state
+    finally:  # the next Trainer in this process builds its own state
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
 
@@ -149,7 +169,7 @@ def _accelerated_steps() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     before = vars(opt)["step"]
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
     accelerated = AcceleratedOptimizer(opt, device_placement=False, scaler=scaler)
     agent = torchvitals.watch(model, opt, scheduler, log_dir="", metrics_port=0)
     x, y = data(32)
@@ -159,7 +179,7 @@ def _accelerated_steps() -> None:
         accelerated.step()
         scheduler.step()
         accelerated.zero_grad()
-    assert agent.step_count == 4 and agent.last_report.loss_scale == 2.0 ** 4
+    assert agent.step_count == 4 and agent.last_report.loss_scale == 2.0**4
     with warnings.catch_warnings():
         warnings.simplefilter("error", patches.ForeignPatchWarning)
         agent.close()

@@ -31,16 +31,20 @@ def test_a_healthy_hf_trainer_gpt2_raises_no_verdict(tmp_path, seed):
     hf = torchvitals.TransformersCallback(log_dir="", metrics_port=0)
     seen = []
 
-    class Blocks(TrainerCallback):      # the blocks the agent judged, while it is alive
+    class Blocks(TrainerCallback):  # the blocks the agent judged, while it is alive
         def on_step_end(self, args, state, control, **kwargs):
             if not seen and hf.agent is not None:
                 seen.extend(hf.agent.blocks.names)
 
-    Trainer(model=tiny_gpt2(seed, layers=6, dropout=0.1),
-            args=arguments(str(tmp_path), 80, seed=seed, logging_steps=1000),
-            train_dataset=Arithmetic(2000, seed=seed), callbacks=[hf, Blocks()]).train()
-    assert [n for n in seen if n.startswith("transformer.h.")] == \
-        [f"transformer.h.{i}" for i in range(6)]
+    Trainer(
+        model=tiny_gpt2(seed, layers=6, dropout=0.1),
+        args=arguments(str(tmp_path), 80, seed=seed, logging_steps=1000),
+        train_dataset=Arithmetic(2000, seed=seed),
+        callbacks=[hf, Blocks()],
+    ).train()
+    assert [n for n in seen if n.startswith("transformer.h.")] == [
+        f"transformer.h.{i}" for i in range(6)
+    ]
     assert hf.last_report.step == 80 and hf.last_report.action == "step"
     assert not hf.verdicts, [str(v) for v in hf.verdicts]
     assert hf.last_report.loss < 3.0

@@ -27,14 +27,22 @@ class _Missing(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, _Missing())
 """
-PUBLIC_ERRORS = ("ResumeRefused", "CheckpointError", "DoubleStepError", "GuardBypassedError",
-                 "MetricsPortError", "ConfigError", "LedgerError")
+PUBLIC_ERRORS = (
+    "ResumeRefused",
+    "CheckpointError",
+    "DoubleStepError",
+    "GuardBypassedError",
+    "MetricsPortError",
+    "ConfigError",
+    "LedgerError",
+)
 """The errors the README tells users to catch."""
 
 
 def run(code: str, env: dict | None = None, ok: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
     if ok:
         assert out.returncode == 0, out.stderr
     return out
@@ -47,13 +55,22 @@ def last_line(out: subprocess.CompletedProcess) -> str:
 def test_the_collector_and_the_supervisor_import_neither_torch_nor_web_stack_nor_plots():
     # The web stack loads when a collector server is built, never on import (the supervisor
     # imports torchvitals.collector and needs no collector extra).
-    assert last_line(run("import sys, torchvitals.collector, torchvitals.collector.__main__, "
-                         "torchvitals.__main__; " + LOADED)) == "[]"
+    assert (
+        last_line(
+            run(
+                "import sys, torchvitals.collector, torchvitals.collector.__main__, "
+                "torchvitals.__main__; " + LOADED
+            )
+        )
+        == "[]"
+    )
 
 
 def test_import_torchvitals_is_torch_free_and_knows_its_version():
-    out = run("import sys, torchvitals; print(torchvitals.__version__); "
-              "print(torchvitals.ConfigError.__name__); " + LOADED)
+    out = run(
+        "import sys, torchvitals; print(torchvitals.__version__); "
+        "print(torchvitals.ConfigError.__name__); " + LOADED
+    )
     version, config_error, loaded = out.stdout.split()
     assert version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert (config_error, loaded) == ("ConfigError", "[]")
@@ -61,6 +78,7 @@ def test_import_torchvitals_is_torch_free_and_knows_its_version():
 
 def test_the_public_errors_are_exported_at_the_top_level():
     import torchvitals
+
     for name in PUBLIC_ERRORS:
         error = getattr(torchvitals, name)
         assert name in torchvitals.__all__
@@ -100,23 +118,30 @@ except torchvitals.TorchvitalsError as exc:
 else:
     print("watched")
 """)
-    assert last_line(out).startswith("CompatError torch 2.12.1+cu126 is older than torchvitals "
-                                     "supports: it needs torch>=2.13.0a0"), out.stdout
+    assert last_line(out).startswith(
+        "CompatError torch 2.12.1+cu126 is older than torchvitals "
+        "supports: it needs torch>=2.13.0a0"
+    ), out.stdout
 
 
 def test_the_collector_without_its_extra_exits_2_naming_the_install(tmp_path):
     state = tmp_path / "state"
     env = {**__import__("os").environ, "TORCHVITALS_WEBHOOK_TOKEN": "t" * 16}
     blocked = BLOCK.format(names=("starlette", "uvicorn"))
-    out = run(blocked + "from torchvitals.collector.__main__ import main\n"
-              f"sys.exit(main(['--port', '0', '--state-dir', {str(state)!r}]))", env=env, ok=False)
+    out = run(
+        blocked + "from torchvitals.collector.__main__ import main\n"
+        f"sys.exit(main(['--port', '0', '--state-dir', {str(state)!r}]))",
+        env=env,
+        ok=False,
+    )
     assert out.returncode == 2, out.stderr
     assert "pip install 'torchvitals[collector]'" in out.stderr
     assert "starlette" in out.stderr and "Traceback" not in out.stderr
     assert not state.exists(), "nothing is built before the web stack is known to be there"
     # The supervisor needs no collector extra.
-    out = run(blocked + "import torchvitals.__main__ as m\nm.main(['supervise', '--help'])",
-              ok=False)
+    out = run(
+        blocked + "import torchvitals.__main__ as m\nm.main(['supervise', '--help'])", ok=False
+    )
     assert out.returncode == 0 and "usage: torchvitals supervise" in out.stdout, out.stderr
 
 
@@ -126,20 +151,24 @@ def test_torchvitals_help_names_the_command_users_type():
     for command in ([str(script), "--help"], [sys.executable, "-m", "torchvitals", "--help"]):
         out = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.startswith("usage: torchvitals "), out
-    wrong = subprocess.run([str(script), "demo", "--ranks", "two"], capture_output=True,
-                           text=True, timeout=60)
+    wrong = subprocess.run(
+        [str(script), "demo", "--ranks", "two"], capture_output=True, text=True, timeout=60
+    )
     assert wrong.returncode == 2 and "torchvitals demo: error: argument --ranks" in wrong.stderr
 
 
 def test_the_public_names_load_on_first_use():
     import torchvitals
     import torchvitals.agent
+
     for name in torchvitals.__all__:
         assert getattr(torchvitals, name).__name__ == name
         assert name in dir(torchvitals)
     assert torchvitals.agent.Config is torchvitals.Config
-    assert last_line(run("import torchvitals; print(torchvitals.watch.__module__)")) == \
-        "torchvitals.agent.agent"
+    assert (
+        last_line(run("import torchvitals; print(torchvitals.watch.__module__)"))
+        == "torchvitals.agent.agent"
+    )
     try:
         torchvitals.no_such_name
     except AttributeError as exc:

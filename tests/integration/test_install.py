@@ -29,7 +29,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "py.typed", "agent", "collector")
 """What the wheel is built from besides the top-level modules (the packages pyproject lists)."""
 
-pytestmark = pytest.mark.slow      # a wheel build and three pip resolutions: 16-22 s on 2 cores
+pytestmark = pytest.mark.slow  # a wheel build and three pip resolutions: 16-22 s on 2 cores
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +39,32 @@ def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for path in [*ROOT.glob("*.py"), *(ROOT / name for name in SOURCES)]:
         if path.is_dir():
-            shutil.copytree(path, src / path.name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                path, src / path.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
         else:
             shutil.copy2(path, src / path.name)
     out = tmp_path_factory.mktemp("wheelhouse")
     # --no-build-isolation: setuptools comes from this environment (the dev extra), not the
     # network.
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index",
-                            "--no-build-isolation", "--quiet", "-w", str(out), str(src)],
-                           capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "--quiet",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     [found] = out.glob("torchvitals-*.whl")
     return found
@@ -75,9 +91,14 @@ def test_the_wheel_ships_py_typed_the_license_and_its_metadata(wheel):
     classifiers = meta.get_all("Classifier")
     assert "Typing :: Typed" in classifiers
     # The Pythons classified are the ones from the floor up to the highest .ci/run tests.
-    pythons = sorted((c.rsplit(":: ", 1)[1] for c in classifiers
-                      if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)),
-                     key=lambda v: int(v.split(".")[1]))
+    pythons = sorted(
+        (
+            c.rsplit(":: ", 1)[1]
+            for c in classifiers
+            if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+        ),
+        key=lambda v: int(v.split(".")[1]),
+    )
     assert pythons == ["3.10", "3.11", "3.12", "3.13"]
     requires = meta.get_all("Requires-Dist")
     assert "torch>=2.13.0a0" in requires
@@ -92,8 +113,9 @@ def _fake_dist(site: Path, name: str, version: str) -> None:
     folder.mkdir()
     (folder / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     (folder / "INSTALLER").write_text("pip\n")
-    (folder / "RECORD").write_text("".join(f"{folder.name}/{f},,\n"
-                                           for f in ("METADATA", "INSTALLER", "RECORD")))
+    (folder / "RECORD").write_text(
+        "".join(f"{folder.name}/{f},,\n" for f in ("METADATA", "INSTALLER", "RECORD"))
+    )
 
 
 def _env_with(tmp_path: Path, wheel: Path, torch: str) -> Path:
@@ -102,9 +124,15 @@ def _env_with(tmp_path: Path, wheel: Path, torch: str) -> Path:
     env = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False, system_site_packages=False).create(env)
     python = env / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                                "['purelib'])"], capture_output=True, text=True, check=True,
-                               timeout=60).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+    )
     _fake_dist(site, "torch", torch)
     for requirement in metadata(wheel).get_all("Requires-Dist"):
         if "extra ==" in requirement or requirement.startswith("torch"):
@@ -121,10 +149,29 @@ def _dry_run(python: Path, wheel: Path, report: Path) -> subprocess.CompletedPro
     # distribution it can find is the torchvitals wheel, so any other install is a failure.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull
-    return subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                           "--dry-run", "--no-index", "--find-links", str(wheel.parent),
-                           "--report", str(report), "--quiet", "--disable-pip-version-check",
-                           "torchvitals"], capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--dry-run",
+            "--no-index",
+            "--find-links",
+            str(wheel.parent),
+            "--report",
+            str(report),
+            "--quiet",
+            "--disable-pip-version-check",
+            "torchvitals",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize("torch", ["2.13.0a0+gitabc1234", "2.14.1+cu130"])

@@ -39,8 +39,15 @@ def scrape(url: str, context: ssl.SSLContext | None = None) -> str:
 
 
 def test_idle_connections_and_a_scrape_loop_hold_no_threads_and_no_render_per_scrape():
-    ex = Exporter(["a"], rank=0, local_rank=0, world_size=1, port=free_ports(1),
-                  max_connections=16, idle_timeout_s=1.0)
+    ex = Exporter(
+        ["a"],
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        port=free_ports(1),
+        max_connections=16,
+        idle_timeout_s=1.0,
+    )
     idle = []
     try:
         ex.update(report(1))
@@ -60,6 +67,7 @@ def test_idle_connections_and_a_scrape_loop_hold_no_threads_and_no_render_per_sc
             while not stop.is_set():
                 scrape(ex.url)
                 scrapes.append(1)
+
         loops = [threading.Thread(target=hammer) for _ in range(2)]
         for t in loops:
             t.start()
@@ -102,17 +110,70 @@ def certs(tmp_path_factory):
     """A CA, a server certificate for 127.0.0.1 and a client certificate it signed, and a
     client certificate signed by nobody the server trusts."""
     d = tmp_path_factory.mktemp("certs")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=tv-ca",
-             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=tv-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        cwd=d,
+    )
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
     for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=tv-{name}",
-                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "2", "-out", f"{name}.pem",
-                 *(["-extfile", "san.ext"] if name == "server" else []), cwd=d)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=stranger",
-             "-keyout", "stranger.key", "-out", "stranger.pem", cwd=d)
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN=tv-{name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            cwd=d,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            f"{name}.pem",
+            *(["-extfile", "san.ext"] if name == "server" else []),
+            cwd=d,
+        )
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=stranger",
+        "-keyout",
+        "stranger.key",
+        "-out",
+        "stranger.pem",
+        cwd=d,
+    )
     return d
 
 
@@ -124,8 +185,12 @@ def client(certs, cert: str | None) -> ssl.SSLContext:
 
 
 def test_tls_with_client_certificates(certs):
-    tls = TLS(certfile=str(certs / "server.pem"), keyfile=str(certs / "server.key"),
-              client_cafile=str(certs / "ca.pem"), client_auth_required=True)
+    tls = TLS(
+        certfile=str(certs / "server.pem"),
+        keyfile=str(certs / "server.key"),
+        client_cafile=str(certs / "ca.pem"),
+        client_auth_required=True,
+    )
     ex = Exporter(["a"], rank=0, local_rank=0, world_size=1, port=free_ports(1), tls=tls)
     try:
         ex.update(report(1))
@@ -144,23 +209,36 @@ def test_tls_with_client_certificates(certs):
 
 def test_client_auth_without_a_ca_is_refused_at_start(certs):
     with pytest.raises(ValueError, match="metrics_client_cafile"):
-        TLS(certfile=str(certs / "server.pem"), keyfile=str(certs / "server.key"),
-            client_auth_required=True).context()
+        TLS(
+            certfile=str(certs / "server.pem"),
+            keyfile=str(certs / "server.key"),
+            client_auth_required=True,
+        ).context()
 
 
 def test_watch_serves_https_from_the_config_and_names_a_bad_certificate_file(certs, tmp_path):
     import torch
 
     import torchvitals
+
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    tls = dict(metrics_certfile=str(certs / "server.pem"), metrics_keyfile=str(certs / "server.key"),
-               metrics_client_cafile=str(certs / "ca.pem"), metrics_client_auth_required=True)
+    tls = dict(
+        metrics_certfile=str(certs / "server.pem"),
+        metrics_keyfile=str(certs / "server.key"),
+        metrics_client_cafile=str(certs / "ca.pem"),
+        metrics_client_auth_required=True,
+    )
     with torchvitals.watch(model, opt, metrics_port=free_ports(1), log_dir="", **tls) as agent:
         model(torch.randn(2, 4)).sum().backward()
         agent.step(1.0)
         assert "torchvitals_step" in scrape(agent.metrics_url, client(certs, "client"))
     with pytest.raises(ValueError, match="metrics_certfile"):
-        torchvitals.watch(model, opt, metrics_port=free_ports(1), log_dir="",
-                          **dict(tls, metrics_certfile=str(tmp_path / "missing.pem")))
+        torchvitals.watch(
+            model,
+            opt,
+            metrics_port=free_ports(1),
+            log_dir="",
+            **dict(tls, metrics_certfile=str(tmp_path / "missing.pem")),
+        )
     assert "step" not in vars(opt), "the failed watch() left the guard installed"

@@ -85,8 +85,9 @@ def _listening(sock) -> bool:
 
 @contextmanager
 def serve(body: bytes = BODY, **kwargs) -> Iterator[MetricsServer]:
-    server = MetricsServer(RenderCache(lambda accept: (body, "text/plain"), lambda: 1),
-                           "127.0.0.1", 0, **kwargs)
+    server = MetricsServer(
+        RenderCache(lambda accept: (body, "text/plain"), lambda: 1), "127.0.0.1", 0, **kwargs
+    )
     try:
         yield server
     finally:
@@ -135,12 +136,12 @@ def test_a_connection_the_cap_drops_is_not_touched_again_later_in_the_same_batch
         held.hold()
         c = connect(server.port)
         a.sendall(REQUEST)
-        held.release(ready=2)       # the listener (for c), then a's request
+        held.release(ready=2)  # the listener (for c), then a's request
         try:
             answer = read_all(a)
         except OSError as exc:
             answer = repr(exc).encode()
-        server._thread.join(0.05)   # a crash follows the drop at once: give it the time
+        server._thread.join(0.05)  # a crash follows the drop at once: give it the time
         assert server._thread.is_alive(), "the selector thread died"
         assert server.loop_faults == 0
         # a had sent its request: it is answered, the cap drops an idle one for c.
@@ -185,14 +186,14 @@ def test_clients_that_stall_hold_no_worker(scheme, tls):
     with serve(body=answer, workers=1, idle_timeout_s=5.0, tls=config) as server:
         half = opened()
         half.sendall(REQUEST[:20])
-        reader = opened(rcvbuf=4096)        # a small window: the answer cannot reach it
+        reader = opened(rcvbuf=4096)  # a small window: the answer cannot reach it
         reader.sendall(REQUEST)
         stalled = [half, reader]
         if context:
             hello = connect(server.port)
             hello.sendall(client_hello()[:50])
             stalled.append(hello)
-            with connect(server.port) as plain:     # plain HTTP on the TLS port: refused
+            with connect(server.port) as plain:  # plain HTTP on the TLS port: refused
                 plain.sendall(REQUEST)
                 try:
                     assert not plain.recv(100).startswith(b"HTTP")
@@ -234,13 +235,18 @@ def test_a_saturated_worker_pool_refuses_newcomers_and_recovers():
 def test_close_does_not_wait_for_a_client_that_never_reads_and_may_race_itself():
     before = open_fds()
     answer = b"x" * (32 << 20)
-    server = MetricsServer(RenderCache(lambda accept: (answer, "text/plain"), lambda: 1),
-                           "127.0.0.1", 0, workers=1, idle_timeout_s=30.0)
+    server = MetricsServer(
+        RenderCache(lambda accept: (answer, "text/plain"), lambda: 1),
+        "127.0.0.1",
+        0,
+        workers=1,
+        idle_timeout_s=30.0,
+    )
     reader = connect(server.port, rcvbuf=4096)
     idle = connect(server.port)
     reader.sendall(REQUEST)
     wait_until(lambda: server._busy == 1, what="the reader being answered")
-    time.sleep(0.2)                 # the worker is blocked in sendall now
+    time.sleep(0.2)  # the worker is blocked in sendall now
     errors: list[BaseException] = []
     start = threading.Barrier(2)
 
@@ -250,6 +256,7 @@ def test_close_does_not_wait_for_a_client_that_never_reads_and_may_race_itself()
             server.close()
         except BaseException as exc:
             errors.append(exc)
+
     closers = [threading.Thread(target=close) for _ in range(2)]
     began = time.monotonic()
     for t in closers:
@@ -300,8 +307,9 @@ EMFILE_CHILD = textwrap.dedent("""
 def test_out_of_file_descriptors_backs_off_instead_of_spinning():
     # EMFILE leaves the connection queued and the listener readable: retried at once, the
     # selector thread spun at 100% CPU and logged a warning per turn.
-    child = subprocess.run([sys.executable, "-c", EMFILE_CHILD], capture_output=True, text=True,
-                           timeout=60)
+    child = subprocess.run(
+        [sys.executable, "-c", EMFILE_CHILD], capture_output=True, text=True, timeout=60
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     result = json.loads(child.stdout.strip().splitlines()[-1])
     assert result["cpu_s"] < 0.2, result

@@ -40,8 +40,9 @@ MAX_CONNECTIONS = 8
 SCRAPE_TIMEOUT_S = 2.5
 CLIENTS = Path(__file__).with_name("hostile_clients.py")
 # A realistic exposition: a few hundred series, ~30 KB.
-BODY = "".join(f'torchvitals_block_grad_norm{{block="layers.{i}.mlp"}} {i * 0.37:.6f}\n'
-               for i in range(600)).encode()
+BODY = "".join(
+    f'torchvitals_block_grad_norm{{block="layers.{i}.mlp"}} {i * 0.37:.6f}\n' for i in range(600)
+).encode()
 
 
 def metric_threads() -> list[threading.Thread]:
@@ -73,8 +74,10 @@ def certificate(tmp_path_factory) -> tuple[str, str]:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_every_scrape_is_answered_whatever_the_clients_do(seed, certificate):
-    replay = (f"seed {seed}; replay: TORCHVITALS_FUZZ_SEEDS={seed} python -m pytest "
-              f"tests/integration/test_metrics_server_fuzz.py")
+    replay = (
+        f"seed {seed}; replay: TORCHVITALS_FUZZ_SEEDS={seed} python -m pytest "
+        f"tests/integration/test_metrics_server_fuzz.py"
+    )
     cert, key = certificate
     context = ssl.create_default_context(cafile=cert)
     fds_before = open_fds()
@@ -83,17 +86,39 @@ def test_every_scrape_is_answered_whatever_the_clients_do(seed, certificate):
     attacker = None
     try:
         for tls in (None, TLS(certfile=cert, keyfile=key)):
-            servers.append(MetricsServer(cache, "127.0.0.1", 0, tls=tls,
-                                         max_connections=MAX_CONNECTIONS,
-                                         idle_timeout_s=IDLE_TIMEOUT_S))
+            servers.append(
+                MetricsServer(
+                    cache,
+                    "127.0.0.1",
+                    0,
+                    tls=tls,
+                    max_connections=MAX_CONNECTIONS,
+                    idle_timeout_s=IDLE_TIMEOUT_S,
+                )
+            )
         plain, secure = servers
-        targets = [(f"http://127.0.0.1:{plain.port}/metrics", None),
-                   (f"https://127.0.0.1:{secure.port}/metrics", context)]
+        targets = [
+            (f"http://127.0.0.1:{plain.port}/metrics", None),
+            (f"https://127.0.0.1:{secure.port}/metrics", context),
+        ]
         baseline = open_fds()
         attacker = subprocess.Popen(
-            [sys.executable, str(CLIENTS), "--plain", str(plain.port), "--tls", str(secure.port),
-             "--seed", str(seed), "--seconds", str(ATTACK_S)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                str(CLIENTS),
+                "--plain",
+                str(plain.port),
+                "--tls",
+                str(secure.port),
+                "--seed",
+                str(seed),
+                "--seconds",
+                str(ATTACK_S),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         failures: list[str] = []
         scrapes = 0
         most_threads = 0
@@ -115,16 +140,24 @@ def test_every_scrape_is_answered_whatever_the_clients_do(seed, certificate):
         # Every kind ran, and the server answered some well-behaved attacker clients as well.
         outcomes = report["outcomes"]
         assert outcomes.get("good 200", 0) > 0, (outcomes, replay)
-        assert {k.split()[0] for k in outcomes} >= {"half_request", "connect_reset",
-                                                     "slow_reader", "garbage", "oversized",
-                                                     "idle", "send_close", "wrong_protocol",
-                                                     "half_hello"}, (outcomes, replay)
+        assert {k.split()[0] for k in outcomes} >= {
+            "half_request",
+            "connect_reset",
+            "slow_reader",
+            "garbage",
+            "oversized",
+            "idle",
+            "send_close",
+            "wrong_protocol",
+            "half_hello",
+        }, (outcomes, replay)
         assert most_threads <= len(servers) * (1 + WORKERS), (most_threads, replay)
 
         # The clients are gone: nothing stays held, no descriptor leaked, scrapes still answer.
         end = time.monotonic() + IDLE_TIMEOUT_S + 5
-        while time.monotonic() < end and (any(s._waiting or s._busy for s in servers)
-                                          or open_fds() != baseline):
+        while time.monotonic() < end and (
+            any(s._waiting or s._busy for s in servers) or open_fds() != baseline
+        ):
             time.sleep(0.05)
         held = [(len(s._waiting), s._busy) for s in servers]
         assert held == [(0, 0), (0, 0)], (held, replay)

@@ -26,8 +26,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from promstack import (ALERTMANAGER_CONFIG, DASHBOARDS, REPO, RULE_TESTS, RULES, Alertmanager,
-                       Prometheus, get_json, require)
+from promstack import (
+    ALERTMANAGER_CONFIG,
+    DASHBOARDS,
+    REPO,
+    RULE_TESTS,
+    RULES,
+    Alertmanager,
+    Prometheus,
+    get_json,
+    require,
+)
 from torchvitals.collector import CollectorConfig, CollectorServer
 from support.world import free_port
 
@@ -76,17 +85,21 @@ def load_dashboards() -> dict[str, dict]:
 
 def test_promtool_checks_the_rules_and_runs_their_unit_tests():
     promtool = require("promtool")
-    check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True,
-                           text=True, timeout=60)
+    check = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    test = subprocess.run([promtool, "test", "rules", str(RULE_TESTS)], capture_output=True,
-                          text=True, timeout=120)
+    test = subprocess.run(
+        [promtool, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, timeout=120
+    )
     assert test.returncode == 0, test.stdout + test.stderr
 
 
 def test_every_alert_follows_the_conventions_and_has_a_runbook_section():
-    headings = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
-                for h in re.findall(r"^## (.+)$", RUNBOOKS.read_text(), re.M)}
+    headings = {
+        re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+        for h in re.findall(r"^## (.+)$", RUNBOOKS.read_text(), re.M)
+    }
     names = [a["alert"] for a in alerts()]
     assert len(names) == len(set(names))
     for a in alerts():
@@ -101,18 +114,28 @@ def test_every_alert_follows_the_conventions_and_has_a_runbook_section():
         if "record" in r:
             assert re.fullmatch(r"[a-z_]+:torchvitals_[a-z_]+:[a-z0-9_]+", r["record"]), r["record"]
     # The alerts the on-call plan counts on, with the severity that decides who wakes up.
-    expected = {"TorchvitalsLossNonFinite": "critical", "TorchvitalsLossSpike": "critical",
-                "TorchvitalsGradientExplosion": "warning", "TorchvitalsHotLearningRate": "warning",
-                "TorchvitalsDeadLayer": "warning", "TorchvitalsJobStalled": "critical",
-                "TorchvitalsRollbacksTooFrequent": "critical", "TorchvitalsStraggler": "warning",
-                "TorchvitalsAgentDown": "critical"}
-    assert {a["alert"]: a["labels"]["severity"] for a in alerts() if a["alert"] in expected} \
-        == expected
+    expected = {
+        "TorchvitalsLossNonFinite": "critical",
+        "TorchvitalsLossSpike": "critical",
+        "TorchvitalsGradientExplosion": "warning",
+        "TorchvitalsHotLearningRate": "warning",
+        "TorchvitalsDeadLayer": "warning",
+        "TorchvitalsJobStalled": "critical",
+        "TorchvitalsRollbacksTooFrequent": "critical",
+        "TorchvitalsStraggler": "warning",
+        "TorchvitalsAgentDown": "critical",
+    }
+    assert {
+        a["alert"]: a["labels"]["severity"] for a in alerts() if a["alert"] in expected
+    } == expected
 
 
 def test_every_alert_has_a_firing_case_and_every_delayed_alert_a_pending_case():
-    cases = [c for t in yaml.safe_load(RULE_TESTS.read_text())["tests"]
-             for c in t.get("alert_rule_test", [])]
+    cases = [
+        c
+        for t in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+        for c in t.get("alert_rule_test", [])
+    ]
     for a in alerts():
         mine = [c for c in cases if c["alertname"] == a["alert"]]
         assert any(c["exp_alerts"] for c in mine), f"{a['alert']}: no firing case"
@@ -132,8 +155,9 @@ def test_the_alertmanager_config_and_its_commented_examples_pass_amtool(tmp_path
     receivers = {r["name"]: r for r in yaml.safe_load(full.read_text())["receivers"]}
     assert {"pagerduty_configs", "slack_configs"} <= set(receivers["pager"])
     for path in (ALERTMANAGER_CONFIG, full):
-        check = subprocess.run([amtool, "check-config", str(path)], capture_output=True,
-                               text=True, timeout=60)
+        check = subprocess.run(
+            [amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60
+        )
         assert check.returncode == 0, check.stdout + check.stderr
     collector = receivers["torchvitals-collector"]["webhook_configs"][0]
     assert collector["url"].endswith("/alerts")
@@ -144,13 +168,19 @@ def test_alertmanager_routes_critical_torchvitals_alerts_to_the_collector_and_th
     amtool = require("amtool")
 
     def receivers(*labels: str) -> list[str]:
-        out = subprocess.run([amtool, "config", "routes", "test",
-                              f"--config.file={ALERTMANAGER_CONFIG}", *labels],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER_CONFIG}", *labels],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         return out.stdout.strip().split(",")
-    assert receivers("alertname=TorchvitalsLossNonFinite", "severity=critical", "job=a") \
-        == ["torchvitals-collector", "pager"]
+
+    assert receivers("alertname=TorchvitalsLossNonFinite", "severity=critical", "job=a") == [
+        "torchvitals-collector",
+        "pager",
+    ]
     assert receivers("alertname=TorchvitalsDeadLayer", "severity=warning", "job=a") == ["tickets"]
     assert receivers("alertname=TorchvitalsRolledBack", "severity=info") == ["default"]
     assert receivers("alertname=NodeDown", "severity=critical") == ["default"]
@@ -180,8 +210,9 @@ def test_the_provisioning_files_point_at_the_dashboards_and_a_prometheus():
     assert [p["type"] for p in providers["providers"]] == ["file"]
     sources = yaml.safe_load((PROVISIONING / "datasources" / "torchvitals.yml").read_text())
     assert [s["type"] for s in sources["datasources"]] == ["prometheus"]
-    assert sum(bool(s.get("isDefault")) for s in sources["datasources"]) == 1, \
+    assert sum(bool(s.get("isDefault")) for s in sources["datasources"]) == 1, (
         "the dashboards' datasource variable picks the default Prometheus"
+    )
 
 
 # ------------------------------------------------------------------ the live stack
@@ -201,13 +232,32 @@ def free_base_port() -> int:
 
 
 def launch(tmp: Path, name: str, base_port: int, *extra: str, env: dict) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-            "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(JOB_SCRIPT),
-            "--out", str(tmp / f"{name}.json"), "--stop", str(tmp / "stop"),
-            "--nan-at", str(NAN_AT), "--job", name, *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(JOB_SCRIPT),
+        "--out",
+        str(tmp / f"{name}.json"),
+        "--stop",
+        str(tmp / "stop"),
+        "--nan-at",
+        str(NAN_AT),
+        "--job",
+        name,
+        *extra,
+    ]
     log = open(tmp / f"{name}.log", "wb")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                            env={**env, "TORCHVITALS_METRICS_PORT": str(base_port)})
+    return subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**env, "TORCHVITALS_METRICS_PORT": str(base_port)},
+    )
 
 
 def directives(state_dir: Path) -> list[dict]:
@@ -218,15 +268,21 @@ def directives(state_dir: Path) -> list[dict]:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         db.row_factory = sqlite3.Row
-        return [{**dict(row), "labels": json.loads(row["labels"])}
-                for row in db.execute("SELECT * FROM directives")]
+        return [
+            {**dict(row), "labels": json.loads(row["labels"])}
+            for row in db.execute("SELECT * FROM directives")
+        ]
     finally:
         db.close()
 
 
 def firing(prom: Prometheus, alertname: str, job: str) -> bool:
-    return any(a["labels"].get("alertname") == alertname and a["labels"].get("job") == job
-               and a["state"] == "firing" for a in prom.alerts())
+    return any(
+        a["labels"].get("alertname") == alertname
+        and a["labels"].get("job") == job
+        and a["state"] == "firing"
+        for a in prom.alerts()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -238,10 +294,15 @@ def stack(tmp_path_factory):
     (tmp / "token").write_text(token + "\n")
     # Each job its own token: the webhook token is Alertmanager's only.
     job_tokens = {name: f"{name}-token-" + os.urandom(8).hex() for name in ("vitals", "bare")}
-    collector = CollectorServer(CollectorConfig(port=0, state_dir=str(tmp / "collector"),
-                                                webhook_token_file=str(tmp / "token"),
-                                                job_tokens=json.dumps(job_tokens),
-                                                access_log=False)).start()
+    collector = CollectorServer(
+        CollectorConfig(
+            port=0,
+            state_dir=str(tmp / "collector"),
+            webhook_token_file=str(tmp / "token"),
+            job_tokens=json.dumps(job_tokens),
+            access_log=False,
+        )
+    ).start()
     # The canonical routing with this test's collector, token file and short timers.
     am_config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
     for receiver in am_config["receivers"]:
@@ -257,31 +318,60 @@ def stack(tmp_path_factory):
         am = Alertmanager(tmp / "am", am_config)
         servers.append(am)
         vitals_port, bare_port = free_base_port(), free_base_port()
-        prom = Prometheus(tmp / "prom", {
-            "vitals": [f"127.0.0.1:{vitals_port}", f"127.0.0.1:{vitals_port + 1}"],
-            "bare": [f"127.0.0.1:{bare_port}", f"127.0.0.1:{bare_port + 1}"]},
-            [RULES], alertmanager=am.url)
+        prom = Prometheus(
+            tmp / "prom",
+            {
+                "vitals": [f"127.0.0.1:{vitals_port}", f"127.0.0.1:{vitals_port + 1}"],
+                "bare": [f"127.0.0.1:{bare_port}", f"127.0.0.1:{bare_port + 1}"],
+            },
+            [RULES],
+            alertmanager=am.url,
+        )
         servers.append(prom)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHVITALS_LOG_DIR": ""}
         started = time.time()
-        jobs.append(launch(tmp, "vitals", vitals_port, "--ckpt", str(tmp / "ckpt"),
-                           env={**env, "TORCHVITALS_WEBHOOK_TOKEN": job_tokens["vitals"]}))
-        jobs.append(launch(tmp, "bare", bare_port, "--collector-url",
-                           f"http://127.0.0.1:{collector.port}",
-                           env={**env, "TORCHVITALS_WEBHOOK_TOKEN": job_tokens["bare"]}))
+        jobs.append(
+            launch(
+                tmp,
+                "vitals",
+                vitals_port,
+                "--ckpt",
+                str(tmp / "ckpt"),
+                env={**env, "TORCHVITALS_WEBHOOK_TOKEN": job_tokens["vitals"]},
+            )
+        )
+        jobs.append(
+            launch(
+                tmp,
+                "bare",
+                bare_port,
+                "--collector-url",
+                f"http://127.0.0.1:{collector.port}",
+                env={**env, "TORCHVITALS_WEBHOOK_TOKEN": job_tokens["bare"]},
+            )
+        )
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
             if any(j.poll() is not None for j in jobs):
                 break
             acked = [d for d in directives(tmp / "collector") if d["acknowledged_at"]]
-            if acked and firing(prom, "TorchvitalsRolledBack", "vitals") \
-                    and time.time() - started > 30:
+            if (
+                acked
+                and firing(prom, "TorchvitalsRolledBack", "vitals")
+                and time.time() - started > 30
+            ):
                 break
             time.sleep(0.5)
-        state = {"prom": prom, "am": am, "tmp": tmp, "seconds": time.time() - started + 5,
-                 "directives": directives(tmp / "collector"),
-                 "nan_alerts": prom.query_range('ALERTS{alertname="TorchvitalsLossNonFinite"}',
-                                                time.time() - started + 5)}
+        state = {
+            "prom": prom,
+            "am": am,
+            "tmp": tmp,
+            "seconds": time.time() - started + 5,
+            "directives": directives(tmp / "collector"),
+            "nan_alerts": prom.query_range(
+                'ALERTS{alertname="TorchvitalsLossNonFinite"}', time.time() - started + 5
+            ),
+        }
         (tmp / "stop").write_text("stop")
         codes = {}
         for name, job in zip(("vitals", "bare"), jobs):
@@ -290,11 +380,11 @@ def stack(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 job.kill()
                 codes[name] = "hung"
-        logs = {name: (tmp / f"{name}.log").read_text(errors="replace")[-3000:]
-                for name in codes}
+        logs = {name: (tmp / f"{name}.log").read_text(errors="replace")[-3000:] for name in codes}
         assert codes == {"vitals": 0, "bare": 0}, (codes, logs)
-        state["reports"] = {name: json.loads((tmp / f"{name}.json").read_text())["reports"]
-                            for name in codes}
+        state["reports"] = {
+            name: json.loads((tmp / f"{name}.json").read_text())["reports"] for name in codes
+        }
         yield state
     finally:
         (tmp / "stop").write_text("stop")
@@ -337,8 +427,14 @@ def test_a_job_that_rolled_back_by_itself_gets_no_order(stack):
 @pytest.mark.distributed
 def test_every_dashboard_panel_returns_data_from_the_live_prometheus(stack):
     prom = stack["prom"]
-    variables = {"job": "vitals", "block": ".*", "__rate_interval": "10s", "__interval": "1s",
-                 "__range": f"{int(stack['seconds'])}s", "datasource": "prometheus"}
+    variables = {
+        "job": "vitals",
+        "block": ".*",
+        "__rate_interval": "10s",
+        "__interval": "1s",
+        "__range": f"{int(stack['seconds'])}s",
+        "datasource": "prometheus",
+    }
     empty = []
     checked = 0
     for name, dashboard in load_dashboards().items():
@@ -358,6 +454,7 @@ def test_the_dashboard_variables_resolve_against_the_live_prometheus(stack):
     prom = stack["prom"]
     jobs = get_json(f"{prom.url}/api/v1/label/job/values?match[]=torchvitals_build_info")["data"]
     assert {"vitals", "bare"} <= set(jobs)
-    blocks = get_json(f"{prom.url}/api/v1/label/block/values?"
-                      'match[]=torchvitals_grad_norm{job="vitals"}')["data"]
+    blocks = get_json(
+        f'{prom.url}/api/v1/label/block/values?match[]=torchvitals_grad_norm{{job="vitals"}}'
+    )["data"]
     assert {"emb", "blocks.0", "blocks.1", "head"} <= set(blocks), blocks

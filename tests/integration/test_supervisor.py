@@ -27,15 +27,31 @@ PYTHONPATH = os.pathsep.join(p for p in (str(ROOT.parent), os.environ.get("PYTHO
 
 
 def job(tmp_path: Path, fault: str) -> list[str]:
-    return [sys.executable, str(JOB), "--ckpt", str(tmp_path / "ckpt"),
-            "--out", str(tmp_path / "out.jsonl"), "--steps", "20", "--fault", fault,
-            "--fault-step", "12"]
+    return [
+        sys.executable,
+        str(JOB),
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(tmp_path / "out.jsonl"),
+        "--steps",
+        "20",
+        "--fault",
+        fault,
+        "--fault-step",
+        "12",
+    ]
 
 
 def supervise_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": PYTHONPATH}
-    return subprocess.run([sys.executable, "-m", "torchvitals", "supervise", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "torchvitals", "supervise", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def attempts(tmp_path: Path) -> list[dict]:
@@ -49,10 +65,22 @@ def last_healthy(tmp_path: Path) -> int:
 
 @pytest.mark.distributed
 def test_a_killed_rank_is_restarted_and_the_job_resumes_from_the_last_healthy_checkpoint(tmp_path):
-    run = supervise_cli("--checkpoint-dir", str(tmp_path / "ckpt"), "--heartbeat-root",
-                        str(tmp_path / "hb"), "--backoff-s", "0.1", "--grace-s", "2",
-                        "--hang-timeout-s", "30", "--startup-timeout-s", "60", "--",
-                        *job(tmp_path, "kill"))
+    run = supervise_cli(
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--heartbeat-root",
+        str(tmp_path / "hb"),
+        "--backoff-s",
+        "0.1",
+        "--grace-s",
+        "2",
+        "--hang-timeout-s",
+        "30",
+        "--startup-timeout-s",
+        "60",
+        "--",
+        *job(tmp_path, "kill"),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "ckpt" / "fault-kill-done").exists()
     # Rank 1 died at step 12: the first attempt never finished, the second resumed from the
@@ -66,10 +94,16 @@ def test_a_killed_rank_is_restarted_and_the_job_resumes_from_the_last_healthy_ch
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_stopped_rank_is_detected_as_a_hang_and_the_job_restarted(tmp_path):
-    config = SupervisorConfig(hang_timeout_s=3, startup_timeout_s=60, checkpoint_timeout_s=30,
-                              grace_s=2, backoff_s=0.1, poll_s=0.1,
-                              checkpoint_dir=str(tmp_path / "ckpt"),
-                              heartbeat_root=str(tmp_path / "hb"))
+    config = SupervisorConfig(
+        hang_timeout_s=3,
+        startup_timeout_s=60,
+        checkpoint_timeout_s=30,
+        grace_s=2,
+        backoff_s=0.1,
+        poll_s=0.1,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        heartbeat_root=str(tmp_path / "hb"),
+    )
     metrics = SupervisorMetrics()
     started = time.monotonic()
     supervisor = Supervisor(config, job(tmp_path, "stop"), metrics=metrics)
@@ -92,8 +126,20 @@ def test_a_stopped_rank_is_detected_as_a_hang_and_the_job_restarted(tmp_path):
 
 def test_a_job_that_crashes_at_start_stops_when_the_restart_budget_is_spent(tmp_path):
     started = time.monotonic()
-    run = supervise_cli("--max-restarts", "2", "--no-progress-restarts", "5", "--backoff-s",
-                        "0.05", "--grace-s", "1", "--", sys.executable, "-c", "raise SystemExit(3)")
+    run = supervise_cli(
+        "--max-restarts",
+        "2",
+        "--no-progress-restarts",
+        "5",
+        "--backoff-s",
+        "0.05",
+        "--grace-s",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        "raise SystemExit(3)",
+    )
     assert run.returncode == 77, run.stderr[-3000:]
     assert run.stderr.count("ended by crash (status 3)") == 3
     assert time.monotonic() - started < 15
@@ -101,13 +147,24 @@ def test_a_job_that_crashes_at_start_stops_when_the_restart_budget_is_spent(tmp_
 
 def test_restarts_without_progress_stop_with_their_own_exit_code(tmp_path):
     metrics = SupervisorMetrics()
-    config = SupervisorConfig(max_restarts=10, no_progress_restarts=2, backoff_s=0.05, grace_s=1,
-                              poll_s=0.05, heartbeat_root=str(tmp_path / "hb"))
-    status = Supervisor(config, [sys.executable, "-c", "raise SystemExit(3)"],
-                        metrics=metrics).run()
+    config = SupervisorConfig(
+        max_restarts=10,
+        no_progress_restarts=2,
+        backoff_s=0.05,
+        grace_s=1,
+        poll_s=0.05,
+        heartbeat_root=str(tmp_path / "hb"),
+    )
+    status = Supervisor(
+        config, [sys.executable, "-c", "raise SystemExit(3)"], metrics=metrics
+    ).run()
     assert status == 76
-    assert metrics.registry.get_sample_value("torchvitals_supervisor_restarts_total",
-                                             {"reason": "crash"}) == 2
+    assert (
+        metrics.registry.get_sample_value(
+            "torchvitals_supervisor_restarts_total", {"reason": "crash"}
+        )
+        == 2
+    )
     assert metrics.registry.get_sample_value("torchvitals_supervisor_attempt") == 3
 
 
@@ -130,15 +187,25 @@ sys.exit(subprocess.call([sys.executable, __file__, sys.argv[1], "worker"], star
 def test_a_worker_outside_the_launchers_process_group_is_stopped_too(tmp_path):
     script = tmp_path / "launcher.py"
     script.write_text(WORKER_IN_OWN_SESSION)
-    config = SupervisorConfig(hang_timeout_s=1, startup_timeout_s=30, grace_s=2, backoff_s=0.05,
-                              poll_s=0.05, heartbeat_root=str(tmp_path / "hb"))
-    supervisor = Supervisor(config, [sys.executable, str(script), str(tmp_path / "stopped")],
-                            environ={**os.environ, "PYTHONPATH": PYTHONPATH})
+    config = SupervisorConfig(
+        hang_timeout_s=1,
+        startup_timeout_s=30,
+        grace_s=2,
+        backoff_s=0.05,
+        poll_s=0.05,
+        heartbeat_root=str(tmp_path / "hb"),
+    )
+    supervisor = Supervisor(
+        config,
+        [sys.executable, str(script), str(tmp_path / "stopped")],
+        environ={**os.environ, "PYTHONPATH": PYTHONPATH},
+    )
     assert supervisor.run() == 0
     worker = int((tmp_path / "stopped").read_text())
     state = Path(f"/proc/{worker}/stat")
-    assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] == "Z", \
+    assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] == "Z", (
         "the stopped worker outlived the supervision"
+    )
     assert [a.reason for a in supervisor.history] == ["hang", "exit"]
 
 
@@ -147,10 +214,22 @@ def test_a_job_that_aborts_itself_is_not_restarted(tmp_path):
     # NaN at every step from 12 on: the watchdog rolls back to step 10 three times, then its
     # loop guard aborts every rank. The launcher (like torchrun) reports only "a worker failed",
     # exit 1; the heartbeat says the abort was on purpose, and a restart would undo it.
-    run = supervise_cli("--checkpoint-dir", str(tmp_path / "ckpt"), "--heartbeat-root",
-                        str(tmp_path / "hb"), "--backoff-s", "0.1", "--grace-s", "2",
-                        "--hang-timeout-s", "30", "--startup-timeout-s", "60", "--",
-                        *job(tmp_path, "nan"))
+    run = supervise_cli(
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--heartbeat-root",
+        str(tmp_path / "hb"),
+        "--backoff-s",
+        "0.1",
+        "--grace-s",
+        "2",
+        "--hang-timeout-s",
+        "30",
+        "--startup-timeout-s",
+        "60",
+        "--",
+        *job(tmp_path, "nan"),
+    )
     assert run.returncode == 75, run.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "hb").iterdir()) == ["attempt-0001"]
     assert "aborted itself" in run.stderr
@@ -161,6 +240,7 @@ def test_a_job_that_aborts_itself_is_not_restarted(tmp_path):
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -171,10 +251,23 @@ def scrape_while_running(url: str, *flags: str, context=None) -> tuple[str, str]
     stop the supervisor; returns (the scrape, the supervisor's stderr)."""
     import signal
     import urllib.request
-    proc = subprocess.Popen([sys.executable, "-m", "torchvitals", "supervise", *flags, "--",
-                             sys.executable, "-c", "import time; time.sleep(20)"],
-                            env={**os.environ, "PYTHONPATH": PYTHONPATH},
-                            stderr=subprocess.PIPE, text=True)
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchvitals",
+            "supervise",
+            *flags,
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(20)",
+        ],
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -182,7 +275,7 @@ def scrape_while_running(url: str, *flags: str, context=None) -> tuple[str, str]
                 with urllib.request.urlopen(url, timeout=2, context=context) as r:
                     body = r.read().decode()
                 break
-            except OSError as exc:      # refused: not listening yet; anything else answers
+            except OSError as exc:  # refused: not listening yet; anything else answers
                 up = not isinstance(getattr(exc, "reason", exc), ConnectionRefusedError)
                 if up or time.monotonic() > deadline or proc.poll() is not None:
                     raise
@@ -197,29 +290,63 @@ def test_the_supervisor_metrics_bind_where_told(tmp_path):
     # 127.0.0.2 is loopback too on Linux, and not where the default binds: a scrape there
     # proves --metrics-host was honoured (a pod's IP in the chart).
     port = free_port()
-    body, _ = scrape_while_running(f"http://127.0.0.2:{port}/metrics", "--metrics-port", str(port),
-                                   "--metrics-host", "127.0.0.2",
-                                   "--heartbeat-root", str(tmp_path / "hb"))
+    body, _ = scrape_while_running(
+        f"http://127.0.0.2:{port}/metrics",
+        "--metrics-port",
+        str(port),
+        "--metrics-host",
+        "127.0.0.2",
+        "--heartbeat-root",
+        str(tmp_path / "hb"),
+    )
     assert "torchvitals_supervisor_attempt 1.0" in body
 
 
 def test_the_supervisor_metrics_serve_https_with_client_certificates(tmp_path):
     import ssl
+
     for name in ("server", "client"):
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                        "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
-                        f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", str(tmp_path / f"{name}.key"),
-                        "-out", str(tmp_path / f"{name}.crt")],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                f"/CN={name}",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+                "-keyout",
+                str(tmp_path / f"{name}.key"),
+                "-out",
+                str(tmp_path / f"{name}.crt"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     port = free_port()
     context = ssl.create_default_context(cafile=str(tmp_path / "server.crt"))
     context.load_cert_chain(str(tmp_path / "client.crt"), str(tmp_path / "client.key"))
     url = f"https://127.0.0.1:{port}/metrics"
-    flags = ("--metrics-port", str(port), "--metrics-certfile", str(tmp_path / "server.crt"),
-             "--metrics-keyfile", str(tmp_path / "server.key"),
-             "--metrics-client-cafile", str(tmp_path / "client.crt"),
-             "--heartbeat-root", str(tmp_path / "hb"))
+    flags = (
+        "--metrics-port",
+        str(port),
+        "--metrics-certfile",
+        str(tmp_path / "server.crt"),
+        "--metrics-keyfile",
+        str(tmp_path / "server.key"),
+        "--metrics-client-cafile",
+        str(tmp_path / "client.crt"),
+        "--heartbeat-root",
+        str(tmp_path / "hb"),
+    )
     body, _ = scrape_while_running(url, *flags, context=context)
     assert "torchvitals_supervisor_restarts_total" in body
     # Without a client certificate the handshake is refused.

@@ -39,9 +39,25 @@ def torchrun(out: Path, *args: str, timeout: int = 600) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", str(JOB), "--out", str(out), *args],
-                          cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(JOB),
+            "--out",
+            str(out),
+            *args,
+        ],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     for r in range(2):
         (out / f"rank{r}.json").rename(out / f"rank{r}-done.json")
@@ -49,36 +65,52 @@ def torchrun(out: Path, *args: str, timeout: int = 600) -> list[dict]:
 
 
 def test_a_nan_on_one_rank_rolls_both_back_and_the_run_trains_its_configured_steps(tmp_path):
-    ranks = torchrun(tmp_path, "--steps", "20", "--fault-step", "12", "--fault-rank", "1",
-                     "--checkpoint-dir", str(tmp_path / "ckpt"))
+    ranks = torchrun(
+        tmp_path,
+        "--steps",
+        "20",
+        "--fault-step",
+        "12",
+        "--fault-rank",
+        "1",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    )
     actions = [[(r["step"], r["action"]) for r in rank["reports"]] for rank in ranks]
     assert actions[0] == actions[1], "the ranks took different decisions"
+
     # Healthy until the fault: per-layer blocks, no other verdict (no false warning), every
     # report identical on both ranks (as JSON: the rolled-back step's loss is NaN).
     def same(reports):
-        return [json.dumps({k: v for k, v in r.items() if k != "id"}, sort_keys=True)
-                for r in reports]
+        return [
+            json.dumps({k: v for k, v in r.items() if k != "id"}, sort_keys=True) for r in reports
+        ]
+
     assert same(ranks[0]["reports"]) == same(ranks[1]["reports"])
     assert ranks[1]["injected"] == [12] and ranks[0]["injected"] == []
     for rank in ranks:
         reports = rank["reports"]
         rollbacks = [r for r in reports if r["action"] == "rollback"]
-        assert [(r["step"], r["rollback"]["to_step"], r["rollback"]["lr_scale"])
-                for r in rollbacks] == [(12, 10, 0.5)]
+        assert [
+            (r["step"], r["rollback"]["to_step"], r["rollback"]["lr_scale"]) for r in rollbacks
+        ] == [(12, 10, 0.5)]
         assert rank["blocks"] == ["tok_embeddings", *LAYERS, "lm_head", "other"]
         assert rank["verdicts"] == ["[critical] step 12: nonfinite_loss"]
-        assert rank["absorbed"] == [12]          # torchtitan's NaN check did not stop the run
+        assert rank["absorbed"] == [12]  # torchtitan's NaN check did not stop the run
         # torchtitan's step counter and its scheduler follow the rollback: 20 model steps
         assert rank["final_step"] == rank["agent_step"] == rank["sched_last_epoch"] == 20
         # steps 11 and 12 were trained again from the step-10 checkpoint, on new batches
-        assert [r["step"] for r in reports if r["action"] == "step"] == [*range(1, 12), *range(11, 21)]
+        assert [r["step"] for r in reports if r["action"] == "step"] == [
+            *range(1, 12),
+            *range(11, 21),
+        ]
         assert rank["finite_params"]
         assert all(math.isfinite(r["loss"]) for r in reports if r["action"] == "step")
         before = {r["step"]: r for r in reports[:11]}
         after = reports[12:]
         for r in reports[:11]:
             assert r["lr"] == [pytest.approx(x, rel=1e-9) for x in r["scheduled_lr"]]
-        for r in after:     # torchtitan's scheduler, restored to step 10, backed off by half
+        for r in after:  # torchtitan's scheduler, restored to step 10, backed off by half
             assert r["lr"] == [pytest.approx(0.5 * x, rel=1e-9) for x in r["scheduled_lr"]]
             if r["step"] in before:
                 assert r["lr"][0] == pytest.approx(0.5 * before[r["step"]]["lr"][0], rel=1e-9)
@@ -102,13 +134,24 @@ def rolled_back(tmp_path_factory):
     NaN on rank 1 at step 12 rolls both ranks back to step 10 at learning-rate scale 0.5, then
     torchtitan saves step 10 again and step 12."""
     root = tmp_path_factory.mktemp("rolled-back")
-    ranks = torchrun(root / "run", "--steps", "16", "--stop-after", "13", *FAULT,
-                     "--checkpoint-dir", str(root / "ckpt"), "--titan-folder", str(root / "titan"),
-                     "--titan-interval", "2")
+    ranks = torchrun(
+        root / "run",
+        "--steps",
+        "16",
+        "--stop-after",
+        "13",
+        *FAULT,
+        "--checkpoint-dir",
+        str(root / "ckpt"),
+        "--titan-folder",
+        str(root / "titan"),
+        "--titan-interval",
+        "2",
+    )
     return root, ranks
 
 
-def _titan_copy(root: Path, dest: Path, upto: int = 10 ** 9) -> str:
+def _titan_copy(root: Path, dest: Path, upto: int = 10**9) -> str:
     """A copy of the run's torchtitan folder (a restart writes into its folder), with only the
     checkpoints of the steps up to ``upto``."""
     shutil.copytree(root / "titan", dest)
@@ -123,10 +166,9 @@ def _last_of_each_step(reports: list[dict]) -> dict[int, dict]:
     return {r["step"]: r for r in reports if r["action"] == "step"}
 
 
-def test_a_restart_resumes_from_the_torchvitals_checkpoint_with_the_back_off(rolled_back,
-                                                                             tmp_path):
+def test_a_restart_resumes_from_the_torchvitals_checkpoint_with_the_back_off(rolled_back, tmp_path):
     root, _ = rolled_back
-    ckpt = tmp_path / "ckpt"        # torchvitals' folder alone (torchtitan's checkpointer off)
+    ckpt = tmp_path / "ckpt"  # torchvitals' folder alone (torchtitan's checkpointer off)
     shutil.copytree(root / "ckpt", ckpt)
     ranks = torchrun(tmp_path / "again", "--steps", "16", "--checkpoint-dir", str(ckpt), "--resume")
     for rank in ranks:
@@ -142,40 +184,68 @@ def test_a_restart_resumes_from_the_torchvitals_checkpoint_with_the_back_off(rol
 
 
 def test_torchtitans_own_checkpoints_carry_the_back_off_and_a_restart_from_them_keeps_it(
-        rolled_back, tmp_path):
+    rolled_back, tmp_path
+):
     root, first = rolled_back
     assert sorted(int(p.name[5:]) for p in (root / "titan").glob("step-*")) == [2, 4, 6, 8, 10, 12]
     for rank in first:
-        assert [(r["step"], r["action"]) for r in rank["reports"] if r["action"] != "step"] == \
-            [(12, "rollback")]
+        assert [(r["step"], r["action"]) for r in rank["reports"] if r["action"] != "step"] == [
+            (12, "rollback")
+        ]
         assert rank["final_step"] == rank["sched_last_epoch"] == 13
     # The reference: the same run, not stopped.
-    through = torchrun(tmp_path / "through", "--steps", "16", *FAULT,
-                       "--checkpoint-dir", str(tmp_path / "ckpt-through"),
-                       "--titan-folder", str(tmp_path / "titan-through"), "--titan-interval", "2")
+    through = torchrun(
+        tmp_path / "through",
+        "--steps",
+        "16",
+        *FAULT,
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt-through"),
+        "--titan-folder",
+        str(tmp_path / "titan-through"),
+        "--titan-interval",
+        "2",
+    )
     # A restart from torchtitan's folder alone: torchvitals' checkpoint_dir is a new, empty one.
-    ranks = torchrun(tmp_path / "again", "--steps", "16", "--checkpoint-dir",
-                     str(tmp_path / "fresh"), "--titan-folder", _titan_copy(root, tmp_path / "titan"),
-                     "--titan-interval", "2")
+    ranks = torchrun(
+        tmp_path / "again",
+        "--steps",
+        "16",
+        "--checkpoint-dir",
+        str(tmp_path / "fresh"),
+        "--titan-folder",
+        _titan_copy(root, tmp_path / "titan"),
+        "--titan-interval",
+        "2",
+    )
     for rank, ref in zip(ranks, through):
         assert rank["resumed_from"] == 12
         # what torchtitan's step-12 checkpoint, written after the rollback, carried: the
         # back-off, the skip list (empty: torchtitan draws its own batches, so a rollback
         # re-seeds instead of skipping), the rollback the loop guard still counts, 2 ticks back
-        assert rank["adopted"] == {"step": 12, "lr_scale": 0.5, "skipped": [], "position": 0,
-                                   "rollbacks_ago": [2]}
+        assert rank["adopted"] == {
+            "step": 12,
+            "lr_scale": 0.5,
+            "skipped": [],
+            "position": 0,
+            "rollbacks_ago": [2],
+        }
         assert rank["lr_scale"] == 0.5 and rank["skipped"] == [] and rank["recent_rollbacks"] == 1
-        assert [(e["event"], e["step"], e["lr_scale"], e["skipped"]) for e in rank["ledger"]
-                if e["event"] == "adopt"] == [("adopt", 12, 0.5, [])]
+        assert [
+            (e["event"], e["step"], e["lr_scale"], e["skipped"])
+            for e in rank["ledger"]
+            if e["event"] == "adopt"
+        ] == [("adopt", 12, 0.5, [])]
         reports = rank["reports"]
         assert [(r["step"], r["action"]) for r in reports] == [(s, "step") for s in range(13, 17)]
         assert rank["final_step"] == rank["agent_step"] == rank["sched_last_epoch"] == 16
-        for r in reports:       # torchtitan's scheduler, restored to step 12, backed off by half
+        for r in reports:  # torchtitan's scheduler, restored to step 12, backed off by half
             assert r["lr"] == [pytest.approx(0.5 * x, rel=1e-9) for x in r["scheduled_lr"]]
         # what the AdamW really stepped with (after the one step at LR 0 by which torch's DCP
         # state-dict loader builds an empty optimizer's state before loading into it)
-        assert rank["stepped_lr"][-len(reports):] == [
-            [pytest.approx(0.5 * r["scheduled_lr"][0], rel=1e-9)] for r in reports]
+        assert rank["stepped_lr"][-len(reports) :] == [
+            [pytest.approx(0.5 * r["scheduled_lr"][0], rel=1e-9)] for r in reports
+        ]
         # the restart continues the run as it went on: weights, optimizer, schedule, data
         after = _last_of_each_step(ref["reports"])
         for r in reports:
@@ -191,13 +261,25 @@ def test_with_both_kinds_of_checkpoint_a_restart_takes_the_newer(rolled_back, tm
         # torchtitan's load is left off, the run continues from torchvitals' step 10.
         ckpt = tmp_path / f"ckpt-{upto}"
         shutil.copytree(root / "ckpt", ckpt)
-        ranks = torchrun(tmp_path / f"upto-{upto}", "--steps", "16", "--checkpoint-dir", str(ckpt),
-                         "--resume", "--titan-folder",
-                         _titan_copy(root, tmp_path / f"titan-{upto}", upto), "--titan-interval", "2")
+        ranks = torchrun(
+            tmp_path / f"upto-{upto}",
+            "--steps",
+            "16",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--resume",
+            "--titan-folder",
+            _titan_copy(root, tmp_path / f"titan-{upto}", upto),
+            "--titan-interval",
+            "2",
+        )
         for rank in ranks:
             assert rank["resumed_from"] == resumed and rank["lr_scale"] == 0.5
-            assert rank["adopted"] == ({"step": 12, "lr_scale": 0.5, "skipped": [], "position": 0,
-                                        "rollbacks_ago": [2]} if resumed == 12 else None)
+            assert rank["adopted"] == (
+                {"step": 12, "lr_scale": 0.5, "skipped": [], "position": 0, "rollbacks_ago": [2]}
+                if resumed == 12
+                else None
+            )
             assert not [e for e in rank["ledger"] if e["event"] == "adopt"]
             assert [r["step"] for r in rank["reports"]] == list(range(resumed + 1, 17))
             assert rank["final_step"] == rank["sched_last_epoch"] == 16
@@ -207,11 +289,29 @@ def test_with_both_kinds_of_checkpoint_a_restart_takes_the_newer(rolled_back, tm
 
 def test_the_example_trains_torchtitan_under_the_agent(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHVITALS_")}
-    env.update(OMP_NUM_THREADS="1", TORCHVITALS_METRICS_PORT="0", TORCHVITALS_LOG_DIR=str(tmp_path / "runs"))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", str(HERE / "titan_example_job.py"),
-                           str(tmp_path), "3"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    env.update(
+        OMP_NUM_THREADS="1",
+        TORCHVITALS_METRICS_PORT="0",
+        TORCHVITALS_LOG_DIR=str(tmp_path / "runs"),
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(HERE / "titan_example_job.py"),
+            str(tmp_path),
+            "3",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     events = list((tmp_path / "runs").glob("*/events.jsonl"))
     assert events, "the agent wrote no event log"

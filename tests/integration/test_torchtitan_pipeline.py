@@ -26,18 +26,31 @@ BLOCKS = ["tok_embeddings", *LAYERS, "lm_head", "other"]
 
 def test_two_pipeline_stages_roll_back_together_and_resume_with_the_back_off(tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    ranks = torchrun(tmp_path / "first", "--pipeline", "2", "--steps", "12", "--fault-step", "7",
-                     "--fault-rank", "1", "--checkpoint-dir", ckpt)
-    assert ranks[0]["reports"] == [dict(r, id=a["id"]) for r, a in zip(ranks[1]["reports"],
-                                                                       ranks[0]["reports"])]
+    ranks = torchrun(
+        tmp_path / "first",
+        "--pipeline",
+        "2",
+        "--steps",
+        "12",
+        "--fault-step",
+        "7",
+        "--fault-rank",
+        "1",
+        "--checkpoint-dir",
+        ckpt,
+    )
+    assert ranks[0]["reports"] == [
+        dict(r, id=a["id"]) for r, a in zip(ranks[1]["reports"], ranks[0]["reports"])
+    ]
     assert ranks[1]["injected"] == [7] and ranks[0]["injected"] == []
-    last = ranks[1]     # the stage that computes the loss: torchtitan logs it there only
+    last = ranks[1]  # the stage that computes the loss: torchtitan logs it there only
     for rank in ranks:
         assert rank["blocks"] == BLOCKS and rank["kinds"][0] == "embedding"
         assert rank["verdicts"] == ["[critical] step 7: nonfinite_loss"]
         reports = rank["reports"]
-        assert [(r["step"], r["action"]) for r in reports] == \
-            [(s, "step") for s in range(1, 7)] + [(7, "rollback")] + [(s, "step") for s in range(6, 13)]
+        assert [(r["step"], r["action"]) for r in reports] == [(s, "step") for s in range(1, 7)] + [
+            (7, "rollback")
+        ] + [(s, "step") for s in range(6, 13)]
         assert reports[6]["rollback"]["to_step"] == 5 and reports[6]["rollback"]["lr_scale"] == 0.5
         assert rank["final_step"] == rank["agent_step"] == rank["sched_last_epoch"] == 12
         assert rank["finite_params"]
@@ -51,12 +64,13 @@ def test_two_pipeline_stages_roll_back_together_and_resume_with_the_back_off(tmp
             assert r["grad_norm_total"] == pytest.approx(norm, rel=1e-6), r["step"]
         for r in reports[:6]:
             assert r["lr"] == [pytest.approx(x, rel=1e-9) for x in r["scheduled_lr"]]
-        for r in reports[7:]:       # the scheduler restored to step 5, backed off by half
+        for r in reports[7:]:  # the scheduler restored to step 5, backed off by half
             assert math.isfinite(r["loss"])
             assert r["lr"] == [pytest.approx(0.5 * x, rel=1e-9) for x in r["scheduled_lr"]]
-    assert last["absorbed"] == [7]      # torchtitan's NaN check did not stop the run
-    again = torchrun(tmp_path / "again", "--pipeline", "2", "--steps", "14",
-                     "--checkpoint-dir", ckpt, "--resume")
+    assert last["absorbed"] == [7]  # torchtitan's NaN check did not stop the run
+    again = torchrun(
+        tmp_path / "again", "--pipeline", "2", "--steps", "14", "--checkpoint-dir", ckpt, "--resume"
+    )
     for rank in again:
         assert rank["resumed_from"] == 10
         assert [r["step"] for r in rank["reports"]] == [11, 12, 13, 14]

@@ -33,14 +33,13 @@ from pathlib import Path
 import torch
 import torch.utils._triton as _triton
 
-_triton.has_triton_package()                 # cached False before the stand-in is importable
+_triton.has_triton_package()  # cached False before the stand-in is importable
 import torch._inductor.runtime.hints  # noqa: E402,F401
 import torch._inductor.runtime.triton_compat  # noqa: E402,F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "titan_stubs"))
 
 import torchtitan.tools.utils as _tt_utils  # noqa: E402
-
 
 
 class _CpuDevice:
@@ -75,23 +74,42 @@ from torch.distributed.fsdp._fully_shard import _fsdp_collectives  # noqa: E402
 _divide_factors = _fsdp_collectives._get_gradient_divide_factors
 
 
-def _sum_then_divide(reduce_scatter_group, all_reduce_group, reduce_dtype, device_type="",
-                     factor=None, force_sum_reduction_for_comms=False):
+def _sum_then_divide(
+    reduce_scatter_group,
+    all_reduce_group,
+    reduce_dtype,
+    device_type="",
+    factor=None,
+    force_sum_reduction_for_comms=False,
+):
     """FSDP2's gradient divide as a SUM plus a division (gloo has no PREMUL_SUM)."""
-    return _divide_factors(reduce_scatter_group, all_reduce_group, reduce_dtype, device_type,
-                           factor, True)
+    return _divide_factors(
+        reduce_scatter_group, all_reduce_group, reduce_dtype, device_type, factor, True
+    )
 
 
 _fsdp_collectives._get_gradient_divide_factors = _sum_then_divide
 
 
-def _causal_sdpa(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, score_mod=None,
-                 scale=None, enable_gqa=False, out_transform=None, **kwargs):
+def _causal_sdpa(
+    self,
+    q_BLNH,
+    k_BLNH,
+    v_BLNH,
+    *,
+    attention_masks=None,
+    score_mod=None,
+    scale=None,
+    enable_gqa=False,
+    out_transform=None,
+    **kwargs,
+):
     """FlexAttention's forward as causal SDPA (no compiled flex kernel on CPU)."""
     assert score_mod is None and out_transform is None
     q, k, v = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                           enable_gqa=enable_gqa)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa
+    )
     return out.transpose(1, 2)
 
 
@@ -102,18 +120,36 @@ from torch.distributed.pipelining import schedules as _schedules  # noqa: E402
 
 def _presplit_step(step):
     """A schedule's ``step`` that also takes the microbatches already split (torchtitan 0.3.0)."""
-    def run(self, *args, arg_mbs=None, kwarg_mbs=None, target_mbs=None, losses=None,
-            return_outputs=True, loss_kwargs=None, **kwargs):
+
+    def run(
+        self,
+        *args,
+        arg_mbs=None,
+        kwarg_mbs=None,
+        target_mbs=None,
+        losses=None,
+        return_outputs=True,
+        loss_kwargs=None,
+        **kwargs,
+    ):
         if arg_mbs is None and kwarg_mbs is None and target_mbs is None:
-            return step(self, *args, losses=losses, return_outputs=return_outputs,
-                        loss_kwargs=loss_kwargs, **kwargs)
+            return step(
+                self,
+                *args,
+                losses=losses,
+                return_outputs=return_outputs,
+                loss_kwargs=loss_kwargs,
+                **kwargs,
+            )
         stages = getattr(self, "_stages", None) or [self._stage]
         for stage in stages:
             stage.has_backward = self._has_backward
             stage.clear_runtime_states()
-        self._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs,
-                                loss_kwargs=loss_kwargs)
+        self._step_microbatches(
+            arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs, loss_kwargs=loss_kwargs
+        )
         return None
+
     return run
 
 
@@ -130,8 +166,17 @@ class SyntheticTokens(BaseDataLoader):
     class Config(BaseDataLoader.Config):
         seed: int = 0
 
-    def __init__(self, config: "SyntheticTokens.Config", *, dp_world_size: int, dp_rank: int,
-                 tokenizer, seq_len: int, local_batch_size: int, **kwargs) -> None:
+    def __init__(
+        self,
+        config: "SyntheticTokens.Config",
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        **kwargs,
+    ) -> None:
         self.seq_len, self.batch, self.dp_rank = seq_len, local_batch_size, dp_rank
         self.generator = torch.Generator().manual_seed(1000 * config.seed + dp_rank)
 
@@ -163,14 +208,29 @@ def tokenizer_folder(root: Path) -> Path:
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
         tok.save(str(folder / "tokenizer.json"))
-        (folder / "tokenizer_config.json").write_text(json.dumps({
-            "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
-            "add_bos_token": True, "add_eos_token": False}))
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "bos_token": "<|begin_of_text|>",
+                    "eos_token": "<|end_of_text|>",
+                    "add_bos_token": True,
+                    "add_eos_token": False,
+                }
+            )
+        )
     return folder
 
 
-def debug_llama3(root: Path, *, steps: int, seq_len: int = 32, batch: int = 2, seed: int = 0,
-                 pipeline: int = 1, schedule: str = "1F1B"):
+def debug_llama3(
+    root: Path,
+    *,
+    steps: int,
+    seq_len: int = 32,
+    batch: int = 2,
+    seed: int = 0,
+    pipeline: int = 1,
+    schedule: str = "1F1B",
+):
     """torchtitan's llama3 debug config, sized for CPU, everything else its defaults;
     ``pipeline`` > 1: that many pipeline stages over the ranks (``schedule``)."""
     config = llama3_debugmodel()
@@ -188,7 +248,7 @@ def debug_llama3(root: Path, *, steps: int, seq_len: int = 32, batch: int = 2, s
     if pipeline > 1:
         config.parallelism.pipeline_parallel_degree = pipeline
         config.parallelism.pipeline_parallel_schedule = schedule
-        config.training.disable_cuda_graphs = True     # torchtitan requires it with pipelines
+        config.training.disable_cuda_graphs = True  # torchtitan requires it with pipelines
     return config
 
 

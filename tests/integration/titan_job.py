@@ -39,8 +39,12 @@ def main() -> None:
     parser.add_argument("--pipeline", type=int, default=1, help="pipeline stages (1F1B)")
     parser.add_argument("--titan-folder", default="")
     parser.add_argument("--titan-interval", type=int, default=5)
-    parser.add_argument("--stop-after", type=int, default=0,
-                        help="end after this model step, as a crash would (no last checkpoint)")
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=0,
+        help="end after this model step, as a crash would (no last checkpoint)",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     config = titan_harness.debug_llama3(args.out, steps=args.steps, pipeline=args.pipeline)
@@ -57,12 +61,13 @@ def main() -> None:
     titan_norm: dict[int, float] = {}
     log = trainer.metrics_processor.log
 
-    titan_log: list[tuple[int, float, float]] = []      # in order (a rolled-back step repeats)
+    titan_log: list[tuple[int, float, float]] = []  # in order (a rolled-back step repeats)
 
     def logged(step, loss, max_loss, grad_norm, *a, **k):
         titan_loss[step], titan_norm[step] = float(loss), float(grad_norm)
         titan_log.append((step, float(loss), float(grad_norm)))
         return log(step, loss, max_loss, grad_norm, *a, **k)
+
     trainer.metrics_processor.log = logged
 
     injected = []
@@ -74,7 +79,8 @@ def main() -> None:
             injected.append(trainer.step)
             loss = loss * float("nan")
         return loss, rest
-    if args.pipeline > 1:       # the last stage's schedule computes the loss (its own closure)
+
+    if args.pipeline > 1:  # the last stage's schedule computes the loss (its own closure)
         loss_of = trainer.pp_schedule._compute_loss
 
         def faulty_stage(*a, **k):
@@ -83,6 +89,7 @@ def main() -> None:
                 injected.append(trainer.step)
                 loss = loss * float("nan")
             return loss
+
         trainer.pp_schedule._compute_loss = faulty_stage
     else:
         trainer.loss_fn = faulty
@@ -90,10 +97,18 @@ def main() -> None:
     stepped_lr: list[list[float]] = []
     for opt in trainer.optimizers.optimizers:
         opt.register_step_pre_hook(
-            lambda o, a, k: stepped_lr.append([float(g["lr"]) for g in o.param_groups]))
+            lambda o, a, k: stepped_lr.append([float(g["lr"]) for g in o.param_groups])
+        )
 
-    extra = {"checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
-             "healthy_window": 0} if args.checkpoint_dir else {}
+    extra = (
+        {
+            "checkpoint_dir": args.checkpoint_dir,
+            "checkpoint_every": args.checkpoint_every,
+            "healthy_window": 0,
+        }
+        if args.checkpoint_dir
+        else {}
+    )
     if args.resume:
         extra["resume"] = "auto"
     agent = torchvitals.watch_torchtitan(trainer, metrics_port=0, log_dir="", **extra)
@@ -101,17 +116,26 @@ def main() -> None:
     orig_step = trainer.train_step
 
     def recording(it):
-        scheduled = trainer.lr_schedulers.schedulers[0].get_last_lr()   # this step's, before it
+        scheduled = trainer.lr_schedulers.schedulers[0].get_last_lr()  # this step's, before it
         try:
             return orig_step(it)
         finally:
             r = agent.last_report
             if r is not None and (not reports or reports[-1]["id"] != id(r)):
-                reports.append({"id": id(r), "step": r.step, "loss": r.loss, "action": r.action,
-                                "grad_norm_total": r.grad_norm_total, "lr": list(r.lr),
-                                "rollback": r.rollback,
-                                "titan_step": trainer.step,
-                                "scheduled_lr": scheduled})
+                reports.append(
+                    {
+                        "id": id(r),
+                        "step": r.step,
+                        "loss": r.loss,
+                        "action": r.action,
+                        "grad_norm_total": r.grad_norm_total,
+                        "lr": list(r.lr),
+                        "rollback": r.rollback,
+                        "titan_step": trainer.step,
+                        "scheduled_lr": scheduled,
+                    }
+                )
+
     trainer.train_step = recording
     try:
         trainer.train()
@@ -120,22 +144,31 @@ def main() -> None:
         checkpoints = agent.adapter.checkpoints
         adopted = checkpoints.adopted if checkpoints is not None else None
         result = {
-            "blocks": agent.blocks.names, "kinds": agent.blocks.kinds,
-            "reports": reports, "titan_loss": titan_loss, "titan_norm": titan_norm,
+            "blocks": agent.blocks.names,
+            "kinds": agent.blocks.kinds,
+            "reports": reports,
+            "titan_loss": titan_loss,
+            "titan_norm": titan_norm,
             "titan_log": titan_log,
-            "stepped_lr": stepped_lr, "final_step": trainer.step,
-            "agent_step": agent.step_count, "absorbed": agent.adapter.absorbed,
+            "stepped_lr": stepped_lr,
+            "final_step": trainer.step,
+            "agent_step": agent.step_count,
+            "absorbed": agent.adapter.absorbed,
             "verdicts": [str(v) for v in agent.detector.history if v.severity != "info"],
-            "injected": injected, "resumed_from": agent.resumed_from,
+            "injected": injected,
+            "resumed_from": agent.resumed_from,
             "sched_last_epoch": trainer.lr_schedulers.schedulers[0].last_epoch,
             "lr_scale": watchdog.lr_scale if watchdog else None,
             "skipped": [list(r) for r in watchdog.ledger.skipped] if watchdog else None,
-            "recent_rollbacks": (watchdog.rollback_policy.recent(agent.steps.ticks)
-                                 if watchdog else None),
+            "recent_rollbacks": (
+                watchdog.rollback_policy.recent(agent.steps.ticks) if watchdog else None
+            ),
             "ledger": watchdog.ledger.entries if watchdog else None,
             "adopted": vars(adopted) if adopted is not None else None,
-            "finite_params": all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())
-                                 for p in trainer.model_parts[0].parameters()),
+            "finite_params": all(
+                bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())
+                for p in trainer.model_parts[0].parameters()
+            ),
         }
         agent.close()
         trainer.close()

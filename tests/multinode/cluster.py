@@ -66,30 +66,85 @@ class Certs:
             subprocess.run([openssl, *args], check=True, capture_output=True, timeout=60)
 
         def key_and_csr(name: str) -> None:
-            run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                "-nodes", "-subj", "/", "-keyout", str(folder / f"{name}.key"),
-                "-out", str(folder / f"{name}.csr"))
+            run(
+                "req",
+                "-new",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-subj",
+                "/",
+                "-keyout",
+                str(folder / f"{name}.key"),
+                "-out",
+                str(folder / f"{name}.csr"),
+            )
 
         for ca in ("ca", "other-ca"):
-            run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                "-nodes", "-days", "1", "-subj", f"/CN=torchvitals test {ca}",
-                "-keyout", str(folder / f"{ca}.key"), "-out", str(folder / f"{ca}.crt"))
+            run(
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                f"/CN=torchvitals test {ca}",
+                "-keyout",
+                str(folder / f"{ca}.key"),
+                "-out",
+                str(folder / f"{ca}.crt"),
+            )
         for name, ca, ext in [
-                ("server", "ca", "subjectAltName=IP:127.0.0.1\n"
-                                 "extendedKeyUsage=serverAuth,clientAuth\n"),
-                ("client", "ca", "subjectAltName=DNS:torchvitals-supervisor\n"
-                                 "extendedKeyUsage=clientAuth\n"),
-                ("stranger", "other-ca", "subjectAltName=DNS:torchvitals-supervisor\n"
-                                         "extendedKeyUsage=clientAuth\n")]:
+            (
+                "server",
+                "ca",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+            ),
+            (
+                "client",
+                "ca",
+                "subjectAltName=DNS:torchvitals-supervisor\nextendedKeyUsage=clientAuth\n",
+            ),
+            (
+                "stranger",
+                "other-ca",
+                "subjectAltName=DNS:torchvitals-supervisor\nextendedKeyUsage=clientAuth\n",
+            ),
+        ]:
             key_and_csr(name)
             (folder / f"{name}.ext").write_text(ext)
-            run("x509", "-req", "-in", str(folder / f"{name}.csr"),
-                "-CA", str(folder / f"{ca}.crt"), "-CAkey", str(folder / f"{ca}.key"), "-CAcreateserial", "-days", "1",
-                "-extfile", str(folder / f"{name}.ext"), "-out", str(folder / f"{name}.crt"))
-        return cls(ca=folder / "ca.crt", server_cert=folder / "server.crt",
-                   server_key=folder / "server.key", client_cert=folder / "client.crt",
-                   client_key=folder / "client.key", stranger_cert=folder / "stranger.crt",
-                   stranger_key=folder / "stranger.key")
+            run(
+                "x509",
+                "-req",
+                "-in",
+                str(folder / f"{name}.csr"),
+                "-CA",
+                str(folder / f"{ca}.crt"),
+                "-CAkey",
+                str(folder / f"{ca}.key"),
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                str(folder / f"{name}.ext"),
+                "-out",
+                str(folder / f"{name}.crt"),
+            )
+        return cls(
+            ca=folder / "ca.crt",
+            server_cert=folder / "server.crt",
+            server_key=folder / "server.key",
+            client_cert=folder / "client.crt",
+            client_key=folder / "client.key",
+            stranger_cert=folder / "stranger.crt",
+            stranger_key=folder / "stranger.key",
+        )
 
 
 class Etcd:
@@ -121,21 +176,47 @@ class Etcd:
         if binary is None:
             raise RuntimeError("etcd is not installed (Debian: apt-get install etcd-server)")
         peer = f"http://127.0.0.1:{self.peer}"
-        tls = [] if self.certs is None else [
-            "--cert-file", str(self.certs.server_cert), "--key-file", str(self.certs.server_key),
-            "--trusted-ca-file", str(self.certs.ca), "--client-cert-auth"]
+        tls = (
+            []
+            if self.certs is None
+            else [
+                "--cert-file",
+                str(self.certs.server_cert),
+                "--key-file",
+                str(self.certs.server_key),
+                "--trusted-ca-file",
+                str(self.certs.ca),
+                "--client-cert-auth",
+            ]
+        )
         self.log = open(self.folder / "etcd.log", "w")
         self.proc = subprocess.Popen(
-            [binary, "--data-dir", str(self.folder / "etcd-data"), "--listen-client-urls",
-             self.url, "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
-             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}",
-             *tls, *self.args],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                binary,
+                "--data-dir",
+                str(self.folder / "etcd-data"),
+                "--listen-client-urls",
+                self.url,
+                "--advertise-client-urls",
+                self.url,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"default={peer}",
+                *tls,
+                *self.args,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1,
-                                            context=self.context()) as r:
+                with urllib.request.urlopen(
+                    self.url + "/health", timeout=1, context=self.context()
+                ) as r:
                     if json.loads(r.read()).get("health") == "true":
                         return self
             except OSError:
@@ -149,8 +230,9 @@ class Etcd:
         headers = {"Content-Type": "application/json"}
         if token:
             headers["Authorization"] = token
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                         headers=headers)
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers=headers
+        )
         with urllib.request.urlopen(request, timeout=5, context=self.context()) as r:
             return json.loads(r.read() or b"{}")
 
@@ -158,6 +240,7 @@ class Etcd:
         """Turn etcd's authentication on, as etcdctl's ``auth enable`` does: a root user with
         the root role, then every other user with a role that may read and write ``prefix``."""
         import base64
+
         b64 = lambda text: base64.b64encode(text.encode()).decode()
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
         for name, password in users.items():
@@ -165,8 +248,17 @@ class Etcd:
             role = "root" if name == "root" else f"{name}-jobs"
             self.call("/v3/auth/role/add", {"name": role})
             if role != "root":
-                self.call("/v3/auth/role/grant", {"name": role, "perm": {
-                    "permType": "READWRITE", "key": b64(prefix), "range_end": b64(end)}})
+                self.call(
+                    "/v3/auth/role/grant",
+                    {
+                        "name": role,
+                        "perm": {
+                            "permType": "READWRITE",
+                            "key": b64(prefix),
+                            "range_end": b64(end),
+                        },
+                    },
+                )
             self.call("/v3/auth/user/grant", {"user": name, "role": role})
         self.call("/v3/auth/enable", {})
 
@@ -188,13 +280,26 @@ class Cluster:
         job_args: extra flags of ``node_job.py``.
     """
 
-    def __init__(self, tmp_path: Path, store_url: str, job: str, *, supervise=(),
-                 torchrun=(), job_args=(), metrics_port: int = 0) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        store_url: str,
+        job: str,
+        *,
+        supervise=(),
+        torchrun=(),
+        job_args=(),
+        metrics_port: int = 0,
+    ) -> None:
         self.tmp, self.store_url, self.job = tmp_path, store_url, job
         self.rdzv = free_port()
         self.tag = uuid.uuid4().hex
         self.ckpt, self.out = tmp_path / "ckpt", tmp_path / "out.jsonl"
-        self.supervise, self.torchrun, self.job_args = list(supervise), list(torchrun), list(job_args)
+        self.supervise, self.torchrun, self.job_args = (
+            list(supervise),
+            list(torchrun),
+            list(job_args),
+        )
         self.command_nnodes = "2"
         """torchrun's ``--nnodes`` (``1:2``: the job may go on with one node)."""
         self.metrics_port = metrics_port
@@ -203,29 +308,80 @@ class Cluster:
         self.runs = 0
 
     def command(self, node: int) -> list[str]:
-        return [sys.executable, "-m", "torchvitals", "supervise", "--store-url", self.store_url,
-                "--nnodes", "2", "--node-rank", str(node), "--checkpoint-dir", str(self.ckpt),
-                "--heartbeat-root", str(self.tmp / "hb" / f"node{node}"),
-                "--node-ttl-s", "3", "--peer-timeout-s", "10", "--store-poll-s", "0.2",
-                "--poll-s", "0.1", "--grace-s", "3", "--backoff-s", "0.1",
-                "--hang-timeout-s", "8", "--startup-timeout-s", "90",
-                "--metrics-port", str(self.metrics_port if node == 0 else 0), *self.supervise, "--",
-                sys.executable, "-m", "torch.distributed.run", "--nnodes", self.command_nnodes,
-                "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{self.rdzv}", "--rdzv-id", self.job,
-                "--monitor-interval", "0.2", *self.torchrun, str(JOB), "--ckpt", str(self.ckpt),
-                "--out", str(self.out), *self.job_args]
+        return [
+            sys.executable,
+            "-m",
+            "torchvitals",
+            "supervise",
+            "--store-url",
+            self.store_url,
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--checkpoint-dir",
+            str(self.ckpt),
+            "--heartbeat-root",
+            str(self.tmp / "hb" / f"node{node}"),
+            "--node-ttl-s",
+            "3",
+            "--peer-timeout-s",
+            "10",
+            "--store-poll-s",
+            "0.2",
+            "--poll-s",
+            "0.1",
+            "--grace-s",
+            "3",
+            "--backoff-s",
+            "0.1",
+            "--hang-timeout-s",
+            "8",
+            "--startup-timeout-s",
+            "90",
+            "--metrics-port",
+            str(self.metrics_port if node == 0 else 0),
+            *self.supervise,
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            self.command_nnodes,
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{self.rdzv}",
+            "--rdzv-id",
+            self.job,
+            "--monitor-interval",
+            "0.2",
+            *self.torchrun,
+            str(JOB),
+            "--ckpt",
+            str(self.ckpt),
+            "--out",
+            str(self.out),
+            *self.job_args,
+        ]
 
     def start(self, node: int | None = None) -> None:
         """Start both nodes' supervisors (or one: a replaced node)."""
-        env = {**os.environ, "PYTHONPATH": PYTHONPATH, TAG_ENV: self.tag,
-               "TORCHVITALS_JOB_ID": self.job, "OMP_NUM_THREADS": "1"}
-        for n in ([0, 1] if node is None else [node]):
+        env = {
+            **os.environ,
+            "PYTHONPATH": PYTHONPATH,
+            TAG_ENV: self.tag,
+            "TORCHVITALS_JOB_ID": self.job,
+            "OMP_NUM_THREADS": "1",
+        }
+        for n in [0, 1] if node is None else [node]:
             self.runs += 1
             log = open(self.tmp / f"node{n}.log", "a")
-            self.procs[n] = subprocess.Popen(self.command(n), env={**env, NODE_ENV: str(n)},
-                                             stdout=log,
-                                             stderr=subprocess.STDOUT)
+            self.procs[n] = subprocess.Popen(
+                self.command(n), env={**env, NODE_ENV: str(n)}, stdout=log, stderr=subprocess.STDOUT
+            )
             log.close()
 
     def wait(self, timeout: float = 150) -> dict[int, int]:
@@ -259,8 +415,11 @@ class Cluster:
         for proc in psutil.process_iter():
             try:
                 env = proc.environ()
-                if env.get(TAG_ENV) == self.tag and proc.status() != psutil.STATUS_ZOMBIE and (
-                        node is None or env.get(NODE_ENV) == str(node)):
+                if (
+                    env.get(TAG_ENV) == self.tag
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                    and (node is None or env.get(NODE_ENV) == str(node))
+                ):
                     found.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue

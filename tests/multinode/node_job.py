@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))          # tests/: the support package
+sys.path.insert(0, str(HERE.parent))  # tests/: the support package
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -31,10 +31,18 @@ FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 def record(out: str, **fields) -> None:
     with open(out, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"rank": int(os.environ["RANK"]), "time": time.time(),
-                            "attempt": int(os.environ.get("TORCHVITALS_SUPERVISOR_ATTEMPT", 0)),
-                            "elastic_restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                            **fields}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "rank": int(os.environ["RANK"]),
+                    "time": time.time(),
+                    "attempt": int(os.environ.get("TORCHVITALS_SUPERVISOR_ATTEMPT", 0)),
+                    "elastic_restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                    **fields,
+                }
+            )
+            + "\n"
+        )
 
 
 def main() -> int:
@@ -46,14 +54,19 @@ def main() -> int:
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-step", type=int, default=12)
     parser.add_argument("--sleep", type=float, default=0.05)
-    parser.add_argument("--others-pause", type=float, default=0.0,
-                        help="seconds the other ranks pause at the fault step (outside any "
-                             "collective), the first time")
+    parser.add_argument(
+        "--others-pause",
+        type=float,
+        default=0.0,
+        help="seconds the other ranks pause at the fault step (outside any "
+        "collective), the first time",
+    )
     args = parser.parse_args()
 
     import torchvitals
     from support.models import TinyGPT, random_batches
     from support.models import TINY
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     rank = dist.get_rank()
@@ -62,24 +75,36 @@ def main() -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     # heartbeat_dir and the job id come from the supervisor; synchronous saves, so the fault at
     # step 12 finds step 10 committed.
-    agent = torchvitals.watch(model, opt, checkpoint_dir=args.ckpt, checkpoint_every=5,
-                              healthy_window=2, snapshot_max_bytes=0)
+    agent = torchvitals.watch(
+        model,
+        opt,
+        checkpoint_dir=args.ckpt,
+        checkpoint_every=5,
+        healthy_window=2,
+        snapshot_max_bytes=0,
+    )
     record(args.out, event="resumed", step=agent.resumed_from)
-    data = list(random_batches(200, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"],
-                               seed=rank))
+    data = list(
+        random_batches(200, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank)
+    )
     marker = Path(args.ckpt) / f"fault-{args.fault}-done"
     first = not marker.exists()
     losses = []
     for x, y in agent.batches(data):
         logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 y.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+        )
         loss.backward()
         report = agent.step(loss)
         losses.append(float(loss))
         opt.zero_grad(set_to_none=True)
-        if rank == args.fault_rank and args.fault in FAULTS and report.step == args.fault_step \
-                and not marker.exists():
+        if (
+            rank == args.fault_rank
+            and args.fault in FAULTS
+            and report.step == args.fault_step
+            and not marker.exists()
+        ):
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), FAULTS[args.fault])
         if rank != args.fault_rank and first and report.step == args.fault_step:

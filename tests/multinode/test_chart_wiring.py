@@ -26,7 +26,7 @@ def pods(docs):
 
 def test_every_pod_gets_one_job_id_and_the_store(chart):
     envs = pods(render(chart, VALUE_SETS["full-values"]))
-    assert len(envs) == 2                                      # Master, Workers
+    assert len(envs) == 2  # Master, Workers
     for env in envs:
         assert env["TORCHVITALS_JOB_ID"] == "run-42"
         assert env["TORCHVITALS_RESUME"] == "restart"
@@ -35,10 +35,18 @@ def test_every_pod_gets_one_job_id_and_the_store(chart):
         # The downward API's pod IP, as the kubelet would fill it in.
         supervisor["TORCHVITALS_SUPERVISOR_METRICS_HOST"] = "10.1.2.3"
         config = SupervisorConfig.from_env({**supervisor, "PET_NODE_RANK": "2"})
-        assert (config.store_url, config.nnodes, config.node_ttl_s, config.peer_timeout_s,
-                config.job_ttl_s) == ("https://etcd.ml.svc:2379", 3, 20.0, 300.0, 7200.0)
-        assert (config.store_user, config.store_password_file, config.store_password) == \
-            ("torchvitals", "/etc/torchvitals/store-auth/password", None)
+        assert (
+            config.store_url,
+            config.nnodes,
+            config.node_ttl_s,
+            config.peer_timeout_s,
+            config.job_ttl_s,
+        ) == ("https://etcd.ml.svc:2379", 3, 20.0, 300.0, 7200.0)
+        assert (config.store_user, config.store_password_file, config.store_password) == (
+            "torchvitals",
+            "/etc/torchvitals/store-auth/password",
+            None,
+        )
         assert config.store_cafile.endswith("/ca.crt") and config.store_keyfile.endswith(".key")
         assert (config.metrics_host, config.metrics_port) == ("10.1.2.3", 9501)
         assert node_rank(config, {"PET_NODE_RANK": "2"}) == 2
@@ -48,15 +56,19 @@ def test_by_default_every_pod_agrees_through_the_charts_etcd(chart):
     values = {"exampleJob": {"enabled": True}}
     docs = render(chart, values)
     name = one(docs, "PyTorchJob")["metadata"]["name"]
-    service = next(s for s in docs if s["kind"] == "Service"
-                   and s["metadata"]["name"] == "tv-torchvitals-etcd")
+    service = next(
+        s for s in docs if s["kind"] == "Service" and s["metadata"]["name"] == "tv-torchvitals-etcd"
+    )
     envs = pods(docs)
     assert len(envs) == 2
     for env in envs:
         assert env["TORCHVITALS_JOB_ID"] == f"ml/{name}"
         assert env["TORCHVITALS_RESUME"] == "restart"
-        supervisor = {k: v for k, v in env.items()
-                      if k.startswith("TORCHVITALS_SUPERVISOR_") and isinstance(v, str)}
+        supervisor = {
+            k: v
+            for k, v in env.items()
+            if k.startswith("TORCHVITALS_SUPERVISOR_") and isinstance(v, str)
+        }
         config = SupervisorConfig.from_env(supervisor)
         assert config.store_url == f"http://{service['metadata']['name']}.ml.svc:2379"
         assert config.nnodes == 2 and config.job_ttl_s == 86400

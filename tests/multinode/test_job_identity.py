@@ -37,8 +37,9 @@ def run(ckpt, steps=4, **kwargs):
     torch.manual_seed(0)
     model = TinyGPT(**TINY)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with torchvitals.watch(model, opt, checkpoint_dir=str(ckpt), checkpoint_every=2,
-                           healthy_window=0, **kwargs) as agent:
+    with torchvitals.watch(
+        model, opt, checkpoint_dir=str(ckpt), checkpoint_every=2, healthy_window=0, **kwargs
+    ) as agent:
         for x, y in BATCHES[:steps]:
             loss = model.loss(x, y)
             loss.backward()
@@ -49,7 +50,7 @@ def run(ckpt, steps=4, **kwargs):
 
 def test_the_ids_of_the_launchers_and_schedulers_first_set_wins():
     assert job_identity({}) is None
-    assert job_identity({"TORCHELASTIC_RUN_ID": "none"}) is None   # torchrun's unnamed default
+    assert job_identity({"TORCHELASTIC_RUN_ID": "none"}) is None  # torchrun's unnamed default
     assert job_identity({"SLURM_JOB_ID": "4711", "TORCHELASTIC_RUN_ID": "rdzv"}) == "rdzv"
     assert job_identity({"SLURM_JOB_ID": "4711", protocol.JOB_ID_ENV: "mine"}) == "mine"
     assert launcher_job_id(["torchrun", "--rdzv-id", "j7", "t.py"]) == "j7"
@@ -72,7 +73,7 @@ def test_another_job_is_refused_naming_both_ids_and_the_fix(tmp_path, monkeypatc
     monkeypatch.setenv(protocol.JOB_ID_ENV, "job-a")
     run(tmp_path / "ckpt")
     monkeypatch.setenv(protocol.JOB_ID_ENV, "job-b")
-    monkeypatch.setenv(protocol.ATTEMPT_ENV, "2")        # even as a supervisor's restart
+    monkeypatch.setenv(protocol.ATTEMPT_ENV, "2")  # even as a supervisor's restart
     beats = tmp_path / "hb"
     with pytest.raises(ResumeRefused) as refused:
         run(tmp_path / "ckpt", heartbeat_dir=str(beats))
@@ -88,13 +89,13 @@ def test_a_corrupt_ledger_is_a_refusal_the_supervisor_never_retries(tmp_path, mo
     monkeypatch.setenv(protocol.JOB_ID_ENV, "job-a")
     run(tmp_path / "ckpt")
     ledger = tmp_path / "ckpt" / "ledger.json"
-    torn = ledger.read_text()[:-40]                     # a torn write
+    torn = ledger.read_text()[:-40]  # a torn write
     ledger.write_text(torn)
     beats = tmp_path / "hb"
     with pytest.raises(LedgerError, match="corrupt"):
         run(tmp_path / "ckpt", heartbeat_dir=str(beats))
-    assert protocol.read_heartbeats(beats).refused     # so the supervisor exits 78 at once
-    assert ledger.read_text() == torn                   # left as it was, for a person to look
+    assert protocol.read_heartbeats(beats).refused  # so the supervisor exits 78 at once
+    assert ledger.read_text() == torn  # left as it was, for a person to look
 
 
 REFUSING_JOB = """
@@ -110,8 +111,9 @@ sys.exit(1)
 def test_a_refusal_is_final_for_the_supervisor(tmp_path):
     script = tmp_path / "refuses.py"
     script.write_text(REFUSING_JOB)
-    config = SupervisorConfig(backoff_s=0.05, grace_s=1, poll_s=0.05,
-                              heartbeat_root=str(tmp_path / "hb"))
+    config = SupervisorConfig(
+        backoff_s=0.05, grace_s=1, poll_s=0.05, heartbeat_root=str(tmp_path / "hb")
+    )
     supervisor = Supervisor(config, [sys.executable, str(script), str(tmp_path / "runs")])
     assert supervisor.run() == protocol.REFUSED_EXIT_CODE == 78
     # Once, never retried; every attempt of one supervisor is one job (an id made for it).

@@ -38,8 +38,14 @@ def cluster(tmp_path, etcd, request):
     made: list[Cluster] = []
 
     def make(job: str | None = None, **kwargs) -> Cluster:
-        made.append(Cluster(tmp_path, etcd.url, job or f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}",
-                            **kwargs))
+        made.append(
+            Cluster(
+                tmp_path,
+                etcd.url,
+                job or f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}",
+                **kwargs,
+            )
+        )
         return made[-1]
 
     yield make
@@ -68,8 +74,9 @@ def test_a_new_job_in_a_finished_jobs_folder_is_refused_once_and_never_retried(c
     second.start()
     status = second.wait()
     took = time.monotonic() - started
-    assert status == {0: protocol.REFUSED_EXIT_CODE, 1: protocol.REFUSED_EXIT_CODE}, \
-        second.log(0)[-3000:]
+    assert status == {0: protocol.REFUSED_EXIT_CODE, 1: protocol.REFUSED_EXIT_CODE}, second.log(0)[
+        -3000:
+    ]
     log = second.log(0) + second.log(1)
     assert "belongs to job 'job-a', not to this job 'job-b'" in log
     assert "refused to resume" in log
@@ -98,7 +105,7 @@ def test_a_killed_supervisor_stops_its_job_and_the_other_node_names_the_lost_nod
     job = cluster(job_args=["--steps", "400"])
     job.start()
     wait_until(lambda: (job.last_healthy() or 0) >= 10, 120)
-    wait_until(lambda: len(job.processes(1)) >= 3, 10)   # supervisor, torchrun, its rank
+    wait_until(lambda: len(job.processes(1)) >= 3, 10)  # supervisor, torchrun, its rank
     job.procs[1].send_signal(signal.SIGKILL)
     killed = time.monotonic()
     # Its launcher dies with it (parent-death signal), and the rank with the launcher.
@@ -112,15 +119,20 @@ def test_a_killed_supervisor_stops_its_job_and_the_other_node_names_the_lost_nod
     assert "no node took its place within 10 s" in log
     # The bound: the lease (3 s) + the wait for a replacement (10 s) + the stop (grace 3 s).
     assert stopped < 3 + 10 + 3 + 5, stopped
-    print(f"\nsupervisor SIGKILLed: its job gone after {orphaned_for:.1f} s; the other node "
-          f"exited 79 {stopped:.1f} s after the kill")
+    print(
+        f"\nsupervisor SIGKILLed: its job gone after {orphaned_for:.1f} s; the other node "
+        f"exited 79 {stopped:.1f} s after the kill"
+    )
 
 
 def scrape(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         lines = r.read().decode().splitlines()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines
-            if line.startswith("torchvitals_supervisor_")}
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("torchvitals_supervisor_")
+    }
 
 
 def test_a_node_lost_for_good_is_named_and_the_job_stops_within_the_bound(cluster):
@@ -134,17 +146,25 @@ def test_a_node_lost_for_good_is_named_and_the_job_stops_within_the_bound(cluste
     before = scrape(port)
     # Node 0 publishes its own presence only; the job's view is the nodes it sees.
     assert before['torchvitals_supervisor_node_present{node="0"}'] == 1
-    assert not [k for k in before if k.startswith("torchvitals_supervisor_node_present{") and
-                k != 'torchvitals_supervisor_node_present{node="0"}']
-    assert before["torchvitals_supervisor_nodes_present"] == \
-        before["torchvitals_supervisor_nodes_expected"] == 2
+    assert not [
+        k
+        for k in before
+        if k.startswith("torchvitals_supervisor_node_present{")
+        and k != 'torchvitals_supervisor_node_present{node="0"}'
+    ]
+    assert (
+        before["torchvitals_supervisor_nodes_present"]
+        == before["torchvitals_supervisor_nodes_expected"]
+        == 2
+    )
     for proc in node1:
         proc.suspend()
     frozen = time.monotonic()
     seen = wait_until(lambda: "lost at step" in job.log(0), 30)
     named = time.monotonic() - frozen
-    waiting = wait_until(lambda: (m := scrape(port))["torchvitals_supervisor_waiting_for_peers"]
-                         and m, 10)
+    waiting = wait_until(
+        lambda: (m := scrape(port))["torchvitals_supervisor_waiting_for_peers"] and m, 10
+    )
     assert waiting['torchvitals_supervisor_node_present{node="0"}'] == 1
     assert waiting["torchvitals_supervisor_nodes_present"] == 1
     assert waiting["torchvitals_supervisor_nodes_expected"] == 2
@@ -162,8 +182,10 @@ def test_a_node_lost_for_good_is_named_and_the_job_stops_within_the_bound(cluste
     # machine); stopped after the wait for a replacement (10 s).
     assert named < 3 + 0.2 + 4, named
     assert stopped < 3 + 10 + 3 + 5, stopped
-    print(f"\nnode lost for good: named {named:.1f} s after it froze; the job stopped with 79 "
-          f"{stopped:.1f} s after")
+    print(
+        f"\nnode lost for good: named {named:.1f} s after it froze; the job stopped with 79 "
+        f"{stopped:.1f} s after"
+    )
 
 
 def test_a_replaced_node_joins_and_the_job_resumes_without_an_extra_restart(cluster):
@@ -174,16 +196,18 @@ def test_a_replaced_node_joins_and_the_job_resumes_without_an_extra_restart(clus
     job.procs[1].wait(10)
     wait_until(lambda: not job.processes(1), 30)
     replaced = time.time()
-    job.start(1)                                    # a fresh pod: a new supervisor, node 1
+    job.start(1)  # a fresh pod: a new supervisor, node 1
     assert job.wait() == {0: 0, 1: 0}, job.log(0)[-3000:] + job.log(1)[-3000:]
     assert job.attempts(0) == ["attempt-0001", "attempt-0002"]
-    assert job.attempts(1) == ["attempt-0001", "attempt-0002"]   # the old one's, the new one's
+    assert job.attempts(1) == ["attempt-0001", "attempt-0002"]  # the old one's, the new one's
     resumed = [r for r in job.records("resumed") if r["attempt"] == 2]
     assert sorted(r["rank"] for r in resumed) == [0, 1] and len({r["step"] for r in resumed}) == 1
     assert [r["step"] for r in job.records("finished")] == [30, 30]
     recovery = max(r["time"] for r in resumed) - replaced
-    print(f"\nreplaced node: the job resumed at step {resumed[0]['step']} {recovery:.1f} s after "
-          "the new supervisor started")
+    print(
+        f"\nreplaced node: the job resumed at step {resumed[0]['step']} {recovery:.1f} s after "
+        "the new supervisor started"
+    )
 
 
 def test_torchrun_elastic_restarts_under_the_supervisors_finish_the_job(cluster):
@@ -192,16 +216,27 @@ def test_torchrun_elastic_restarts_under_the_supervisors_finish_the_job(cluster)
     # count (TORCHELASTIC_RESTART_COUNT stays 0 there). On a busy machine torch's restarted
     # workers sometimes never finish their rendezvous; then the supervisors' startup timeout
     # restarts both nodes together, which must finish the job as well.
-    job = cluster(torchrun=["--max-restarts", "2"], supervise=["--startup-timeout-s", "40"],
-                  job_args=["--fault", "kill", "--fault-rank", "1", "--fault-step", "12",
-                            "--others-pause", "5"])
+    job = cluster(
+        torchrun=["--max-restarts", "2"],
+        supervise=["--startup-timeout-s", "40"],
+        job_args=[
+            "--fault",
+            "kill",
+            "--fault-rank",
+            "1",
+            "--fault-step",
+            "12",
+            "--others-pause",
+            "5",
+        ],
+    )
     job.start()
     assert job.wait() == {0: 0, 1: 0}, job.log(0)[-3000:] + job.log(1)[-3000:]
     killed = (job.ckpt / "fault-kill-done").stat().st_mtime
     log = job.log(0) + job.log(1)
     # Without the job id, the rank no counter calls restarted refused the folder.
     assert "ResumeRefused" not in log and "refused to resume" not in log
-    assert job.attempts(0) == job.attempts(1)            # whoever restarted, both nodes agreed
+    assert job.attempts(0) == job.attempts(1)  # whoever restarted, both nodes agreed
     resumed = [r for r in job.records("resumed") if r["step"] is not None]
     last = max(r["attempt"] for r in resumed)
     final = {r["rank"]: r for r in resumed if r["attempt"] == last}
@@ -211,9 +246,11 @@ def test_torchrun_elastic_restarts_under_the_supervisors_finish_the_job(cluster)
     # Which counts torch gives is its race (rank 0 restarted for the new round: 0; failed in a
     # collective first: 1); a 0 is the case the restart counter alone refused.
     counts = {rank: r["elastic_restart"] for rank, r in sorted(final.items())}
-    print(f"\ntorchrun elastic restart ({'torchrun' if by_torchrun else 'the supervisors'} "
-          f"recovered, restart counts {counts}): both ranks resumed at step 10 "
-          f"{max(r['time'] for r in final.values()) - killed:.1f} s after the kill")
+    print(
+        f"\ntorchrun elastic restart ({'torchrun' if by_torchrun else 'the supervisors'} "
+        f"recovered, restart counts {counts}): both ranks resumed at step 10 "
+        f"{max(r['time'] for r in final.values()) - killed:.1f} s after the kill"
+    )
 
 
 def test_a_stopped_rank_is_a_hang_and_both_nodes_restart_together(cluster):
@@ -224,15 +261,22 @@ def test_a_stopped_rank_is_a_hang_and_both_nodes_restart_together(cluster):
     assert job.attempts(0) == job.attempts(1) == ["attempt-0001", "attempt-0002"]
     resumed = [r for r in job.records("resumed") if r["attempt"] == 2]
     assert sorted(r["rank"] for r in resumed) == [0, 1] and {r["step"] for r in resumed} == {10}
-    print(f"\nrank SIGSTOPped: both nodes resumed at step 10 "
-          f"{max(r['time'] for r in resumed) - stopped:.1f} s after the stop")
+    print(
+        f"\nrank SIGSTOPped: both nodes resumed at step 10 "
+        f"{max(r['time'] for r in resumed) - stopped:.1f} s after the stop"
+    )
 
 
-def test_a_job_of_1_to_2_nodes_goes_on_with_one_and_trains_as_a_single_node_resume_would(cluster,
-                                                                                      tmp_path):
+def test_a_job_of_1_to_2_nodes_goes_on_with_one_and_trains_as_a_single_node_resume_would(
+    cluster, tmp_path
+):
     port = free_port()
-    job = cluster(supervise=["--min-nodes", "1"], metrics_port=port,
-                  torchrun=["--rdzv-conf", "last_call_timeout=5"], job_args=["--steps", "30"])
+    job = cluster(
+        supervise=["--min-nodes", "1"],
+        metrics_port=port,
+        torchrun=["--rdzv-conf", "last_call_timeout=5"],
+        job_args=["--steps", "30"],
+    )
     job.command_nnodes = "1:2"
     job.start()
     wait_until(lambda: (job.last_healthy() or 0) >= 10, 120)
@@ -250,17 +294,40 @@ def test_a_job_of_1_to_2_nodes_goes_on_with_one_and_trains_as_a_single_node_resu
     (finished,) = [r for r in job.records("finished") if r["attempt"] == 2]
     assert finished["step"] == 30
     # The same checkpoint resumed by a plain single-node job: the same losses, step by step.
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "TORCHVITALS_JOB_ID": job.job,
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": PYTHONPATH,
+        "TORCHVITALS_JOB_ID": job.job,
+        "OMP_NUM_THREADS": "1",
+    }
     reference = tmp_path / "reference.jsonl"
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node", "1", str(JOB), "--ckpt", str(tmp_path / "reference"),
-                          "--out", str(reference), "--steps", "30"], env=env, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            str(JOB),
+            "--ckpt",
+            str(tmp_path / "reference"),
+            "--out",
+            str(reference),
+            "--steps",
+            "30",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     records = [json.loads(line) for line in reference.read_text().splitlines()]
     assert records[0]["step"] == after["step"]
     assert records[1]["losses"] == finished["losses"]
-    print(f"\nshrink 2 -> 1 node: resumed at step {after['step']} on one node "
-          f"{after['time'] - time.time() + time.monotonic() - killed:.1f} s after the kill; "
-          f"finished {shrunk:.1f} s after it")
+    print(
+        f"\nshrink 2 -> 1 node: resumed at step {after['step']} on one node "
+        f"{after['time'] - time.time() + time.monotonic() - killed:.1f} s after the kill; "
+        f"finished {shrunk:.1f} s after it"
+    )

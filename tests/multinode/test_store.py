@@ -54,18 +54,24 @@ PASSWORDS = {"root": uuid.uuid4().hex, "supervisor": uuid.uuid4().hex}
 @pytest.fixture(scope="module")
 def auth_etcd(tmp_path_factory, certs):
     # Tokens live 1 s unused, so a test sees one expire.
-    with Etcd(tmp_path_factory.mktemp("etcd-auth"), certs=certs,
-              args=["--auth-token-ttl", "1"]) as server:
+    with Etcd(
+        tmp_path_factory.mktemp("etcd-auth"), certs=certs, args=["--auth-token-ttl", "1"]
+    ) as server:
         server.enable_auth(PASSWORDS)
         yield server
 
 
 def client_tls(certs: Certs, **changes) -> StoreTLS:
-    return replace(StoreTLS(cafile=str(certs.ca), certfile=str(certs.client_cert),
-                            keyfile=str(certs.client_key)), **changes)
+    return replace(
+        StoreTLS(
+            cafile=str(certs.ca), certfile=str(certs.client_cert), keyfile=str(certs.client_key)
+        ),
+        **changes,
+    )
 
 
 # ---------------------------------------------------------------- TLS
+
 
 def test_a_store_with_client_certificates_refuses_a_client_without_the_right_one(tls_etcd, certs):
     url = tls_etcd.url
@@ -73,8 +79,7 @@ def test_a_store_with_client_certificates_refuses_a_client_without_the_right_one
         EtcdStore(url, tls=StoreTLS()).get(KEY_ROOT + "x")
     with pytest.raises(StoreError, match="needs store_certfile and store_keyfile"):
         EtcdStore(url, tls=StoreTLS(cafile=str(certs.ca))).get(KEY_ROOT + "x")
-    stranger = client_tls(certs, certfile=str(certs.stranger_cert),
-                          keyfile=str(certs.stranger_key))
+    stranger = client_tls(certs, certfile=str(certs.stranger_cert), keyfile=str(certs.stranger_key))
     with pytest.raises(StoreError, match="needs store_certfile and store_keyfile"):
         EtcdStore(url, tls=stranger).get(KEY_ROOT + "x")
     with pytest.raises(StoreError, match="use an https:// store_url|TLS handshake"):
@@ -98,6 +103,7 @@ def test_unreadable_tls_files_are_named_before_any_call(tmp_path, certs):
 
 # ---------------------------------------------------------------- authentication
 
+
 def test_a_store_with_auth_refuses_a_client_without_the_password(auth_etcd, certs):
     url, tls = auth_etcd.url, client_tls(certs)
     with pytest.raises(StoreError, match="requires authentication: set store_user"):
@@ -113,11 +119,12 @@ def test_a_store_with_auth_refuses_a_client_without_the_password(auth_etcd, cert
 
 
 def test_an_expired_token_is_fetched_again(auth_etcd, certs, caplog):
-    store = EtcdStore(auth_etcd.url, tls=client_tls(certs), user="supervisor",
-                      password=PASSWORDS["supervisor"])
+    store = EtcdStore(
+        auth_etcd.url, tls=client_tls(certs), user="supervisor", password=PASSWORDS["supervisor"]
+    )
     store.put(KEY_ROOT + "auth/expiry", "1")
     token = store._authenticated()
-    time.sleep(3)                               # > --auth-token-ttl 1, plus etcd's 1 s sweep
+    time.sleep(3)  # > --auth-token-ttl 1, plus etcd's 1 s sweep
     # The old token is refused now (by etcd itself, not the client)...
     with pytest.raises(OSError):
         auth_etcd.call("/v3/kv/range", {"key": "eA=="}, token=token)
@@ -128,16 +135,19 @@ def test_an_expired_token_is_fetched_again(auth_etcd, certs, caplog):
     assert "authenticating again" in caplog.text
 
 
-def test_the_supervisor_config_reaches_the_store_with_a_password_from_a_file(auth_etcd, certs,
-                                                                            tmp_path):
+def test_the_supervisor_config_reaches_the_store_with_a_password_from_a_file(
+    auth_etcd, certs, tmp_path
+):
     password = tmp_path / "password"
     password.write_text(PASSWORDS["supervisor"] + "\n")
-    env = {"TORCHVITALS_SUPERVISOR_STORE_URL": auth_etcd.url,
-           "TORCHVITALS_SUPERVISOR_STORE_CAFILE": str(certs.ca),
-           "TORCHVITALS_SUPERVISOR_STORE_CERTFILE": str(certs.client_cert),
-           "TORCHVITALS_SUPERVISOR_STORE_KEYFILE": str(certs.client_key),
-           "TORCHVITALS_SUPERVISOR_STORE_USER": "supervisor",
-           "TORCHVITALS_SUPERVISOR_STORE_PASSWORD_FILE": str(password)}
+    env = {
+        "TORCHVITALS_SUPERVISOR_STORE_URL": auth_etcd.url,
+        "TORCHVITALS_SUPERVISOR_STORE_CAFILE": str(certs.ca),
+        "TORCHVITALS_SUPERVISOR_STORE_CERTFILE": str(certs.client_cert),
+        "TORCHVITALS_SUPERVISOR_STORE_KEYFILE": str(certs.client_key),
+        "TORCHVITALS_SUPERVISOR_STORE_USER": "supervisor",
+        "TORCHVITALS_SUPERVISOR_STORE_PASSWORD_FILE": str(password),
+    }
     store = store_of(SupervisorConfig.from_env(env))
     store.put(KEY_ROOT + "auth/config", "ok")
     env.pop("TORCHVITALS_SUPERVISOR_STORE_PASSWORD_FILE")
@@ -151,15 +161,24 @@ def test_the_supervisor_config_reaches_the_store_with_a_password_from_a_file(aut
 
 # ---------------------------------------------------------------- what a job leaves
 
+
 def config(**changes) -> SupervisorConfig:
-    base = SupervisorConfig(nnodes=2, store_url="http://unused", node_ttl_s=3,
-                            store_poll_s=0.05, peer_timeout_s=10, job_ttl_s=60)
+    base = SupervisorConfig(
+        nnodes=2,
+        store_url="http://unused",
+        node_ttl_s=3,
+        store_poll_s=0.05,
+        peer_timeout_s=10,
+        job_ttl_s=60,
+    )
     return replace(base, **changes)
 
 
 def two_nodes(etcd, job: str, **changes) -> list[StorePeers]:
-    return [StorePeers(EtcdStore(etcd.url), job, config(node_rank=n, **changes),
-                       SupervisorMetrics()) for n in range(2)]
+    return [
+        StorePeers(EtcdStore(etcd.url), job, config(node_rank=n, **changes), SupervisorMetrics())
+        for n in range(2)
+    ]
 
 
 def start(nodes: list[StorePeers]) -> None:
@@ -183,7 +202,7 @@ def start(nodes: list[StorePeers]) -> None:
 
 def keys(store: EtcdStore, job: str) -> dict[str, int]:
     """The job's keys -> the lease each lives by."""
-    return {e.key[len(KEY_ROOT + job) + 1:]: e.lease for e in store.prefix(f"{KEY_ROOT}{job}/")}
+    return {e.key[len(KEY_ROOT + job) + 1 :]: e.lease for e in store.prefix(f"{KEY_ROOT}{job}/")}
 
 
 def test_a_running_job_writes_each_step_at_most_once_per_lease_renewal(etcd):
@@ -196,7 +215,7 @@ def test_a_running_job_writes_each_step_at_most_once_per_lease_renewal(etcd):
         waiter = threading.Thread(target=nodes[0].wait_for_peers, args=(1,))
         waiter.start()
         time.sleep(1)
-        assert store.get(f"{KEY_ROOT}{job}/nodes/00000").version <= 2      # joined, waiting
+        assert store.get(f"{KEY_ROOT}{job}/nodes/00000").version <= 2  # joined, waiting
         nodes[1].join()
         nodes[1].wait_for_peers(1)
         waiter.join(10)
@@ -204,7 +223,7 @@ def test_a_running_job_writes_each_step_at_most_once_per_lease_renewal(etcd):
             node.started(1)
         before = store.get(f"{KEY_ROOT}{job}/nodes/00000").version
         started, step = time.monotonic(), 0
-        while time.monotonic() - started < 3:     # a step every poll: 20 steps a second
+        while time.monotonic() - started < 3:  # a step every poll: 20 steps a second
             step += 1
             assert nodes[0].watch(1, step) is None and nodes[1].watch(1, step) is None
             time.sleep(0.05)
@@ -213,13 +232,18 @@ def test_a_running_job_writes_each_step_at_most_once_per_lease_renewal(etcd):
         # step: at most 3 (+1 for the boundary), never the ~60 a write per step would make.
         assert 1 <= writes <= 4, writes
         published = json.loads(store.get(f"{KEY_ROOT}{job}/nodes/00000").value)["step"]
-        assert step - published <= 21, (step, published)     # at most a renewal behind
+        assert step - published <= 21, (step, published)  # at most a renewal behind
         # Each node publishes its own presence only.
-        samples = [s for m in nodes[0].metrics.registry.collect()
-                   if m.name == "torchvitals_supervisor_node_present" for s in m.samples]
+        samples = [
+            s
+            for m in nodes[0].metrics.registry.collect()
+            if m.name == "torchvitals_supervisor_node_present"
+            for s in m.samples
+        ]
         assert [(s.labels, s.value) for s in samples] == [({"node": "0"}, 1.0)]
-        assert nodes[0].metrics.registry.get_sample_value(
-            "torchvitals_supervisor_nodes_expected") == 2
+        assert (
+            nodes[0].metrics.registry.get_sample_value("torchvitals_supervisor_nodes_expected") == 2
+        )
     finally:
         for node in nodes:
             node.close()
@@ -240,7 +264,7 @@ def test_a_job_that_succeeds_leaves_nothing_in_the_store(etcd):
     nodes[0].close()
     # Node 1 still runs: the job's record stays for it.
     assert set(keys(store, job)) == {"attempt", "nodes/00000", "nodes/00001"}
-    assert keys(store, job)["nodes/00000"] == job_lease      # done: under the job's lease
+    assert keys(store, job)["nodes/00000"] == job_lease  # done: under the job's lease
     nodes[1].done()
     nodes[1].close()
     assert keys(store, job) == {}
@@ -254,7 +278,7 @@ def test_a_job_that_ends_for_good_leaves_nothing_in_the_store(etcd):
     assert nodes[0].finish(75, "aborted on purpose") == 75
     assert keys(store, job)["final"] == keys(store, job)["attempt"]
     nodes[0].close()
-    assert "final" in keys(store, job)            # node 1 has not read it yet
+    assert "final" in keys(store, job)  # node 1 has not read it yet
     time.sleep(0.06)
     order = nodes[1].watch(1, 5)
     assert (order.final, order.reason) == (75, "aborted on purpose")
@@ -279,25 +303,33 @@ time.sleep(600)
 def test_a_job_whose_nodes_all_vanish_is_gone_from_the_store_within_job_ttl(etcd):
     job = f"vanished-{uuid.uuid4().hex[:8]}"
     store = EtcdStore(etcd.url)
-    procs = [subprocess.Popen([sys.executable, "-c", ABANDONED, etcd.url, job, str(n)],
-                              env={**os.environ, "PYTHONPATH": PYTHONPATH},
-                              stdout=subprocess.PIPE, text=True) for n in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ABANDONED, etcd.url, job, str(n)],
+            env={**os.environ, "PYTHONPATH": PYTHONPATH},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(2)
+    ]
     try:
         for proc in procs:
             assert proc.stdout.readline().strip() == "joined"
         assert set(keys(store, job)) == {"attempt", "nodes/00000", "nodes/00001"}
         time.sleep(2)
-        assert "attempt" in keys(store, job)      # renewed while a node lives
-        for proc in procs:                          # the whole allocation killed: no close()
+        assert "attempt" in keys(store, job)  # renewed while a node lives
+        for proc in procs:  # the whole allocation killed: no close()
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
         killed = time.monotonic()
-        deadline = killed + 3 + 4                   # job_ttl_s, plus etcd's expiry sweep
+        deadline = killed + 3 + 4  # job_ttl_s, plus etcd's expiry sweep
         while keys(store, job) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert keys(store, job) == {}, keys(store, job)
-        print(f"\nabandoned job: its keys gone {time.monotonic() - killed:.1f} s after the kill "
-              "(job_ttl_s 3)")
+        print(
+            f"\nabandoned job: its keys gone {time.monotonic() - killed:.1f} s after the kill "
+            "(job_ttl_s 3)"
+        )
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -21,16 +21,26 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 
 
 def _verdicts(report) -> list[tuple]:
-    return [(v.pattern, v.severity, v.block, v.step, v.evidence.get("blocks"),
-             v.evidence.get("ranks")) for v in report.verdicts]
+    return [
+        (v.pattern, v.severity, v.block, v.step, v.evidence.get("blocks"), v.evidence.get("ranks"))
+        for v in report.verdicts
+    ]
 
 
 def _checksum(model: torch.nn.Module) -> float:
     return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
-def corrupted_replica(rank: int, world: int, iterations: int, bad_rank: int, bad_step: int,
-                      param: str, checkpoint_dir: str | None, sample_every: int) -> dict:
+def corrupted_replica(
+    rank: int,
+    world: int,
+    iterations: int,
+    bad_rank: int,
+    bad_step: int,
+    param: str,
+    checkpoint_dir: str | None,
+    sample_every: int,
+) -> dict:
     """``bad_rank`` alone changes one element of ``param`` in place at ``bad_step``, after the
     backward's all-reduce (a bit flipped in its memory): the gradients stay identical, only the
     replicas' weights differ from then on. ``bad_step`` < 0 injects nothing (the control)."""
@@ -38,13 +48,15 @@ def corrupted_replica(rank: int, world: int, iterations: int, bad_rank: int, bad
     model = DDP(TinyGPT(**TINY))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     target = dict(model.module.named_parameters())[param]
-    data = list(random_batches(iterations, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"],
-                               seed=rank))
+    data = list(
+        random_batches(iterations, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank)
+    )
     out, injected = [], False
     watch = dict(sample_every=sample_every, metrics_port=0, log_dir="")
     if checkpoint_dir:
-        watch.update(checkpoint_dir=checkpoint_dir, checkpoint_every=2 * sample_every,
-                     healthy_window=2)
+        watch.update(
+            checkpoint_dir=checkpoint_dir, checkpoint_every=2 * sample_every, healthy_window=2
+        )
     with torchvitals.watch(model, opt, **watch) as agent:
         for x, y in agent.batches(data):
             loss = _loss(model, x, y)
@@ -52,27 +64,35 @@ def corrupted_replica(rank: int, world: int, iterations: int, bad_rank: int, bad
             step = agent.step_count + 1
             if rank == bad_rank and step == bad_step and not injected:
                 with torch.no_grad():
-                    target.view(-1)[0] += 1e-3          # in place, on this replica alone
+                    target.view(-1)[0] += 1e-3  # in place, on this replica alone
                 injected = True
             report = agent.step(loss)
             opt.zero_grad(set_to_none=True)
-            out.append({"step": report.step, "verdicts": _verdicts(report),
-                        "action": report.action, "checked": report.replicas_checked,
-                        "to_step": (report.rollback or {}).get("to_step"),
-                        "checksum": _checksum(model)})
+            out.append(
+                {
+                    "step": report.step,
+                    "verdicts": _verdicts(report),
+                    "action": report.action,
+                    "checked": report.replicas_checked,
+                    "to_step": (report.rollback or {}).get("to_step"),
+                    "checksum": _checksum(model),
+                }
+            )
         history = [(v.pattern, v.step) for v in agent.detector.history]
     return {"steps": out, "history": history, "checksum": _checksum(model)}
 
 
-def loader_stall_on_one_rank(rank: int, world: int, steps: int, slow: int, from_step: int,
-                             delay_s: float, by: str) -> dict:
+def loader_stall_on_one_rank(
+    rank: int, world: int, steps: int, slow: int, from_step: int, delay_s: float, by: str
+) -> dict:
     """Rank ``slow`` is slow from ``from_step`` on: its loader sleeps (``by="data"``, drawn
     through ``agent.batches``) or its forward does extra work (``by="compute"``)."""
     torch.manual_seed(0)
     model = DDP(TinyGPT(**TINY))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = list(random_batches(steps, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"],
-                               seed=rank))
+    data = list(
+        random_batches(steps, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank)
+    )
 
     def loader():
         for i, batch in enumerate(data, start=1):
@@ -85,15 +105,23 @@ def loader_stall_on_one_rank(rank: int, world: int, steps: int, slow: int, from_
         for i, (x, y) in enumerate(agent.batches(loader()), start=1):
             if by == "compute" and rank == slow and i >= from_step:
                 end = time.perf_counter() + delay_s
-                while time.perf_counter() < end:     # busy: compute, not waiting
+                while time.perf_counter() < end:  # busy: compute, not waiting
                     pass
             loss = _loss(model, x, y)
             loss.backward()
             report = agent.step(loss)
             opt.zero_grad(set_to_none=True)
-            out.append({"step": report.step, "wait": report.local_data_wait_seconds,
-                        "ratio": report.data_wait_ratio})
-        stragglers = [(v.step, v.evidence["rank"], v.evidence.get("cause"))
-                      for v in agent.detector.history if v.pattern == "straggler"]
+            out.append(
+                {
+                    "step": report.step,
+                    "wait": report.local_data_wait_seconds,
+                    "ratio": report.data_wait_ratio,
+                }
+            )
+        stragglers = [
+            (v.step, v.evidence["rank"], v.evidence.get("cause"))
+            for v in agent.detector.history
+            if v.pattern == "straggler"
+        ]
         others = [(v.pattern, v.step) for v in agent.detector.history if v.pattern != "straggler"]
     return {"steps": out, "stragglers": stragglers, "others": others}

@@ -35,11 +35,11 @@ def test_a_bad_random_batch_rolls_back_once_and_is_never_drawn_again(tmp_path, d
     assert len(result["rollbacks"]) == 1, result["rollbacks"]
     rollback = result["rollbacks"][0]
     assert rollback["to_step"] == 20 and rollback["lr_scale"] == 0.5
-    assert rollback["skipped"] is None       # nothing was skipped: the RNGs were re-seeded
+    assert rollback["skipped"] is None  # nothing was skipped: the RNGs were re-seeded
     reports = result["reports"]
     assert [r.action for r in reports].count("rollback") == 1
     after = [(i, r) for i, r in enumerate(reports) if i > 25 and r.action == "step"]
-    for i, r in after:           # the loop set get_lr(i) by hand; the step ran at half of it
+    for i, r in after:  # the loop set get_lr(i) by hand; the step ran at half of it
         assert r.lr == [pytest.approx(0.5 * get_lr(i, settings))]
     assert math.isfinite(result["final_loss"]) and result["final_loss"] < 0.6 * result["first_loss"]
     assert result["iterations"] == 60 and result["steps"] == 60 - (26 - 20)

@@ -1,6 +1,6 @@
 """Failure scenarios on two DDP ranks (gloo): the same verdict on both ranks in the same step.
 
-    python -m pytest tests/scenarios/test_scenarios_distributed.py -q
+python -m pytest tests/scenarios/test_scenarios_distributed.py -q
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ pytestmark = pytest.mark.distributed
 
 
 # ---------------------------------------------------------------- non-finite gradient (DDP)
+
 
 def test_nan_gradient_on_one_rank_is_named_on_both_ranks():
     results = run_world(nan_grad_on_one_rank, 10, 1, 5, "blocks.1.mlp.0.weight")
@@ -32,6 +33,7 @@ def test_nan_gradient_on_one_rank_is_named_on_both_ranks():
 
 # ---------------------------------------------------------------- straggler (DDP)
 
+
 def test_slow_data_loading_on_one_rank_is_a_straggler():
     results = run_world(slow_rank, 20, 1, 11, 0.15)
     for rank, result in enumerate(results):
@@ -40,4 +42,6 @@ def test_slow_data_loading_on_one_rank_is_a_straggler():
         assert result["history"] == [("straggler", None, 16, 1)], (rank, result["history"])
         if rank == 1:
             assert all(s["compute"] >= 0.15 for s in result["steps"][10:]), "the sleep counts"
-    assert [s["verdicts"] for s in results[0]["steps"]] == [s["verdicts"] for s in results[1]["steps"]]
+    assert [s["verdicts"] for s in results[0]["steps"]] == [
+        s["verdicts"] for s in results[1]["steps"]
+    ]

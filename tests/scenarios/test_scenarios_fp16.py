@@ -18,14 +18,15 @@ from test_scenarios_more import fired, mlp, regression, train
 
 # ---------------------------------------------------------------- fp16 overflow
 
-@pytest.mark.parametrize("init_scale", [2.0 ** 30, 2.0 ** 18])
+
+@pytest.mark.parametrize("init_scale", [2.0**30, 2.0**18])
 def test_fp16_scaler_overflow_skips_and_halves(init_scale):
     torch.manual_seed(0)
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
     x, y = regression(512)
-    batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, 512, 32)] * 2
+    batches = [(x[i : i + 32], y[i : i + 32]) for i in range(0, 512, 32)] * 2
     changed = []
 
     def fp16_loss(batch):
@@ -50,7 +51,7 @@ def test_fp16_scaler_overflow_skips_and_halves(init_scale):
         if nxt is not None:
             assert nxt.loss_scale == (r.loss_scale / 2 if r.overflow else r.loss_scale)
     assert "nonfinite_grad" not in {p for p, _, _ in history}, "an overflow is not a NaN failure"
-    if init_scale < 2.0 ** 30:
+    if init_scale < 2.0**30:
         # One overflow (2^18 -> 2^17 at step 13) is the scaler doing its job: quiet.
         assert len(overflowed) == 1 and verdicts == [], (overflowed, history)
         return
@@ -59,7 +60,7 @@ def test_fp16_scaler_overflow_skips_and_halves(init_scale):
     assert scaler.get_scale() == init_scale / 2 ** len(overflowed)
     assert [(v.step, v.block) for v in verdicts] == [(3, None)], history
     assert verdicts[0].evidence["skipped_steps"] == [1, 2, 3]
-    assert verdicts[0].evidence["scales"] == [2.0 ** 30, 2.0 ** 29, 2.0 ** 28]
+    assert verdicts[0].evidence["scales"] == [2.0**30, 2.0**29, 2.0**28]
     assert sum(r.action == "step" for r in reports) == len(reports) - len(overflowed)
     assert history == [("fp16_overflow", None, 3)]
 
@@ -70,13 +71,13 @@ def _scaler_loop(watched: bool):
     torch.manual_seed(0)
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 30)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**30)
     agent = torchvitals.watch(model, opt) if watched else None
     x, y = regression(512)
     scales, reports = [], []
     for i in range(0, 512, 32):
         with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.mse_loss(model(x[i:i + 32]), y[i:i + 32])
+            loss = F.mse_loss(model(x[i : i + 32]), y[i : i + 32])
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

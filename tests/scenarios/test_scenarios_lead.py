@@ -22,7 +22,11 @@ def test_hot_lr_spike_names_the_leading_block_and_the_learning_rate():
     spikes = [v for v in history if v.pattern == "loss_spike"]
     assert spikes, [str(v) for v in history]
     assert all(v.block != "other" for v in spikes), [str(v) for v in spikes]
-    assert spikes[0].block.startswith("blocks.") or spikes[0].block in ("tok_emb", "pos_emb", "lm_head")
+    assert spikes[0].block.startswith("blocks.") or spikes[0].block in (
+        "tok_emb",
+        "pos_emb",
+        "lm_head",
+    )
     d = diagnose(history, [(r.step, r.loss) for r in reports])
     assert d.cause == "gradient explosion" and d.summary.startswith("The learning rate is too high")
     assert d.fix.startswith("Lower the learning rate"), d.render()

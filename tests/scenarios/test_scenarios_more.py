@@ -23,6 +23,7 @@ from support.models import TINY, TinyGPT, random_batches
 
 # ---------------------------------------------------------------- models, data, the loop
 
+
 def mlp(d_in: int = 16, hidden: int = 32, depth: int = 4, d_out: int = 1) -> nn.Sequential:
     """Linear/ReLU pairs then a Linear head: blocks "0", "2", ... (ReLU joins its Linear)."""
     dims = [d_in] + [hidden] * (depth - 1)
@@ -65,11 +66,15 @@ def train(agent, opt, batches, loss_fn, *, scaler=None, on_step=None):
 
 
 def fired(agent, pattern: str | None = None) -> list[tuple[str, str | None, int]]:
-    return [(v.pattern, v.block, v.step) for v in agent.detector.history
-            if pattern is None or v.pattern == pattern]
+    return [
+        (v.pattern, v.block, v.step)
+        for v in agent.detector.history
+        if pattern is None or v.pattern == pattern
+    ]
 
 
 # ---------------------------------------------------------------- dead or frozen layer
+
 
 def _frozen_gpt(how: str):
     torch.manual_seed(0)
@@ -82,7 +87,7 @@ def _frozen_gpt(how: str):
         opt = torch.optim.AdamW(live, lr=1e-3)
     elif how == "not_in_optimizer":
         opt = torch.optim.AdamW(live, lr=1e-3)
-    elif how == "lr_zero":         # wired correctly; only the measured update ratio can tell
+    elif how == "lr_zero":  # wired correctly; only the measured update ratio can tell
         opt = torch.optim.AdamW([{"params": live}, {"params": frozen, "lr": 0.0}], lr=1e-3)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -94,8 +99,13 @@ def test_frozen_block_is_a_dead_layer(how):
     model, opt = _frozen_gpt(how)
     active = []
     with torchvitals.watch(model, opt) as agent:
-        reports = train(agent, opt, tiny_gpt_batches(30), lambda b: lm_loss(model, *b),
-                        on_step=lambda r: active.append(agent.detector.is_active("dead_layer", "blocks.1")))
+        reports = train(
+            agent,
+            opt,
+            tiny_gpt_batches(30),
+            lambda b: lm_loss(model, *b),
+            on_step=lambda r: active.append(agent.detector.is_active("dead_layer", "blocks.1")),
+        )
         history = fired(agent)
         verdicts = [v for v in agent.detector.history if v.pattern == "dead_layer"]
     # The measurement itself: blocks.1 never moves while every other block does.
@@ -134,6 +144,7 @@ def test_healthy_tiny_gpt_raises_nothing():
 
 # ---------------------------------------------------------------- dead pipeline
 
+
 def test_detached_output_is_a_dead_pipeline():
     torch.manual_seed(0)
     model = TinyGPT(**TINY)
@@ -160,15 +171,16 @@ def test_detached_output_is_a_dead_pipeline():
 
 # ---------------------------------------------------------------- dead ReLU
 
+
 @pytest.mark.parametrize("bias", [-10.0, 0.0])
 def test_large_negative_bias_kills_the_relus_of_that_block(bias):
     torch.manual_seed(0)
     model = mlp()
     with torch.no_grad():
-        model[2].bias.fill_(bias)          # block "2": Linear(32, 32) + its ReLU
+        model[2].bias.fill_(bias)  # block "2": Linear(32, 32) + its ReLU
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = regression(512)
-    batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, 512, 32)] * 2
+    batches = [(x[i : i + 32], y[i : i + 32]) for i in range(0, 512, 32)] * 2
     with torchvitals.watch(model, opt) as agent:
         assert agent.blocks.names == ["0", "2", "4", "6"]
         reports = train(agent, opt, batches, lambda b: F.mse_loss(model(b[0]), b[1]))
@@ -188,6 +200,7 @@ def test_large_negative_bias_kills_the_relus_of_that_block(bias):
 
 # ---------------------------------------------------------------- attention saturation
 
+
 class AttnBlock(nn.Module):
     """Pre-norm block; attention is nn.MultiheadAttention or a custom one that records its
     logits with torchvitals.record_attention. ``logit_scale`` multiplies q.k."""
@@ -206,8 +219,10 @@ class AttnBlock(nn.Module):
         h = self.ln1(x)
         if self.custom:
             b, t, d = h.shape
-            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                       for z in self.qkv(h).split(d, 2))
+            q, k, v = (
+                z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                for z in self.qkv(h).split(d, 2)
+            )
             scores = (q @ k.transpose(-2, -1)) * (self.logit_scale / math.sqrt(d // self.heads))
             scores = scores.masked_fill(mask, float("-inf"))
             torchvitals.record_attention(self, logits=scores)
@@ -219,8 +234,15 @@ class AttnBlock(nn.Module):
 
 
 class AttnLM(nn.Module):
-    def __init__(self, custom: bool, vocab: int = 64, d: int = 32, heads: int = 4,
-                 layers: int = 3, seq_len: int = 16):
+    def __init__(
+        self,
+        custom: bool,
+        vocab: int = 64,
+        d: int = 32,
+        heads: int = 4,
+        layers: int = 3,
+        seq_len: int = 16,
+    ):
         super().__init__()
         self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq_len, d)
         self.blocks = nn.ModuleList(AttnBlock(d, heads, custom) for _ in range(layers))
@@ -242,8 +264,8 @@ class AttnLM(nn.Module):
             return
         d = target.attn.embed_dim
         with torch.no_grad():
-            target.attn.in_proj_weight[:2 * d] *= math.sqrt(factor)
-            target.attn.in_proj_bias[:2 * d] *= math.sqrt(factor)
+            target.attn.in_proj_weight[: 2 * d] *= math.sqrt(factor)
+            target.attn.in_proj_bias[: 2 * d] *= math.sqrt(factor)
 
 
 @pytest.mark.parametrize("kind", ["mha", "custom"])
@@ -257,8 +279,10 @@ def test_scaled_attention_logits_saturate_that_block(kind, factor):
         reports = train(agent, opt, tiny_gpt_batches(30), lambda b: lm_loss(model, *b))
         verdicts = [v for v in agent.detector.history if v.pattern == "attention_saturation"]
         history = fired(agent)
-    entropy = {b: [r.activations[b]["attention_entropy"] for r in reports if r.activations]
-               for b in ("blocks.0", "blocks.1", "blocks.2")}
+    entropy = {
+        b: [r.activations[b]["attention_entropy"] for r in reports if r.activations]
+        for b in ("blocks.0", "blocks.1", "blocks.2")
+    }
     assert all(len(v) == 4 for v in entropy.values()), "steps 1, 10, 20, 30 measure attention"
     healthy = ("blocks.0", "blocks.2") if factor != 1.0 else tuple(entropy)
     # Uniform causal rows would average ln(16!)/16 = 1.92 nats; healthy heads measure ~1.8.
@@ -275,6 +299,7 @@ def test_scaled_attention_logits_saturate_that_block(kind, factor):
 
 
 # ---------------------------------------------------------------- generalization gap
+
 
 def _overfit(n_train: int, steps: int, seed: int, every: int = 10):
     """Full-batch training of a wide MLP on ``n_train`` noisy samples; validation every ``every``."""
@@ -294,8 +319,13 @@ def _overfit(n_train: int, steps: int, seed: int, every: int = 10):
             validation.append((report.step, agent.observe_validation(loss)))
 
     with torchvitals.watch(model, opt) as agent:
-        reports = train(agent, opt, [(xt, yt)] * steps, lambda b: F.mse_loss(model(b[0]), b[1]),
-                        on_step=validate)
+        reports = train(
+            agent,
+            opt,
+            [(xt, yt)] * steps,
+            lambda b: F.mse_loss(model(b[0]), b[1]),
+            on_step=validate,
+        )
     return agent, reports, validation
 
 
@@ -306,7 +336,10 @@ def test_validation_rising_while_training_falls_is_a_generalization_gap():
     assert reports[-1].loss < 0.05 * reports[0].loss, "the training loss falls"
     assert validation[-1][1] > 1.3 * min(v for _, v in validation), "the validation loss rises"
     # gap_validations=3 rises after the best (step 20): named at the step after the third one.
-    assert best == 20 and [(v.step, v.block) for v in verdicts] == [(51, None)], (validation, verdicts)
+    assert best == 20 and [(v.step, v.block) for v in verdicts] == [(51, None)], (
+        validation,
+        verdicts,
+    )
     assert fired(agent) == [("generalization_gap", None, 51)]
 
 
@@ -327,4 +360,5 @@ def test_no_second_generalization_gap_on_a_converged_plateau():
     late = [v for s, v in validation if s >= 200]
     assert max(late) - min(late) < 2e-4 * min(late), "the plateau is flat"
     assert fired(agent) == [("generalization_gap", None, 41)], [
-        (v.step, v.evidence["validation"]) for v in agent.detector.history]
+        (v.step, v.evidence["validation"]) for v in agent.detector.history
+    ]

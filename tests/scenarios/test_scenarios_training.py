@@ -26,14 +26,15 @@ EARLY_WARNINGS = {"hot_lr", "layer_divergence", "grad_explosion", "activation_ex
 """The warnings of the hot-learning-rate fingerprint: update ratio, grad norms, activation max."""
 
 
-
 @pytest.fixture(autouse=True)
 def default_config(monkeypatch):
     """Default thresholds and sampling: no TORCHVITALS_* setting from the shell leaks in
     (conftest's metrics-port and log-dir settings stay)."""
     for key in list(os.environ):
-        if key.startswith("TORCHVITALS_") and key not in ("TORCHVITALS_METRICS_PORT",
-                                                          "TORCHVITALS_LOG_DIR"):
+        if key.startswith("TORCHVITALS_") and key not in (
+            "TORCHVITALS_METRICS_PORT",
+            "TORCHVITALS_LOG_DIR",
+        ):
             monkeypatch.delenv(key)
 
 
@@ -43,6 +44,7 @@ def loud(history):
 
 
 # ----------------------------------------------------------------- the small transformer
+
 
 def train_gpt(seed, steps, *, lr=3e-3, n_layers=2, before_step=None, prepare=None, **config):
     """Train TinyGPT with AdamW under the agent; return (all verdicts, every step's report).
@@ -96,9 +98,11 @@ def test_hot_lr_ramp_warns_at_least_5_steps_before_the_loss_spike():
     losses = [r.loss for r in reports]
     assert loud(v for v in history if v.step <= RAMP_FROM) == [], "alarm before the LR changed"
 
-    pre_change = statistics.median(losses[RAMP_FROM - 50:RAMP_FROM])
-    actual = next((s for s, loss in enumerate(losses, start=1)
-                   if s > RAMP_FROM and loss > 1.5 * pre_change), None)
+    pre_change = statistics.median(losses[RAMP_FROM - 50 : RAMP_FROM])
+    actual = next(
+        (s for s, loss in enumerate(losses, start=1) if s > RAMP_FROM and loss > 1.5 * pre_change),
+        None,
+    )
     assert actual is not None, f"the ramp did not spike the loss: {losses[RAMP_FROM:]}"
 
     spikes = [v for v in history if v.pattern == "loss_spike"]
@@ -108,8 +112,11 @@ def test_hot_lr_ramp_warns_at_least_5_steps_before_the_loss_spike():
     assert abs(spike.step - actual) <= 3, f"loss_spike at {spike.step}, loss 1.5x up at {actual}"
     assert spike.evidence["loss"] > spike.evidence["threshold"]
 
-    early = [v for v in history if v.severity == WARNING and v.pattern in EARLY_WARNINGS
-             and RAMP_FROM < v.step < spike.step]
+    early = [
+        v
+        for v in history
+        if v.severity == WARNING and v.pattern in EARLY_WARNINGS and RAMP_FROM < v.step < spike.step
+    ]
     assert early, f"no early warning before the loss_spike at {spike.step}: {loud(history)}"
     first = early[0]
     assert spike.step - first.step >= 5, f"{first} only {spike.step - first.step} steps ahead"
@@ -127,6 +134,7 @@ def test_hot_lr_ramp_warns_at_least_5_steps_before_the_loss_spike():
 # Measured maxima of the loss's robust z-score over 300 steps (the loss_spike rule fires at 6):
 # seeds 0-9 at 2.0-5.3 with this constant LR.
 
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_healthy_small_transformer_raises_no_warning(seed):
     history, reports = train_gpt(seed, 300)
@@ -140,7 +148,7 @@ def test_healthy_small_transformer_raises_no_warning(seed):
 # ----------------------------------------------------------------- the 6-layer MLP classifier
 
 FEATURES, CLASSES, WIDTH, DEPTH = 16, 4, 64, 6
-MLP_BLOCKS = [str(2 * i) for i in range(DEPTH)]     # "0", "2", ..., "10": the Linear layers
+MLP_BLOCKS = [str(2 * i) for i in range(DEPTH)]  # "0", "2", ..., "10": the Linear layers
 
 
 def tabular(seed, n=2048):
@@ -203,6 +211,7 @@ def first_nonfinite(reports):
 # quiet. With the scale restored: loss 1.51 -> 0.14, first/last 1-5x, no verdict. The
 # vanishing case proper is the sigmoid net below.
 
+
 def test_tanh_mlp_xavier_x10_saturates_from_the_first_layer_before_any_nan():
     history, reports = train_mlp(mlp(0, init_scale=10.0), 200)
     saturated = [v for v in history if v.pattern == "saturation"]
@@ -233,6 +242,7 @@ def test_tanh_mlp_with_the_init_scale_restored_learns_silently():
 # plain Xavier init. sigmoid' <= 0.25, so each layer back shrinks the gradient ~4x: measured
 # (seed 0) vanishing_gradients in "0" at step 3 with last/first = 604 (733 at step 20), loss
 # stuck at chance (1.385 vs ln 4 = 1.386) -- and no NaN.
+
 
 def test_sigmoid_mlp_vanishing_gradients_named_in_the_first_layer():
     history, reports = train_mlp(mlp(0, init_scale=1.0, activation=nn.Sigmoid), 60)
@@ -268,15 +278,15 @@ def test_bad_init_activation_explosion_starts_in_the_scaled_block():
     assert exploding, f"no activation_explosion: {loud(history)}"
     order = reports[0].activations.keys()
     named = sorted({v.block for v in exploding}, key=list(order).index)
-    assert named[0] == "blocks.1", named                      # where it starts
+    assert named[0] == "blocks.1", named  # where it starts
     assert not {"tok_emb", "pos_emb", "blocks.0"} & set(named), named
     first = min(exploding, key=lambda v: v.step)
-    assert first.step == 20 and first.severity == WARNING     # third sample, default sampling
+    assert first.step == 20 and first.severity == WARNING  # third sample, default sampling
     limit = Thresholds().explosion_abs_max
     start = reports[0].activations["blocks.1"]["abs_max"]
     assert start >= limit
     for r in reports:
-        if r.activations:   # high from step 1, and not falling
+        if r.activations:  # high from step 1, and not falling
             assert r.activations["blocks.1"]["abs_max"] >= 0.5 * start, r.step
             assert r.activations["blocks.0"]["abs_max"] < limit
 

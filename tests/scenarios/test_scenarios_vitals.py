@@ -25,8 +25,15 @@ def lm_loss(model, x, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def gpt_run(steps: int, *, leak_bytes: int = 0, loader_sleep_s: float = 0.0, stall_from: int = 1,
-            record: bool = False, **config):
+def gpt_run(
+    steps: int,
+    *,
+    leak_bytes: int = 0,
+    loader_sleep_s: float = 0.0,
+    stall_from: int = 1,
+    record: bool = False,
+    **config,
+):
     """Train the tiny GPT ``steps`` steps; return (reports, history as (pattern, step, evidence)).
 
     ``leak_bytes`` per step go into a list that is never freed (touched, so they are resident);
@@ -72,6 +79,7 @@ def gpt_run(steps: int, *, leak_bytes: int = 0, loader_sleep_s: float = 0.0, sta
 
 # ---------------------------------------------------------------- memory growth
 
+
 def test_leaking_list_of_tensors_is_memory_growth():
     reports, history = gpt_run(110, leak_bytes=4 << 20)
     found = [(p, s) for p, s, _ in history]
@@ -81,25 +89,26 @@ def test_leaking_list_of_tensors_is_memory_growth():
     evidence = history[0][2]
     assert evidence["memory"] == "resident_bytes"
     # 4 MiB a step over 80 steps; the allocator's own noise is a few MiB.
-    assert 300 * 2 ** 20 <= evidence["rise_bytes"] <= 360 * 2 ** 20, evidence
-    assert evidence["bytes_per_step"] > 3.5 * 2 ** 20
+    assert 300 * 2**20 <= evidence["rise_bytes"] <= 360 * 2**20, evidence
+    assert evidence["bytes_per_step"] > 3.5 * 2**20
     sampled = [r.memory["resident_bytes"] for r in reports if r.memory]
-    assert len(sampled) == 12 and sampled[-1] > sampled[1] + 300 * 2 ** 20
+    assert len(sampled) == 12 and sampled[-1] > sampled[1] + 300 * 2**20
 
 
 def test_same_run_without_the_leak_is_silent():
     reports, history = gpt_run(110)
     assert history == []
     sampled = [r.memory["resident_bytes"] for r in reports if r.memory]
-    assert len(sampled) == 12 and max(sampled[2:]) - min(sampled[2:]) < 64 * 2 ** 20
+    assert len(sampled) == 12 and max(sampled[2:]) - min(sampled[2:]) < 64 * 2**20
 
 
 # ---------------------------------------------------------------- data stall
 
+
 def test_sleeping_loader_is_a_data_stall():
     reports, history = gpt_run(30, loader_sleep_s=0.06, stall_from=15)
     found = [(p, s) for p, s, _ in history]
-    assert found == [("data_stall", 19)], found      # data_stall_steps=5 stalled steps: 15..19
+    assert found == [("data_stall", 19)], found  # data_stall_steps=5 stalled steps: 15..19
     assert history[0][2]["data_wait_ratio"] >= 0.5
     assert all(r.local_data_wait_seconds >= 0.06 for r in reports[14:])
     assert all(r.local_data_wait_seconds < 0.01 for r in reports[1:14])
@@ -115,9 +124,14 @@ def test_data_wait_recorded_by_the_caller_is_a_data_stall_too():
 def test_a_data_stall_does_not_stop_healthy_checkpoints(tmp_path):
     """A slow loader leaves the weights as good as they were: the watchdog keeps saving, so a
     later failure does not roll back to before the stall began."""
-    reports, history = gpt_run(30, loader_sleep_s=0.06, stall_from=12,
-                               checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5,
-                               healthy_window=2)
+    reports, history = gpt_run(
+        30,
+        loader_sleep_s=0.06,
+        stall_from=12,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=5,
+        healthy_window=2,
+    )
     # The stall is seen (its exact step is test_sleeping_loader_is_a_data_stall's business).
     assert [p for p, _, _ in history] == ["data_stall"]
     assert [r.step for r in reports if r.checkpointed] == [5, 10, 15, 20, 25, 30]
@@ -131,6 +145,7 @@ def test_fast_loader_is_silent():
 
 # ---------------------------------------------------------------- replica divergence (DDP)
 
+
 @pytest.mark.distributed
 def test_weight_changed_on_one_replica_is_caught_and_rolled_back(tmp_path):
     """Rank 1's weight changes in place at step 23, after the all-reduce; the next sample
@@ -140,15 +155,19 @@ def test_weight_changed_on_one_replica_is_caught_and_rolled_back(tmp_path):
         assert result["history"] == [("replica_divergence", 25)], (rank, result["history"])
         steps = result["steps"]
         at = next(s for s in steps if s["verdicts"])
-        assert at["verdicts"] == [("replica_divergence", "critical", "blocks.1", 25,
-                                   {"blocks.1": [0, 1]}, [0, 1])]   # two ranks: no majority
+        assert at["verdicts"] == [
+            ("replica_divergence", "critical", "blocks.1", 25, {"blocks.1": [0, 1]}, [0, 1])
+        ]  # two ranks: no majority
         assert at["action"] == "rollback" and at["to_step"] == 20
     zero, one = results
     for a, b in zip(zero["steps"], one["steps"]):
         assert a["verdicts"] == b["verdicts"] and a["action"] == b["action"]
-    corrupted = [i for i, (a, b) in enumerate(zip(zero["steps"], one["steps"]))
-                 if a["checksum"] != b["checksum"]]
-    assert corrupted == [22, 23], corrupted      # steps 23 and 24 only: rolled back at 25
+    corrupted = [
+        i
+        for i, (a, b) in enumerate(zip(zero["steps"], one["steps"]))
+        if a["checksum"] != b["checksum"]
+    ]
+    assert corrupted == [22, 23], corrupted  # steps 23 and 24 only: rolled back at 25
     assert zero["checksum"] == one["checksum"], "the replicas are identical again"
     assert sum(s["checked"] for s in zero["steps"]) >= 8
 
@@ -174,6 +193,7 @@ def test_identical_replicas_stay_silent():
 
 
 # ---------------------------------------------------------------- straggler: data or compute
+
 
 @pytest.mark.slow
 @pytest.mark.distributed

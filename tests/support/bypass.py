@@ -77,18 +77,28 @@ def train(model: nn.Module, inner: nn.Module, steps: int, seed: int, **config: A
                 opt.zero_grad(set_to_none=True)
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()
-                out["ref"].append({name: None if p.grad is None
-                                   else float(p.grad.double().pow(2).sum())
-                                   for name, p in inner.named_parameters()})
+                out["ref"].append(
+                    {
+                        name: None if p.grad is None else float(p.grad.double().pow(2).sum())
+                        for name, p in inner.named_parameters()
+                    }
+                )
                 report = agent.step(loss)
-                out["reports"].append({
-                    "grad_norm": dict(report.grad_norm), "total": report.grad_norm_total,
-                    "missing": list(report.grad_norm_missing), "action": report.action,
-                    "update_ratio": dict(report.update_ratio),
-                    "verdicts": [(v.pattern, v.block, v.evidence.get("fired"))
-                                 for v in report.verdicts]})
-            out["history"] = [(v.pattern, v.block, v.evidence.get("fired"))
-                              for v in agent.detector.history]
+                out["reports"].append(
+                    {
+                        "grad_norm": dict(report.grad_norm),
+                        "total": report.grad_norm_total,
+                        "missing": list(report.grad_norm_missing),
+                        "action": report.action,
+                        "update_ratio": dict(report.update_ratio),
+                        "verdicts": [
+                            (v.pattern, v.block, v.evidence.get("fired")) for v in report.verdicts
+                        ],
+                    }
+                )
+            out["history"] = [
+                (v.pattern, v.block, v.evidence.get("fired")) for v in agent.detector.history
+            ]
     finally:
         logging.getLogger("torchvitals").removeHandler(lines)
     out["warnings"] = [ln for ln in lines.lines if "could read a gradient" in ln]
@@ -98,6 +108,7 @@ def train(model: nn.Module, inner: nn.Module, steps: int, seed: int, **config: A
 def ddp_bypass(rank: int, world: int, mode: str, steps: int) -> dict:
     """The model under DDP (unused parameters allowed), each rank its own data."""
     from torch.nn.parallel import DistributedDataParallel
+
     inner = Bypass(mode)
     model = DistributedDataParallel(inner, find_unused_parameters=True)
     return train(model, inner, steps, seed=rank, sample_every=5)

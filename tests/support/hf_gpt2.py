@@ -38,19 +38,41 @@ class Arithmetic(Dataset):
 def tiny_gpt2(seed: int = 0, layers: int = 2, dropout: float = 0.0) -> GPT2LMHeadModel:
     """The example's GPT-2 (2 layers, no dropout), or a deeper one with GPT-2's own dropout."""
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=64,
-                                      n_layer=layers, bos_token_id=VOCAB - 1,
-                                      eos_token_id=VOCAB - 1, n_head=4, resid_pdrop=dropout,
-                                      embd_pdrop=dropout, attn_pdrop=dropout))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=SEQ,
+            n_embd=64,
+            n_layer=layers,
+            bos_token_id=VOCAB - 1,
+            eos_token_id=VOCAB - 1,
+            n_head=4,
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
+        )
+    )
 
 
 def arguments(out: str, steps: int, seed: int = 0, **overrides) -> TrainingArguments:
-    settings = dict(output_dir=out, max_steps=steps, per_device_train_batch_size=8,
-                    gradient_accumulation_steps=2, learning_rate=3e-3, warmup_steps=10,
-                    lr_scheduler_type="cosine", max_grad_norm=1.0, weight_decay=0.01,
-                    logging_steps=25, save_strategy="no", report_to=[], use_cpu=True,
-                    ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-                    dataloader_num_workers=0, seed=seed,
-                    disable_tqdm=True)
+    settings = dict(
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        learning_rate=3e-3,
+        warmup_steps=10,
+        lr_scheduler_type="cosine",
+        max_grad_norm=1.0,
+        weight_decay=0.01,
+        logging_steps=25,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        dataloader_num_workers=0,
+        seed=seed,
+        disable_tqdm=True,
+    )
     settings.update(overrides)
     return TrainingArguments(**settings)

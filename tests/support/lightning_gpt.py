@@ -28,7 +28,9 @@ class GPTModule(pl.LightningModule):
         self.model = TinyGPT(**MODEL)
         self.lr, self.total_steps = lr, total_steps
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
         x, y = batch
         return self.model.loss(x, y)
 
@@ -46,13 +48,29 @@ class GPTModule(pl.LightningModule):
 
 
 def loader(n: int, seed: int = 0) -> DataLoader:
-    xs, ys = zip(*random_batches(n, batch=1, seq_len=MODEL["seq_len"], vocab=MODEL["vocab"], seed=seed))
-    return DataLoader(TensorDataset(torch.cat(xs), torch.cat(ys)), batch_size=8, shuffle=True,
-                      generator=torch.Generator().manual_seed(seed))
+    xs, ys = zip(
+        *random_batches(n, batch=1, seq_len=MODEL["seq_len"], vocab=MODEL["vocab"], seed=seed)
+    )
+    return DataLoader(
+        TensorDataset(torch.cat(xs), torch.cat(ys)),
+        batch_size=8,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def trainer(out: str, steps: int, devices: int, callbacks: list) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                      max_steps=steps, gradient_clip_val=1.0, accumulate_grad_batches=2,
-                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=out, callbacks=callbacks)
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_steps=steps,
+        gradient_clip_val=1.0,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=out,
+        callbacks=callbacks,
+    )

@@ -65,8 +65,9 @@ class Block(nn.Module):
 class LlamaLike(nn.Module):
     """tok_embeddings -> layers (ModuleDict) -> norm -> output."""
 
-    def __init__(self, vocab: int = 64, dim: int = 32, n_layers: int = 3, heads: int = 4,
-                 fused: bool = False):
+    def __init__(
+        self, vocab: int = 64, dim: int = 32, n_layers: int = 3, heads: int = 4, fused: bool = False
+    ):
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleDict({str(i): Block(dim, heads, fused) for i in range(n_layers)})

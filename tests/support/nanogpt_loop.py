@@ -37,7 +37,7 @@ class Settings:
     min_lr: float = 3e-4
     warmup_iters: int = 10
     grad_clip: float = 1.0
-    dtype: str = "float32"           # "float16" turns the GradScaler on (CUDA or CPU autocast)
+    dtype: str = "float32"  # "float16" turns the GradScaler on (CUDA or CPU autocast)
     checkpoint_every: int = 10
     seed: int = 1337
 
@@ -61,8 +61,11 @@ def corpus(vocab: int = 64, n: int = 20_000) -> torch.Tensor:
     return torch.where(noise, torch.randint(0, vocab, (n,), generator=g), data)
 
 
-def train(s: Settings, corrupt: Callable[[torch.Tensor], bool] | None = None,
-          seen: list[torch.Tensor] | None = None) -> dict:
+def train(
+    s: Settings,
+    corrupt: Callable[[torch.Tensor], bool] | None = None,
+    seen: list[torch.Tensor] | None = None,
+) -> dict:
     """Run the loop; ``corrupt(x)`` says whether a drawn batch is bad data (its loss becomes
     NaN, as a corrupt shard would make it), ``seen`` collects every batch drawn (for tests)."""
     ddp = int(os.environ.get("RANK", -1)) != -1
@@ -75,17 +78,24 @@ def train(s: Settings, corrupt: Callable[[torch.Tensor], bool] | None = None,
     model = TinyGPT(vocab=64, d_model=64, n_layers=2, seq_len=s.block_size).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.learning_rate, weight_decay=0.1)
     scaler = torch.amp.GradScaler(device, enabled=(s.dtype == "float16"))
-    ctx = (torch.autocast(device, dtype=torch.float16) if s.dtype == "float16" else nullcontext())
+    ctx = torch.autocast(device, dtype=torch.float16) if s.dtype == "float16" else nullcontext()
     if ddp:
         model = DistributedDataParallel(model)
-    agent = torchvitals.watch(model, optimizer, checkpoint_dir=os.path.join(s.out, "ckpt"),  # torchvitals
-                              checkpoint_every=s.checkpoint_every, log_dir=s.out,
-                              run_name="events", resume="auto", metrics_port=0)
+    agent = torchvitals.watch(
+        model,
+        optimizer,
+        checkpoint_dir=os.path.join(s.out, "ckpt"),  # torchvitals
+        checkpoint_every=s.checkpoint_every,
+        log_dir=s.out,
+        run_name="events",
+        resume="auto",
+        metrics_port=0,
+    )
 
     def get_batch() -> tuple[torch.Tensor, torch.Tensor]:
         ix = torch.randint(len(data) - s.block_size, (s.batch_size,), device=device)
-        x = torch.stack([data[i:i + s.block_size] for i in ix])
-        y = torch.stack([data[i + 1:i + 1 + s.block_size] for i in ix])
+        x = torch.stack([data[i : i + s.block_size] for i in ix])
+        y = torch.stack([data[i + 1 : i + 1 + s.block_size] for i in ix])
         if seen is not None:
             seen.append(x.clone())
         return x, y
@@ -93,7 +103,7 @@ def train(s: Settings, corrupt: Callable[[torch.Tensor], bool] | None = None,
     iter_num, reports = 0, []
     while iter_num < s.max_iters:
         lr = get_lr(iter_num, s)
-        for group in optimizer.param_groups:            # the loop owns the LR, as nanoGPT does
+        for group in optimizer.param_groups:  # the loop owns the LR, as nanoGPT does
             group["lr"] = lr
         for micro_step in range(s.grad_accum):
             if ddp:
@@ -104,22 +114,27 @@ def train(s: Settings, corrupt: Callable[[torch.Tensor], bool] | None = None,
                 loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
             if corrupt is not None and corrupt(x):
                 loss = loss * float("nan")
-            agent.record_loss(loss)                                           # torchvitals
+            agent.record_loss(loss)  # torchvitals
             loss = loss / s.grad_accum
             scaler.scale(loss).backward()
         if s.grad_clip != 0.0:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        scaler.step(optimizer)               # goes through the agent, overflow steps too
+        scaler.step(optimizer)  # goes through the agent, overflow steps too
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
         reports.append(agent.last_report)
     agent.close()
-    summary = {"iterations": iter_num, "steps": agent.step_count, "lr_scale": agent.lr_scale,
-               "final_loss": reports[-1].loss, "first_loss": reports[0].loss,
-               "rollbacks": [r.rollback for r in reports if r.action == "rollback"],
-               "reports": reports}
+    summary = {
+        "iterations": iter_num,
+        "steps": agent.step_count,
+        "lr_scale": agent.lr_scale,
+        "final_loss": reports[-1].loss,
+        "first_loss": reports[0].loss,
+        "rollbacks": [r.rollback for r in reports if r.action == "rollback"],
+        "reports": reports,
+    }
     if ddp:
         dist.destroy_process_group()
     return summary

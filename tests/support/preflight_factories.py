@@ -10,8 +10,9 @@ from torch import nn
 class MLP(nn.Module):
     def __init__(self, detached: bool = False):
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                                    nn.Linear(64, 4))
+        self.layers = nn.Sequential(
+            nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)
+        )
         self.detached = detached
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,9 +40,14 @@ def evaluate(model: nn.Module) -> float:
 
 def setup(detached: bool = False) -> dict:
     torch.manual_seed(0)
-    return {"model": MLP(detached), "loss_fn": loss_fn, "batch": data(12, 0),
-            "batches": [data(32, s) for s in range(1, 5)], "evaluate": evaluate,
-            "optimizer": lambda params: torch.optim.Adam(params, lr=3e-3)}
+    return {
+        "model": MLP(detached),
+        "loss_fn": loss_fn,
+        "batch": data(12, 0),
+        "batches": [data(32, s) for s in range(1, 5)],
+        "evaluate": evaluate,
+        "optimizer": lambda params: torch.optim.Adam(params, lr=3e-3),
+    }
 
 
 def healthy() -> dict:

@@ -41,18 +41,21 @@ def ref_grad_norms(model: nn.Module, prefixes: list[str]) -> tuple[dict[str, flo
 
 
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {n.removeprefix("module."): full(p.detach()).double().clone()
-            for n, p in model.named_parameters()}
+    return {
+        n.removeprefix("module."): full(p.detach()).double().clone()
+        for n, p in model.named_parameters()
+    }
 
 
-def ref_update_ratios(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor],
-                      prefixes: list[str]) -> dict[str, float]:
+def ref_update_ratios(
+    before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], prefixes: list[str]
+) -> dict[str, float]:
     d_sq: dict[str, float] = {}
     w_sq: dict[str, float] = {}
     for name, w0 in before.items():
         b = block_of(name, prefixes)
         d_sq[b] = d_sq.get(b, 0.0) + float(((after[name] - w0) ** 2).sum())
-        w_sq[b] = w_sq.get(b, 0.0) + float((w0 ** 2).sum())
+        w_sq[b] = w_sq.get(b, 0.0) + float((w0**2).sum())
     return {b: math.sqrt(d_sq[b]) / math.sqrt(w_sq[b]) for b in d_sq}
 
 
@@ -68,6 +71,7 @@ class OutputRecorder:
         def hook(module, inputs, output):
             out = output[0] if isinstance(output, tuple) else output
             self.outputs[path].append(out.detach().double().clone())
+
         return hook
 
     def stats(self, saturation_level: float = 0.99) -> dict[str, dict[str, float]]:
@@ -75,8 +79,10 @@ class OutputRecorder:
         for path, outs in self.outputs.items():
             x = torch.cat([o.reshape(-1) for o in outs])
             result[path] = {
-                "mean": float(x.mean()), "rms": float(x.pow(2).mean().sqrt()),
-                "abs_max": float(x.abs().max()), "zero_fraction": float((x == 0).double().mean()),
+                "mean": float(x.mean()),
+                "rms": float(x.pow(2).mean().sqrt()),
+                "abs_max": float(x.abs().max()),
+                "zero_fraction": float((x == 0).double().mean()),
                 "saturation_fraction": float((x.abs() >= saturation_level).double().mean()),
                 "nonfinite": float((~torch.isfinite(x)).sum()),
             }
@@ -88,18 +94,22 @@ class OutputRecorder:
 
 
 def assert_close(actual: float, expected: float, rtol: float = 1e-5, what: str = "") -> None:
-    assert math.isclose(actual, expected, rel_tol=rtol, abs_tol=0.0), \
+    assert math.isclose(actual, expected, rel_tol=rtol, abs_tol=0.0), (
         f"{what}: {actual!r} != {expected!r} (rel err {abs(actual - expected) / abs(expected):.2e})"
+    )
 
 
 def assert_activations(actual: dict[str, float], expected: dict[str, float], what: str) -> None:
     """rtol 1e-5 on every field; the mean, which can sit near zero, to 1e-5 of the rms scale."""
     for key, value in expected.items():
         if key == "mean":
-            assert abs(actual[key] - value) <= 1e-5 * expected["rms"], f"{what}.mean {actual[key]} != {value}"
+            assert abs(actual[key] - value) <= 1e-5 * expected["rms"], (
+                f"{what}.mean {actual[key]} != {value}"
+            )
         else:
-            assert_close(actual[key], value, what=f"{what}.{key}") if value else \
-                (actual[key] == value or _fail(f"{what}.{key}: {actual[key]} != {value}"))
+            assert_close(actual[key], value, what=f"{what}.{key}") if value else (
+                actual[key] == value or _fail(f"{what}.{key}: {actual[key]} != {value}")
+            )
 
 
 def _fail(message: str) -> None:

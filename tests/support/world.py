@@ -30,9 +30,11 @@ def wrap(kind: str, model: nn.Module, world: int) -> nn.Module:
     """DDP, or FSDP2 with every transformer block sharded separately and then the root."""
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
+
         return DistributedDataParallel(model)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh("cpu", (world,))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
@@ -42,17 +44,24 @@ def wrap(kind: str, model: nn.Module, world: int) -> nn.Module:
 
 # ---------------------------------------------------------------- world-size-2 harness
 
+
 def free_port() -> int:
     """A free port below the ephemeral range, so no outgoing connection takes it first."""
     from torchvitals.agent.tools.demo.launch import free_ports
+
     return free_ports(1)
 
 
 def _child(fn: Callable, rank: int, world: int, port: int, queue: Any, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
     torch.set_num_threads(1)
-    drain_collectives_at_exit()     # a reference run without the agent exits as cleanly
+    drain_collectives_at_exit()  # a reference run without the agent exits as cleanly
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
         try:
@@ -73,8 +82,10 @@ def run_world(fn: Callable, *args: Any, world: int = 2, timeout: float = 180.0) 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world, port, queue, args), daemon=True)
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_child, args=(fn, r, world, port, queue, args), daemon=True)
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -84,8 +95,10 @@ def run_world(fn: Callable, *args: Any, world: int = 2, timeout: float = 180.0) 
             try:
                 rank, status, payload = queue.get(timeout=timeout)
             except Exception:  # queue.Empty
-                raise AssertionError(f"ranks {sorted(set(range(world)) - set(results))} hung "
-                                     f"(no result within {timeout}s)") from None
+                raise AssertionError(
+                    f"ranks {sorted(set(range(world)) - set(results))} hung "
+                    f"(no result within {timeout}s)"
+                ) from None
             if status == "ok":
                 results[rank] = payload
             else:
@@ -118,22 +131,33 @@ def _clone(value: Any) -> Any:
 def snapshot_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     """An in-memory copy of what a healthy checkpoint holds: model, optimizer, this rank's RNG."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_sd, optim_sd = get_state_dict(model, opt)
     return {"model": _clone(model_sd), "optim": _clone(optim_sd), "rng": torch.get_rng_state()}
 
 
 def restore_state(model: torch.nn.Module, opt: torch.optim.Optimizer, snap: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import set_state_dict
-    set_state_dict(model, opt, model_state_dict=_clone(snap["model"]),
-                   optim_state_dict=_clone(snap["optim"]))
+
+    set_state_dict(
+        model, opt, model_state_dict=_clone(snap["model"]), optim_state_dict=_clone(snap["optim"])
+    )
     torch.set_rng_state(snap["rng"])
 
 
 # ---------------------------------------------------------------- a world that may die
 
-def _job_child(fn: Callable, rank: int, world: int, port: int, result_dir: str, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+
+def _job_child(
+    fn: Callable, rank: int, world: int, port: int, result_dir: str, args: tuple
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
     torch.set_num_threads(1)
     path = os.path.join(result_dir, f"result-{rank}.pkl")
     try:
@@ -161,8 +185,9 @@ def _write_result(path: str, result: tuple) -> None:
     os.replace(path + ".tmp", path)
 
 
-def spawn_job(fn: Callable, *args: Any, world: int = 2, timeout: float = 90.0,
-              grace: float = 15.0) -> list[dict[str, Any]]:
+def spawn_job(
+    fn: Callable, *args: Any, world: int = 2, timeout: float = 90.0, grace: float = 15.0
+) -> list[dict[str, Any]]:
     """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks that may die.
 
     A rank killed by a signal makes the parent SIGKILL every other rank at once (the whole job
@@ -177,8 +202,10 @@ def spawn_job(fn: Callable, *args: Any, world: int = 2, timeout: float = 90.0,
     ctx = mp.get_context("spawn")
     port = free_port()
     result_dir = tempfile.mkdtemp(prefix="tv-job-")
-    procs = [ctx.Process(target=_job_child, args=(fn, r, world, port, result_dir, args))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_job_child, args=(fn, r, world, port, result_dir, args))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -211,8 +238,12 @@ def spawn_job(fn: Callable, *args: Any, world: int = 2, timeout: float = 90.0,
             p.join(10)
     out = []
     for r, p in enumerate(procs):
-        entry: dict[str, Any] = {"exitcode": p.exitcode, "status": None, "hung": r in hung,
-                                 "killed_by_parent": r in killed_by_parent}
+        entry: dict[str, Any] = {
+            "exitcode": p.exitcode,
+            "status": None,
+            "hung": r in hung,
+            "killed_by_parent": r in killed_by_parent,
+        }
         path = os.path.join(result_dir, f"result-{r}.pkl")
         if os.path.exists(path):
             with open(path, "rb") as f:

@@ -23,8 +23,9 @@ def test_a_dict_of_different_heads_is_not_taken_for_layers():
         def __init__(self):
             super().__init__()
             self.trunk = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8))
-            self.heads = nn.ModuleDict({"cls": nn.Linear(8, 3),
-                                        "box": nn.Sequential(nn.Linear(8, 2), nn.Linear(2, 4))})
+            self.heads = nn.ModuleDict(
+                {"cls": nn.Linear(8, 3), "box": nn.Sequential(nn.Linear(8, 2), nn.Linear(2, 4))}
+            )
 
     blocks = discover(TwoHeads())
     assert [n for n, k in zip(blocks.names, blocks.kinds) if k == LAYER] == ["trunk.0", "trunk.2"]

@@ -23,8 +23,9 @@ def _setup(seed: int = 0):
     torch.manual_seed(seed)
     # Dropout and the data below draw from the torch, Python and NumPy generators, so an exact
     # continuation needs all three restored.
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Dropout(0.2), torch.nn.GELU(),
-                                torch.nn.Linear(128, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.Dropout(0.2), torch.nn.GELU(), torch.nn.Linear(128, 1)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + 0.1 * s))
     return model, opt, sched
@@ -41,11 +42,13 @@ def _train(model, opt, sched, steps: int) -> None:
 
 
 def _snapshot(model, opt, sched) -> dict:
-    return {"model": {k: v.clone() for k, v in model.state_dict().items()},
-            "state": [{k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()],
-            "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
-            "sched": sched.state_dict(),
-            "rng": (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())}
+    return {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "state": [{k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()],
+        "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+        "sched": sched.state_dict(),
+        "rng": (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()),
+    }
 
 
 def _same(a, b) -> bool:
@@ -95,8 +98,13 @@ def test_round_trip_restores_everything_and_training_continues_identically(tmp_p
     assert _same(_snapshot(model2, opt2, sched2), uninterrupted)
     assert store.last_save_seconds > 0
     manifest = json.loads((path / "manifest.json").read_text())["files"]
-    assert sorted(manifest) == [".metadata", "__0_0.distcp", "plain-rank-00000.json", "rng-rank-00000.json",
-                              "state.json"]
+    assert sorted(manifest) == [
+        ".metadata",
+        "__0_0.distcp",
+        "plain-rank-00000.json",
+        "rng-rank-00000.json",
+        "state.json",
+    ]
     assert all(len(f["sha256"]) == 64 and f["size"] > 0 for f in manifest.values())
 
 
@@ -108,7 +116,11 @@ def test_keeps_the_last_k(tmp_path):
         store.save(step, model, opt, sched)
     assert [p.name for p in store.list()] == ["step-00000003", "step-00000004"]
     assert store.latest() == tmp_path / "step-00000004"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json", "step-00000003", "step-00000004"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ledger.json",
+        "step-00000003",
+        "step-00000004",
+    ]
 
 
 def test_a_step_saved_again_replaces_the_old_one(tmp_path):
@@ -136,14 +148,17 @@ def _append(folder):
         f.write(" ")
 
 
-@pytest.mark.parametrize("damage,reason", [
-    (_flip_byte, "__0_0.distcp: SHA-256 differs from the manifest"),
-    (_append, "bytes, the manifest says"),
-    (lambda f: (f / "rng-rank-00000.json").unlink(), "missing file rng-rank-00000.json"),
-    (lambda f: (f / "notes.txt").write_text("hi"), "unexpected file notes.txt"),
-    (lambda f: (f / "manifest.json").unlink(), "no manifest.json: a partial checkpoint"),
-    (lambda f: (f / "manifest.json").write_text("{"), "manifest.json is unreadable"),
-])
+@pytest.mark.parametrize(
+    "damage,reason",
+    [
+        (_flip_byte, "__0_0.distcp: SHA-256 differs from the manifest"),
+        (_append, "bytes, the manifest says"),
+        (lambda f: (f / "rng-rank-00000.json").unlink(), "missing file rng-rank-00000.json"),
+        (lambda f: (f / "notes.txt").write_text("hi"), "unexpected file notes.txt"),
+        (lambda f: (f / "manifest.json").unlink(), "no manifest.json: a partial checkpoint"),
+        (lambda f: (f / "manifest.json").write_text("{"), "manifest.json is unreadable"),
+    ],
+)
 def test_a_damaged_checkpoint_is_refused_and_the_previous_one_used(saved, damage, reason, caplog):
     store, step1 = saved
     damage(store.root / "step-00000002")
@@ -153,9 +168,15 @@ def test_a_damaged_checkpoint_is_refused_and_the_previous_one_used(saved, damage
     assert restored.step == 1 and restored.extra == {"position": 1}
     [(folder, why)] = restored.refused
     assert folder.name == "step-00000002" and reason in why
-    assert "refusing checkpoint" in caplog.text and "step-00000002" in caplog.text and reason in caplog.text
+    assert (
+        "refusing checkpoint" in caplog.text
+        and "step-00000002" in caplog.text
+        and reason in caplog.text
+    )
     assert _same(_snapshot(model, opt, sched), step1)
-    with pytest.raises(CheckpointError, match=f"refusing checkpoint .*step-00000002: .*{reason[:12]}"):
+    with pytest.raises(
+        CheckpointError, match=f"refusing checkpoint .*step-00000002: .*{reason[:12]}"
+    ):
         store.load(model, opt, sched, path=store.root / "step-00000002")
 
 
@@ -163,7 +184,10 @@ def test_no_checkpoint_that_verifies_raises(saved):
     store, _ = saved
     for folder in store.list():
         (folder / "manifest.json").unlink()
-    with pytest.raises(CheckpointError, match="no checkpoint under .* verifies and loads .*step-00000002: no manifest"):
+    with pytest.raises(
+        CheckpointError,
+        match="no checkpoint under .* verifies and loads .*step-00000002: no manifest",
+    ):
         store.load(*_setup())
     with pytest.raises(CheckpointError, match="none was saved"):
         CheckpointStore(store.root / "empty").load(*_setup())
@@ -218,7 +242,7 @@ def test_state_json_cannot_hold_is_refused_before_anything_is_written(saved):
     store, _ = saved
     model, opt, _ = _setup()
 
-    class Warmup:                         # a callable object: LambdaLR saves its __dict__
+    class Warmup:  # a callable object: LambdaLR saves its __dict__
         def __init__(self):
             self.scale = torch.tensor(1.0)
 
@@ -226,7 +250,10 @@ def test_state_json_cannot_hold_is_refused_before_anything_is_written(saved):
             return 1.0
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, Warmup())
-    with pytest.raises(CheckpointError, match=r"scheduler.state_dict\(\)\['lr_lambdas'\]\[0\]\['scale'\] holds a Tensor"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"scheduler.state_dict\(\)\['lr_lambdas'\]\[0\]\['scale'\] holds a Tensor",
+    ):
         store.save(3, model, opt, sched)
     with pytest.raises(CheckpointError, match=r"extra has the non-string key 5"):
         store.save(3, model, opt, extra={5: "x"})
@@ -237,19 +264,37 @@ def test_state_json_cannot_hold_is_refused_before_anything_is_written(saved):
 def test_ledger_round_trip(tmp_path):
     path = tmp_path / "ledger.json"
     ledger = Ledger(path, clock=lambda: 1000.0).load()
-    assert (ledger.lr_scale, ledger.skipped, ledger.entries, ledger.last_checkpoint) == (1.0, [], [], None)
+    assert (ledger.lr_scale, ledger.skipped, ledger.entries, ledger.last_checkpoint) == (
+        1.0,
+        [],
+        [],
+        None,
+    )
     ledger.record_checkpoint(100, tmp_path / "step-00000100")
     ledger.record_rollback(131, to_step=100, reason="loss spike", lr_scale=0.5, skipped=(100, 140))
     ledger.record_checkpoint(160, tmp_path / "step-00000160")
-    ledger.record_rollback(171, to_step=160, reason="non-finite loss", lr_scale=0.25, skipped=(160, 175))
+    ledger.record_rollback(
+        171, to_step=160, reason="non-finite loss", lr_scale=0.25, skipped=(160, 175)
+    )
     ledger.record_abort(190, "loop guard: 3 rollbacks in 100 steps")
     again = Ledger(path).load()
     assert again.to_dict() == ledger.to_dict()
     assert again.lr_scale == 0.25 and again.skipped == [(100, 140), (160, 175)]
-    assert again.last_checkpoint == {"event": "checkpoint", "step": 160,
-                                     "path": str(tmp_path / "step-00000160"), "time": 1000.0}
-    assert [again.is_skipped(i) for i in (99, 100, 139, 140, 174, 175)] == [False, True, True, False, True, False]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json"]   # no temporary file left
+    assert again.last_checkpoint == {
+        "event": "checkpoint",
+        "step": 160,
+        "path": str(tmp_path / "step-00000160"),
+        "time": 1000.0,
+    }
+    assert [again.is_skipped(i) for i in (99, 100, 139, 140, 174, 175)] == [
+        False,
+        True,
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json"]  # no temporary file left
     reader = Ledger(tmp_path / "other.json", writer=False)
     reader.record_abort(1, "x")
     assert not (tmp_path / "other.json").exists()
@@ -257,34 +302,58 @@ def test_ledger_round_trip(tmp_path):
         ledger.record_rollback(200, to_step=160, reason="x", lr_scale=0.0, skipped=(160, 170))
 
 
-@pytest.mark.parametrize("content,why", [
-    ('{"version": 1, "lr_scale": 0.5, "skipped": [[1, 2]], "entr', "JSONDecodeError"),
-    ("\x00\x01garbage", "JSONDecodeError"),
-    ("[]", "not a version-1 ledger"),
-    ('{"version": 1, "lr_scale": -1, "skipped": [], "entries": []}', "lr_scale -1 is not in (0, 1]"),
-    # Sense, not only types: values a run could not have written.
-    ('{"version": 1, "lr_scale": Infinity, "skipped": [], "entries": []}', "lr_scale inf is not in (0, 1]"),
-    ('{"version": 1, "lr_scale": 1e6, "skipped": [], "entries": []}', "lr_scale 1000000.0 is not in (0, 1]"),
-    ('{"version": 1, "lr_scale": 1, "skipped": [[0, 1000000000]], "entries": []}',
-     "is not the ranges its rollbacks skipped"),
-    ('{"version": 1, "lr_scale": 1, "skipped": [], "entries": [{"event": "checkpoint", '
-     '"step": 1000000000000, "path": "ckpt/step-00000040", "time": 0}]}',
-     "entry 0 (checkpoint): path 'ckpt/step-00000040' is not the folder of step 1000000000000"),
-    ('{"version": 1, "lr_scale": 0.5, "skipped": [], "entries": [{"event": "rollback", "step": 30, '
-     '"to_step": 20, "reason": "x", "lr_scale": 0.5, "skipped": null, "time": 0}]}',
-     "entry 0 (rollback): to_step 20 is not a checkpoint recorded before it"),
-    ('{"version": 1, "lr_scale": 0.5, "skipped": [[20, 1000000000]], "entries": ['
-     '{"event": "checkpoint", "step": 20, "path": "c/step-00000020", "time": 0}, '
-     '{"event": "rollback", "step": 27, "to_step": 20, "reason": "x", "lr_scale": 0.5, '
-     '"skipped": [20, 1000000000], "from_position": 20, "position": 27, "margin": 2, "time": 1}]}',
-     "skipped [20, 1000000000] is not what the rollback made of its positions"),
-    ('{"version": 1, "lr_scale": 1, "skipped": [[5, 2]], "entries": []}', "batch ranges"),
-    ('{"version": 1, "lr_scale": 1, "skipped": [], "entries": [{"event": "rollback", "step": 3}]}',
-     "entry 0 (rollback) has no valid 'to_step'"),
-])
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        ('{"version": 1, "lr_scale": 0.5, "skipped": [[1, 2]], "entr', "JSONDecodeError"),
+        ("\x00\x01garbage", "JSONDecodeError"),
+        ("[]", "not a version-1 ledger"),
+        (
+            '{"version": 1, "lr_scale": -1, "skipped": [], "entries": []}',
+            "lr_scale -1 is not in (0, 1]",
+        ),
+        # Sense, not only types: values a run could not have written.
+        (
+            '{"version": 1, "lr_scale": Infinity, "skipped": [], "entries": []}',
+            "lr_scale inf is not in (0, 1]",
+        ),
+        (
+            '{"version": 1, "lr_scale": 1e6, "skipped": [], "entries": []}',
+            "lr_scale 1000000.0 is not in (0, 1]",
+        ),
+        (
+            '{"version": 1, "lr_scale": 1, "skipped": [[0, 1000000000]], "entries": []}',
+            "is not the ranges its rollbacks skipped",
+        ),
+        (
+            '{"version": 1, "lr_scale": 1, "skipped": [], "entries": [{"event": "checkpoint", '
+            '"step": 1000000000000, "path": "ckpt/step-00000040", "time": 0}]}',
+            "entry 0 (checkpoint): path 'ckpt/step-00000040' is not the folder of step 1000000000000",
+        ),
+        (
+            '{"version": 1, "lr_scale": 0.5, "skipped": [], "entries": [{"event": "rollback", "step": 30, '
+            '"to_step": 20, "reason": "x", "lr_scale": 0.5, "skipped": null, "time": 0}]}',
+            "entry 0 (rollback): to_step 20 is not a checkpoint recorded before it",
+        ),
+        (
+            '{"version": 1, "lr_scale": 0.5, "skipped": [[20, 1000000000]], "entries": ['
+            '{"event": "checkpoint", "step": 20, "path": "c/step-00000020", "time": 0}, '
+            '{"event": "rollback", "step": 27, "to_step": 20, "reason": "x", "lr_scale": 0.5, '
+            '"skipped": [20, 1000000000], "from_position": 20, "position": 27, "margin": 2, "time": 1}]}',
+            "skipped [20, 1000000000] is not what the rollback made of its positions",
+        ),
+        ('{"version": 1, "lr_scale": 1, "skipped": [[5, 2]], "entries": []}', "batch ranges"),
+        (
+            '{"version": 1, "lr_scale": 1, "skipped": [], "entries": [{"event": "rollback", "step": 3}]}',
+            "entry 0 (rollback) has no valid 'to_step'",
+        ),
+    ],
+)
 def test_a_corrupt_ledger_is_refused_not_reset(tmp_path, content, why):
     path = tmp_path / "ledger.json"
     path.write_text(content)
-    with pytest.raises(LedgerError, match=f"ledger .*ledger.json is corrupt .*{re.escape(why)}.*repair or remove"):
+    with pytest.raises(
+        LedgerError, match=f"ledger .*ledger.json is corrupt .*{re.escape(why)}.*repair or remove"
+    ):
         Ledger(path).load()
     assert path.read_text() == content

@@ -24,14 +24,19 @@ def train(model, opt, steps, seed):
 
 def state(model, opt):
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    moments = {n: {k: v.clone() for k, v in opt.state[p].items()} for n, p in model.named_parameters()}
+    moments = {
+        n: {k: v.clone() for k, v in opt.state[p].items()} for n, p in model.named_parameters()
+    }
     return params, moments
 
 
 def same(a, b):
     (pa, ma), (pb, mb) = a, b
-    return (pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
-            and all(torch.equal(ma[n][k], mb[n][k]) for n in ma for k in ma[n]))
+    return (
+        pa.keys() == pb.keys()
+        and all(torch.equal(pa[k], pb[k]) for k in pa)
+        and all(torch.equal(ma[n][k], mb[n][k]) for n in ma for k in ma[n])
+    )
 
 
 def setup(seed=0):
@@ -57,7 +62,7 @@ def test_fused_model_round_trips_through_the_disk(tmp_path):
     assert restored.step == 3 and same(state(model, opt), at_save)
 
     fresh, fresh_opt = setup(seed=5)
-    train(fresh, fresh_opt, 1, seed=9)       # optimizer state exists, different values
+    train(fresh, fresh_opt, 1, seed=9)  # optimizer state exists, different values
     store.load(fresh, fresh_opt, None)
     assert same(state(fresh, fresh_opt), at_save)
 

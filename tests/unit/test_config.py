@@ -7,9 +7,13 @@ from torchvitals.agent.config import Config
 
 
 def test_argument_beats_environment_beats_default():
-    env = {"TORCHVITALS_SAMPLE_EVERY": "25", "TORCHVITALS_METRICS_PORT": "0",
-           "TORCHVITALS_SPLIT_DDP_WORK": "false", "TORCHVITALS_CLIP_GRAD_NORM": "1.5",
-           "TORCHVITALS_BLOCKS": '["encoder", "decoder"]'}
+    env = {
+        "TORCHVITALS_SAMPLE_EVERY": "25",
+        "TORCHVITALS_METRICS_PORT": "0",
+        "TORCHVITALS_SPLIT_DDP_WORK": "false",
+        "TORCHVITALS_CLIP_GRAD_NORM": "1.5",
+        "TORCHVITALS_BLOCKS": '["encoder", "decoder"]',
+    }
     cfg = Config.from_env(env, sample_every=5)
     assert cfg.sample_every == 5
     assert cfg.metrics_port == 0 and cfg.split_ddp_work is False and cfg.clip_grad_norm == 1.5
@@ -29,8 +33,10 @@ def test_unknown_setting_lists_the_known_ones():
         Config.from_env({}, sample_evry=3)
 
 
-@pytest.mark.parametrize("field,value", [("sample_every", 0), ("metrics_port", 70000),
-                                         ("log_every", 0), ("clip_grad_norm", -1.0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [("sample_every", 0), ("metrics_port", 70000), ("log_every", 0), ("clip_grad_norm", -1.0)],
+)
 def test_invalid_values_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         Config(**{field: value})
@@ -44,16 +50,29 @@ def test_every_field_is_documented():
 
 
 def test_sections_and_flat_names_are_the_same_settings():
-    from torchvitals.agent.config import (FLAT, CollectorLink, DetectConfig, MeasureConfig,
-                                          OutputsConfig, RecoverConfig)
-    cfg = Config(measure=MeasureConfig(sample_every=20), recover=RecoverConfig(checkpoint_dir="c"),
-                 collector_url="http://127.0.0.1:9", log_every=3)
+    from torchvitals.agent.config import (
+        FLAT,
+        CollectorLink,
+        DetectConfig,
+        MeasureConfig,
+        OutputsConfig,
+        RecoverConfig,
+    )
+
+    cfg = Config(
+        measure=MeasureConfig(sample_every=20),
+        recover=RecoverConfig(checkpoint_dir="c"),
+        collector_url="http://127.0.0.1:9",
+        log_every=3,
+    )
     assert cfg.sample_every == cfg.measure.sample_every == 20
     assert cfg.checkpoint_dir == cfg.recover.checkpoint_dir == "c"
     assert cfg.collector_url == cfg.collector.url == "http://127.0.0.1:9"
     assert cfg.log_every == cfg.outputs.log_every == 3
-    assert Config(sample_every=20, checkpoint_dir="c", collector_url="http://127.0.0.1:9",
-                  log_every=3) == cfg
+    assert (
+        Config(sample_every=20, checkpoint_dir="c", collector_url="http://127.0.0.1:9", log_every=3)
+        == cfg
+    )
     # A flat keyword given with its section wins; every flat name reads and writes its field.
     assert Config(measure=MeasureConfig(sample_every=20), sample_every=5).sample_every == 5
     for flat, (section, name) in FLAT.items():
@@ -72,9 +91,13 @@ def test_sections_and_flat_names_are_the_same_settings():
 def test_detect_keeps_meaning_the_threshold_overrides():
     from torchvitals.agent.config import DetectConfig
     from torchvitals.agent.detect.thresholds import Thresholds
+
     cfg = Config(detect={"loss_spike_mads": 8})
     assert cfg.detect == {"loss_spike_mads": 8} and dict(cfg.detect) == {"loss_spike_mads": 8}
-    assert cfg.detect["loss_spike_mads"] == 8 and Thresholds.from_overrides(cfg.detect).loss_spike_mads == 8
+    assert (
+        cfg.detect["loss_spike_mads"] == 8
+        and Thresholds.from_overrides(cfg.detect).loss_spike_mads == 8
+    )
     assert Config(detect=DetectConfig(thresholds={"loss_spike_mads": 8})) == cfg
     assert not Config().detect and dict(Config(detect=None).detect) == {}
     env = Config.from_env({"TORCHVITALS_DETECT": '{"loss_spike_mads": 9}'})
@@ -85,20 +108,32 @@ def test_detect_keeps_meaning_the_threshold_overrides():
 
 def test_a_section_given_whole_beats_the_environment_for_its_fields():
     from torchvitals.agent.config import MeasureConfig
-    env = {"TORCHVITALS_SAMPLE_EVERY": "25", "TORCHVITALS_ACTIVATIONS": "false",
-           "TORCHVITALS_LOG_EVERY": "4", "TORCHVITALS_COLLECTOR_POLL_SECONDS": "0.5"}
+
+    env = {
+        "TORCHVITALS_SAMPLE_EVERY": "25",
+        "TORCHVITALS_ACTIVATIONS": "false",
+        "TORCHVITALS_LOG_EVERY": "4",
+        "TORCHVITALS_COLLECTOR_POLL_SECONDS": "0.5",
+    }
     cfg = Config.from_env(env, measure=MeasureConfig(sample_every=7))
-    assert cfg.sample_every == 7 and cfg.activations is True        # the section's, not env's
+    assert cfg.sample_every == 7 and cfg.activations is True  # the section's, not env's
     assert cfg.log_every == 4 and cfg.collector.poll_seconds == 0.5  # other sections: env
     assert Config.from_env(env, measure=MeasureConfig(), sample_every=3).sample_every == 3
 
 
-@pytest.mark.parametrize("section, field, value", [
-    ("MeasureConfig", "saturation_level", 0.0), ("RecoverConfig", "lr_backoff", 0.0),
-    ("RecoverConfig", "resume", "sometimes"), ("OutputsConfig", "metrics_port", -1),
-    ("CollectorLink", "poll_seconds", 0.0)])
+@pytest.mark.parametrize(
+    "section, field, value",
+    [
+        ("MeasureConfig", "saturation_level", 0.0),
+        ("RecoverConfig", "lr_backoff", 0.0),
+        ("RecoverConfig", "resume", "sometimes"),
+        ("OutputsConfig", "metrics_port", -1),
+        ("CollectorLink", "poll_seconds", 0.0),
+    ],
+)
 def test_each_section_validates_its_own_fields(section, field, value):
     import torchvitals.agent.config as config
+
     with pytest.raises(ValueError, match=field):
         getattr(config, section)(**{field: value})
 
@@ -106,6 +141,7 @@ def test_each_section_validates_its_own_fields(section, field, value):
 def test_every_section_field_is_documented():
     from torchvitals.agent.config import SECTIONS
     from torchvitals.settings import field_docs
+
     for cls in SECTIONS.values():
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):

@@ -15,22 +15,53 @@ BAD_TYPE = {int: "10", float: "fast", bool: "yes", str: 5}
 """A value of the wrong type per annotation (as code would pass it, not as a variable)."""
 
 OUT_OF_RANGE = {
-    "blocks": None, "sample_every": 0, "update_ratio_max_bytes": -1, "saturation_level": -0.5,
-    "clip_grad_norm": 0.0, "detect": {"loss_spike_mads": -3}, "checkpoint_dir": " ",
-    "checkpoint_every": 0, "resume": "sometimes", "checkpoint_keep": 0, "snapshot_max_bytes": -1,
-    "healthy_window": -1, "lr_backoff": 1.5, "skip_margin": -1, "max_rollbacks": -1,
-    "rollback_window": 0, "abort_exit_code": 0, "metrics_port": 70000, "metrics_host": "",
-    "metrics_keyfile": "key.pem", "metrics_client_cafile": "ca.pem",
-    "metrics_client_auth_required": True, "metrics_max_connections": 0,
-    "metrics_idle_timeout_s": 0.0, "log_every": 0, "collector_url": "collector:8080",
-    "collector_poll_seconds": -1.0, "metrics_file_sd_dir": " ",
+    "blocks": None,
+    "sample_every": 0,
+    "update_ratio_max_bytes": -1,
+    "saturation_level": -0.5,
+    "clip_grad_norm": 0.0,
+    "detect": {"loss_spike_mads": -3},
+    "checkpoint_dir": " ",
+    "checkpoint_every": 0,
+    "resume": "sometimes",
+    "checkpoint_keep": 0,
+    "snapshot_max_bytes": -1,
+    "healthy_window": -1,
+    "lr_backoff": 1.5,
+    "skip_margin": -1,
+    "max_rollbacks": -1,
+    "rollback_window": 0,
+    "abort_exit_code": 0,
+    "metrics_port": 70000,
+    "metrics_host": "",
+    "metrics_keyfile": "key.pem",
+    "metrics_client_cafile": "ca.pem",
+    "metrics_client_auth_required": True,
+    "metrics_max_connections": 0,
+    "metrics_idle_timeout_s": 0.0,
+    "log_every": 0,
+    "collector_url": "collector:8080",
+    "collector_poll_seconds": -1.0,
+    "metrics_file_sd_dir": " ",
 }
 """A value of the right type that the setting cannot take (None: no such value exists)."""
 
-NO_RANGE = {"activations", "update_ratio", "split_ddp_work", "skip_nonfinite",
-            "checkpoint_key_file", "trust_unsigned_checkpoints", "heartbeat_dir",
-            "metrics_certfile", "log_dir", "run_name", "live", "collector_job", "blocks",
-            "metrics_port_strict"}
+NO_RANGE = {
+    "activations",
+    "update_ratio",
+    "split_ddp_work",
+    "skip_nonfinite",
+    "checkpoint_key_file",
+    "trust_unsigned_checkpoints",
+    "heartbeat_dir",
+    "metrics_certfile",
+    "log_dir",
+    "run_name",
+    "live",
+    "collector_job",
+    "blocks",
+    "metrics_port_strict",
+}
 """Settings every value of whose type is meaningful (a name, a folder, a switch)."""
 
 FIELDS = flat_fields()
@@ -44,11 +75,13 @@ def base_type(name: str) -> type:
 
 def _section(name: str) -> str:
     from torchvitals.agent.config import FLAT
+
     return FLAT[name][0]
 
 
 def _field(name: str) -> str:
     from torchvitals.agent.config import FLAT
+
     return FLAT[name][1]
 
 
@@ -76,6 +109,7 @@ def test_an_out_of_range_argument_names_the_setting_and_what_is_allowed(name):
 
 def _as_variable(value):
     import json
+
     if isinstance(value, bool):
         return "1" if value else "0"
     return json.dumps(value) if isinstance(value, dict) else str(value)
@@ -83,8 +117,14 @@ def _as_variable(value):
 
 # A blank TORCHVITALS_CHECKPOINT_DIR (or _METRICS_FILE_SD_DIR) reads as unset (None), as every
 # blank optional variable.
-@pytest.mark.parametrize("name", sorted(n for n in OUT_OF_RANGE if OUT_OF_RANGE[n] is not None
-                                        and n not in ("checkpoint_dir", "metrics_file_sd_dir")))
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        n
+        for n in OUT_OF_RANGE
+        if OUT_OF_RANGE[n] is not None and n not in ("checkpoint_dir", "metrics_file_sd_dir")
+    ),
+)
 def test_an_out_of_range_variable_names_the_variable(name):
     env = {"TORCHVITALS_" + name.upper(): _as_variable(OUT_OF_RANGE[name])}
     with pytest.raises(ConfigError) as e:
@@ -116,8 +156,9 @@ def test_thresholds_are_checked_by_name_type_and_range():
         Config.from_env({}, detect={"loss_spike_mads": "x"})
     with pytest.raises(ConfigTypeError, match="TORCHVITALS_DETECT.*must be Mapping"):
         Config.from_env({"TORCHVITALS_DETECT": "[1, 2]"})
-    assert Config.from_env({"TORCHVITALS_DETECT": '{"loss_spike_mads": 8}'}).detect == \
-        {"loss_spike_mads": 8}
+    assert Config.from_env({"TORCHVITALS_DETECT": '{"loss_spike_mads": 8}'}).detect == {
+        "loss_spike_mads": 8
+    }
 
 
 def test_unusable_folders_and_hosts_fail_at_watch(tmp_path):
@@ -125,9 +166,12 @@ def test_unusable_folders_and_hosts_fail_at_watch(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    with pytest.raises(torchvitals.TorchvitalsError, match=f"checkpoint_dir {a_file} is not a folder"):
+    with pytest.raises(
+        torchvitals.TorchvitalsError, match=f"checkpoint_dir {a_file} is not a folder"
+    ):
         torchvitals.watch(model, opt, checkpoint_dir=str(a_file), log_dir="")
     with pytest.raises(ConfigError, match="metrics_host='no.such.host.invalid'.*resolves"):
-        torchvitals.watch(model, opt, metrics_host="no.such.host.invalid", metrics_port=19999,
-                          log_dir="")
+        torchvitals.watch(
+            model, opt, metrics_host="no.such.host.invalid", metrics_port=19999, log_dir=""
+        )
     assert "step" not in vars(opt)

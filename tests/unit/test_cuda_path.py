@@ -27,7 +27,7 @@ def test_cuda_signals_match_reference(device):
     model = TinyGPT(**TINY).to(device)
     reference = copy.deepcopy(model).double()
     agent = torchvitals.watch(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    (x, y), = random_batches(1, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"])
+    ((x, y),) = random_batches(1, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"])
     x, y = x.to(device), y.to(device)
     recorder = OutputRecorder(reference, TINY_BLOCKS[:-1])
     reference.loss(x, y).backward()
@@ -41,7 +41,9 @@ def test_cuda_signals_match_reference(device):
     assert_close(report.grad_norm_total, total, rtol=1e-4, what="total")
     stats = recorder.stats()
     for block in TINY_BLOCKS[:-1]:
-        assert report.activations[block]["abs_max"] == pytest.approx(stats[block]["abs_max"], rel=1e-4)
+        assert report.activations[block]["abs_max"] == pytest.approx(
+            stats[block]["abs_max"], rel=1e-4
+        )
     agent.close()
 
 
@@ -51,8 +53,10 @@ def test_one_host_sync_per_step(device):
     model = TinyGPT(**TINY).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
     agent = torchvitals.watch(model, opt, sample_every=2)
-    batches = [(x.to(device), y.to(device)) for x, y in
-               random_batches(5, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"])]
+    batches = [
+        (x.to(device), y.to(device))
+        for x, y in random_batches(5, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"])
+    ]
     for step, (x, y) in enumerate(batches, start=1):
         loss = model.loss(x, y)
         loss.backward()
@@ -65,7 +69,7 @@ def test_one_host_sync_per_step(device):
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         syncs = [w for w in caught if "synchroniz" in str(w.message)]
-        if step > 1:   # step 1 uploads the block index once
+        if step > 1:  # step 1 uploads the block index once
             assert len(syncs) == 1, [str(w.message) for w in syncs]
         opt.zero_grad(set_to_none=True)
     agent.close()

@@ -16,23 +16,23 @@ from support.models import TINY, TinyGPT, random_batches
 pytestmark = pytest.mark.cuda
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else []
-MIB = 2 ** 20
+MIB = 2**20
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_allocator_counters_and_peak_since_the_last_read(device):
     dev = torch.device(device)
-    accelerator_memory(dev)                                 # resets the peak
+    accelerator_memory(dev)  # resets the peak
     base = torch.cuda.memory_allocated(dev)
     held = torch.empty(64 * MIB, dtype=torch.uint8, device=dev)
     brief = torch.empty(256 * MIB, dtype=torch.uint8, device=dev)
-    del brief                                               # gone before the read: the peak saw it
+    del brief  # gone before the read: the peak saw it
     m = accelerator_memory(dev)
     assert m["allocated_bytes"] == torch.cuda.memory_allocated(dev) >= base + 64 * MIB
     assert m["reserved_bytes"] == torch.cuda.memory_reserved(dev) >= m["allocated_bytes"]
     assert m["fragmentation_bytes"] == m["reserved_bytes"] - m["allocated_bytes"]
     assert m["peak_bytes"] >= base + (64 + 256) * MIB
-    again = accelerator_memory(dev)                         # the peak since the previous read
+    again = accelerator_memory(dev)  # the peak since the previous read
     assert again["peak_bytes"] < base + (64 + 256) * MIB
     del held
 
@@ -44,10 +44,11 @@ def test_device_leak_is_memory_growth_without_a_host_sync(device):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
     agent = torchvitals.watch(model, opt, metrics_port=0, log_dir="")
     leak, syncs, reports = [], [], []
-    for step, (x, y) in enumerate(random_batches(110, batch=4, seq_len=TINY["seq_len"],
-                                                 vocab=TINY["vocab"]), start=1):
+    for step, (x, y) in enumerate(
+        random_batches(110, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"]), start=1
+    ):
         x, y = x.to(device), y.to(device)
-        leak.append(torch.ones(2 * MIB, device=device))     # 8 MiB a step that is never freed
+        leak.append(torch.ones(2 * MIB, device=device))  # 8 MiB a step that is never freed
         loss = model.loss(x, y)
         loss.backward()
         torch.cuda.synchronize()
@@ -58,7 +59,7 @@ def test_device_leak_is_memory_growth_without_a_host_sync(device):
                 reports.append(agent.step(loss))
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        if step > 1:   # step 1 uploads the block index once
+        if step > 1:  # step 1 uploads the block index once
             syncs.append(sum("synchroniz" in str(w.message) for w in caught))
         opt.zero_grad(set_to_none=True)
     history = [(v.pattern, v.step, v.evidence.get("memory")) for v in agent.detector.history]

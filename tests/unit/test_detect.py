@@ -18,9 +18,16 @@ KINDS = [EMBEDDING, LAYER, LAYER, LAYER, HEAD, OTHER]
 def report(step, loss=2.0, norms=None, **kw):
     norms = norms or {b: 1.0 for b in NAMES}
     total = math.sqrt(sum(v * v for v in norms.values()))
-    return Report(step=step, loss=loss, grad_norm=norms, grad_norm_total=total,
-                  nonfinite_loss=not math.isfinite(loss), nonfinite_grad=not math.isfinite(total),
-                  nonfinite=not (math.isfinite(loss) and math.isfinite(total)), **kw)
+    return Report(
+        step=step,
+        loss=loss,
+        grad_norm=norms,
+        grad_norm_total=total,
+        nonfinite_loss=not math.isfinite(loss),
+        nonfinite_grad=not math.isfinite(total),
+        nonfinite=not (math.isfinite(loss) and math.isfinite(total)),
+        **kw,
+    )
 
 
 def run(stream, detector=None, extras=None):
@@ -34,7 +41,7 @@ def run(stream, detector=None, extras=None):
 def noisy(steps, seed=0, start=3.0):
     rng = random.Random(seed)
     for s in range(1, steps + 1):
-        loss = start * (0.99 ** s) * (1 + 0.03 * rng.gauss(0, 1))
+        loss = start * (0.99**s) * (1 + 0.03 * rng.gauss(0, 1))
         norms = {b: (0.5 + 0.1 * i) * (1 + 0.1 * rng.gauss(0, 1)) for i, b in enumerate(NAMES)}
         yield report(s, loss, norms)
 
@@ -60,7 +67,7 @@ def test_loss_spike_fires_on_the_spike_step_with_evidence():
 
 def test_flat_loss_does_not_alarm_on_tiny_noise():
     stream = [report(s, 1.0 + (1e-6 if s % 2 else -1e-6)) for s in range(1, 200)]
-    stream.append(report(200, 1.02))        # 2% above a flat series: within the ratio floor
+    stream.append(report(200, 1.02))  # 2% above a flat series: within the ratio floor
     _, fired = run(stream)
     assert [v.pattern for v in fired] == []
 
@@ -72,7 +79,9 @@ def test_nonfinite_loss_and_grad_are_critical_every_time():
     stream[16] = report(17, 1.0, bad)
     _, fired = run(stream)
     assert [(v.pattern, v.step, v.block) for v in fired] == [
-        ("nonfinite_loss", 15, None), ("nonfinite_grad", 17, "layers.1")]
+        ("nonfinite_loss", 15, None),
+        ("nonfinite_grad", 17, "layers.1"),
+    ]
 
 
 def test_geometric_grad_growth_is_an_explosion_in_the_leading_block():
@@ -90,7 +99,14 @@ def test_geometric_grad_growth_is_an_explosion_in_the_leading_block():
 def test_vanishing_gradients_after_consecutive_steps():
     stream = []
     for s in range(1, 8):
-        norms = {"emb": 1e-4, "layers.0": 1e-4, "layers.1": 1e-3, "layers.2": 0.05, "head": 0.1, "other": 0.1}
+        norms = {
+            "emb": 1e-4,
+            "layers.0": 1e-4,
+            "layers.1": 1e-3,
+            "layers.2": 0.05,
+            "head": 0.1,
+            "other": 0.1,
+        }
         stream.append(report(s, 2.0, norms))
     _, fired = run(stream)
     assert [(v.pattern, v.step, v.block) for v in fired] == [("vanishing_gradients", 3, "layers.0")]
@@ -116,7 +132,9 @@ def test_hot_lr_and_dead_layer_from_update_ratios():
     got = {(v.pattern, v.block, v.step) for v in fired}
     assert ("dead_layer", "layers.2", 20) in got
     assert ("hot_lr", "layers.0", 100) in got
-    assert len([v for v in fired if v.pattern == "dead_layer"]) == 1, "a warning is emitted once while active"
+    assert len([v for v in fired if v.pattern == "dead_layer"]) == 1, (
+        "a warning is emitted once while active"
+    )
 
 
 def straggler_extras(times: list[float], steps: int) -> dict[int, Observed]:
@@ -156,7 +174,7 @@ def test_generalization_gap():
     for s in range(1, 101):
         if s % 20 == 0:
             detector.observe_validation(s, [2.0, 1.9, 2.0, 2.1, 2.3][s // 20 - 1])
-        fired += detector.observe(report(s, 3.0 * 0.99 ** s))
+        fired += detector.observe(report(s, 3.0 * 0.99**s))
     assert [(v.pattern, v.step) for v in fired] == [("generalization_gap", 100)]
 
 
@@ -175,7 +193,7 @@ def test_two_slow_ranks_are_both_named():
 
 def test_memorised_loss_wiggling_near_zero_is_not_a_spike():
     rng = random.Random(0)
-    stream = [report(s, 2.3 * 0.5 ** s + 1e-7 * (1 + rng.random())) for s in range(1, 40)]
+    stream = [report(s, 2.3 * 0.5**s + 1e-7 * (1 + rng.random())) for s in range(1, 40)]
     stream += [report(s, 1e-4 * (1 + rng.random())) for s in range(40, 80)]
     _, fired = run(stream)
     assert [v.pattern for v in fired] == []
@@ -183,7 +201,7 @@ def test_memorised_loss_wiggling_near_zero_is_not_a_spike():
 
 def test_one_noisy_step_past_the_threshold_is_not_a_spike_but_two_are():
     stream = [report(s, 2.0 + 0.01 * (-1) ** s) for s in range(1, 40)]
-    stream.append(report(40, 2.0 * 1.4))                     # z ~ 8: needs a second step
+    stream.append(report(40, 2.0 * 1.4))  # z ~ 8: needs a second step
     stream += [report(s, 2.0 + 0.01 * (-1) ** s) for s in range(41, 50)]
     _, fired = run(stream)
     assert fired == []

@@ -24,9 +24,16 @@ def healthy_losses(n: int = 60) -> list[tuple[int, float]]:
 def tanh_mlp_verdicts() -> list[Verdict]:
     """The background's seed example: saturation, then vanishing gradients, then a NaN loss."""
     return [
-        Verdict("saturation", WARNING, 10, "layers.5", {"saturation_fraction": 0.91, "abs_max": 1.0}),
-        Verdict("vanishing_gradients", WARNING, 20, "layers.0",
-                {"ratio": 812.0, "first": "layers.0", "last": "layers.5"}),
+        Verdict(
+            "saturation", WARNING, 10, "layers.5", {"saturation_fraction": 0.91, "abs_max": 1.0}
+        ),
+        Verdict(
+            "vanishing_gradients",
+            WARNING,
+            20,
+            "layers.0",
+            {"ratio": 812.0, "first": "layers.0", "last": "layers.5"},
+        ),
         Verdict("nonfinite_loss", CRITICAL, 40, None, {"loss": NAN}),
         Verdict("nonfinite_loss", CRITICAL, 41, None, {"loss": NAN}),
     ]
@@ -57,18 +64,26 @@ def test_saturation_before_the_nan_is_the_root_cause():
     assert (d.first_step, d.block) == (10, "layers.5")
     assert "Saturation-driven" in d.summary and "step 40" in d.summary and "far apart" in d.summary
     # One line per (pattern, block), earliest first, the crash included.
-    assert d.evidence == ["step 10: saturation in layers.5 (saturation_fraction=0.91)",
-                          "step 20: vanishing_gradients in layers.0 (ratio=812, first=layers.0, last=layers.5)",
-                          "step 40: nonfinite_loss (loss=nan)"]
+    assert d.evidence == [
+        "step 10: saturation in layers.5 (saturation_fraction=0.91)",
+        "step 20: vanishing_gradients in layers.0 (ratio=812, first=layers.0, last=layers.5)",
+        "step 40: nonfinite_loss (loss=nan)",
+    ]
     assert "initialization scale" in d.fix
-    assert d.also == []          # the NaN is part of this story, not a second cause
+    assert d.also == []  # the NaN is part of this story, not a second cause
 
 
 def test_explosion_names_the_earliest_block_and_leads_with_hot_lr():
     verdicts = [
-        Verdict("loss_spike", CRITICAL, 18, "blocks.1", {"loss": 9.0, "median": 2.0, "threshold": 4.0}),
-        Verdict("grad_explosion", WARNING, 16, "blocks.1", {"grad_norm_total": 400.0, "median": 0.8}),
-        Verdict("layer_divergence", WARNING, 14, "blocks.0", {"ratio_to_median": 6.0, "grad_norm": 5.0}),
+        Verdict(
+            "loss_spike", CRITICAL, 18, "blocks.1", {"loss": 9.0, "median": 2.0, "threshold": 4.0}
+        ),
+        Verdict(
+            "grad_explosion", WARNING, 16, "blocks.1", {"grad_norm_total": 400.0, "median": 0.8}
+        ),
+        Verdict(
+            "layer_divergence", WARNING, 14, "blocks.0", {"ratio_to_median": 6.0, "grad_norm": 5.0}
+        ),
         Verdict("hot_lr", WARNING, 12, "blocks.0", {"update_ratio": 0.05, "healthy": 1e-3}),
     ]
     d = diagnose(verdicts, healthy_losses())
@@ -79,16 +94,20 @@ def test_explosion_names_the_earliest_block_and_leads_with_hot_lr():
 
 
 def test_explosion_before_the_nan_is_the_root_cause():
-    verdicts = [Verdict("grad_explosion", WARNING, 30, "blocks.0", {"grad_norm_total": 1e4}),
-                Verdict("nonfinite_grad", CRITICAL, 34, "blocks.0", {"blocks": ["blocks.0"]})]
+    verdicts = [
+        Verdict("grad_explosion", WARNING, 30, "blocks.0", {"grad_norm_total": 1e4}),
+        Verdict("nonfinite_grad", CRITICAL, 34, "blocks.0", {"blocks": ["blocks.0"]}),
+    ]
     d = diagnose(verdicts, healthy_losses(34))
     assert (d.cause, d.first_step) == ("gradient explosion", 30)
     assert "nonfinite_grad at step 34" in d.summary
 
 
 def test_earliest_class_wins_between_explosion_and_vanishing():
-    verdicts = [Verdict("vanishing_gradients", WARNING, 5, "layers.0", {"ratio": 300.0}),
-                Verdict("loss_spike", CRITICAL, 50, None, {"loss": 7.0})]
+    verdicts = [
+        Verdict("vanishing_gradients", WARNING, 5, "layers.0", {"ratio": 300.0}),
+        Verdict("loss_spike", CRITICAL, 50, None, {"loss": 7.0}),
+    ]
     assert diagnose(verdicts, healthy_losses()).cause == "vanishing gradients"
     verdicts[0] = Verdict("dead_relu", WARNING, 80, "layers.2", {"zero_fraction": 0.97})
     d = diagnose(verdicts, healthy_losses())
@@ -96,15 +115,22 @@ def test_earliest_class_wins_between_explosion_and_vanishing():
 
 
 def test_dead_pipeline():
-    verdicts = [Verdict("dead_pipeline", WARNING, 3, None, {"max_grad_norm": 0.0, "detached": True})]
+    verdicts = [
+        Verdict("dead_pipeline", WARNING, 3, None, {"max_grad_norm": 0.0, "detached": True})
+    ]
     d = diagnose(verdicts, [(s, 2.3) for s in range(1, 30)])
     assert d.cause == "dead pipeline" and "detached=True" in d.evidence[0]
     assert "detached" in d.fix and "preflight" in d.fix
 
 
 def test_generalization_gap_from_a_verdict_and_from_the_curves():
-    verdict = Verdict("generalization_gap", WARNING, 80, None,
-                      {"validation": [0.5, 0.55, 0.6, 0.7], "best_validation": 0.5})
+    verdict = Verdict(
+        "generalization_gap",
+        WARNING,
+        80,
+        None,
+        {"validation": [0.5, 0.55, 0.6, 0.7], "best_validation": 0.5},
+    )
     assert diagnose([verdict], healthy_losses(100)).cause == "generalization gap"
     validation = [(20, 0.6), (40, 0.5), (60, 0.55), (80, 0.6), (100, 0.7)]
     d = diagnose([], healthy_losses(100), validation)
@@ -116,8 +142,13 @@ def test_generalization_gap_from_a_verdict_and_from_the_curves():
 
 
 def test_non_fatal_causes_rank_below_the_optimization_failures():
-    dead = Verdict("dead_layer", WARNING, 1, "blocks.2",
-                   {"requires_grad_false": ["blocks.2.w"], "not_in_optimizer": []})
+    dead = Verdict(
+        "dead_layer",
+        WARNING,
+        1,
+        "blocks.2",
+        {"requires_grad_false": ["blocks.2.w"], "not_in_optimizer": []},
+    )
     slow = Verdict("straggler", WARNING, 40, None, {"rank": 1, "seconds": 0.3, "others_mean": 0.1})
     d = diagnose([slow, dead], healthy_losses())
     assert (d.cause, d.block) == ("dead layer", "blocks.2")
@@ -125,14 +156,18 @@ def test_non_fatal_causes_rank_below_the_optimization_failures():
     assert "Unfreeze block blocks.2" in d.fix and d.also == ["straggler from step 40"]
     d = diagnose([slow], healthy_losses())
     assert d.cause == "straggler" and "Rank 1" in d.summary
-    d = diagnose([slow, dead, Verdict("nonfinite_loss", CRITICAL, 50, None, {"loss": NAN})], healthy_losses())
+    d = diagnose(
+        [slow, dead, Verdict("nonfinite_loss", CRITICAL, 50, None, {"loss": NAN})], healthy_losses()
+    )
     assert d.cause == "numerical instability"
     assert set(d.also) == {"dead layer from step 1", "straggler from step 40"}
 
 
 def test_verdict_dicts_and_objects_agree():
     objects = tanh_mlp_verdicts()
-    assert diagnose([v.to_dict() for v in objects], healthy_losses()) == diagnose(objects, healthy_losses())
+    assert diagnose([v.to_dict() for v in objects], healthy_losses()) == diagnose(
+        objects, healthy_losses()
+    )
     assert {diagnose(v, healthy_losses()).cause for v in ([], objects)} <= set(CAUSES)
 
 
@@ -150,9 +185,17 @@ def write_run(path) -> None:
     with EventLog(path) as log:
         for step in range(1, 43):
             loss = NAN if step >= 40 else 2.0 / step
-            log.write(Report(step=step, loss=loss, grad_norm={"layers.0": 0.01, "layers.5": 8.0},
-                             grad_norm_total=8.0, nonfinite=step >= 40, nonfinite_loss=step >= 40,
-                             verdicts=[verdicts[step]] if step in verdicts else []))
+            log.write(
+                Report(
+                    step=step,
+                    loss=loss,
+                    grad_norm={"layers.0": 0.01, "layers.5": 8.0},
+                    grad_norm_total=8.0,
+                    nonfinite=step >= 40,
+                    nonfinite_loss=step >= 40,
+                    verdicts=[verdicts[step]] if step in verdicts else [],
+                )
+            )
             if step == 20:
                 log.write_event({"event": "validation", "step": step, "loss": 0.3})
 
@@ -175,8 +218,12 @@ def test_diagnose_events_rejects_a_log_without_steps(tmp_path):
 def test_cli_diagnose(tmp_path):
     path = tmp_path / "events.jsonl"
     write_run(path)
-    ok = subprocess.run([sys.executable, "-m", "torchvitals", "diagnose", str(path)],
-                        capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "torchvitals", "diagnose", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith("cause: vanishing gradients") and "fix: " in ok.stdout
 
@@ -184,22 +231,43 @@ def test_cli_diagnose(tmp_path):
 def test_cli_diagnose_missing_or_corrupt_log(tmp_path, capsys):
     assert main(["diagnose", str(tmp_path / "nope.jsonl")]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("torchvitals diagnose: FileNotFoundError") and err.count("\n") == 1
+    assert (
+        out == ""
+        and err.startswith("torchvitals diagnose: FileNotFoundError")
+        and err.count("\n") == 1
+    )
     path = tmp_path / "events.jsonl"
     write_run(path)
     with open(path, "a") as f:
-        f.write("{not json\n")           # a complete line, not a crash mid-write: corrupt
+        f.write("{not json\n")  # a complete line, not a crash mid-write: corrupt
     assert main(["diagnose", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("torchvitals diagnose: JSONDecodeError") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("pattern, evidence, cause, words", [
-    ("replica_divergence", {"blocks": {"blocks.1": [3]}, "ranks": [3]}, "replica divergence", "[3]"),
-    ("memory_growth", {"memory": "resident_bytes", "rise_bytes": 3e8, "bytes_per_step": 4e6},
-     "memory leak", "resident_bytes"),
-    ("data_stall", {"data_wait_ratio": 0.8, "data_wait_seconds": 0.06}, "data stall", "step 19"),
-])
+@pytest.mark.parametrize(
+    "pattern, evidence, cause, words",
+    [
+        (
+            "replica_divergence",
+            {"blocks": {"blocks.1": [3]}, "ranks": [3]},
+            "replica divergence",
+            "[3]",
+        ),
+        (
+            "memory_growth",
+            {"memory": "resident_bytes", "rise_bytes": 3e8, "bytes_per_step": 4e6},
+            "memory leak",
+            "resident_bytes",
+        ),
+        (
+            "data_stall",
+            {"data_wait_ratio": 0.8, "data_wait_seconds": 0.06},
+            "data stall",
+            "step 19",
+        ),
+    ],
+)
 def test_vitals_patterns_are_causes_of_their_own(pattern, evidence, cause, words):
     severity = CRITICAL if pattern == "replica_divergence" else WARNING
     d = diagnose([Verdict(pattern, severity, 19, None, evidence)], healthy_losses())

@@ -12,8 +12,16 @@ from torchvitals.agent.report import Report
 
 
 def make_report(step: int, **kw) -> Report:
-    fields = dict(step=step, loss=1.0 / step, grad_norm={"embed": 0.5, "head": 2.0},
-                  grad_norm_total=2.5, world_size=2, rank=0, local_loss=0.9, step_seconds=0.1)
+    fields = dict(
+        step=step,
+        loss=1.0 / step,
+        grad_norm={"embed": 0.5, "head": 2.0},
+        grad_norm_total=2.5,
+        world_size=2,
+        rank=0,
+        local_loss=0.9,
+        step_seconds=0.1,
+    )
     fields.update(kw)
     return Report(**fields)
 
@@ -21,13 +29,32 @@ def make_report(step: int, **kw) -> Report:
 def test_round_trip_with_nonfinite_values(tmp_path):
     path = tmp_path / "deep" / "run" / "events.jsonl"
     reports = [
-        make_report(1, update_ratio={"embed": 1e-3}, update_ratio_step=0,
-                    activations={"head": {"mean": 0.0, "rms": 1.0, "abs_max": math.inf,
-                                          "zero_fraction": 0.0, "saturation_fraction": 0.0,
-                                          "nonfinite": 3.0}}),
-        make_report(2, loss=math.nan, grad_norm={"embed": -math.inf, "head": 1.0},
-                    grad_norm_total=math.nan, nonfinite=True, nonfinite_loss=True,
-                    action="skip", mean_step_seconds=0.15, compute_seconds=0.1),
+        make_report(
+            1,
+            update_ratio={"embed": 1e-3},
+            update_ratio_step=0,
+            activations={
+                "head": {
+                    "mean": 0.0,
+                    "rms": 1.0,
+                    "abs_max": math.inf,
+                    "zero_fraction": 0.0,
+                    "saturation_fraction": 0.0,
+                    "nonfinite": 3.0,
+                }
+            },
+        ),
+        make_report(
+            2,
+            loss=math.nan,
+            grad_norm={"embed": -math.inf, "head": 1.0},
+            grad_norm_total=math.nan,
+            nonfinite=True,
+            nonfinite_loss=True,
+            action="skip",
+            mean_step_seconds=0.15,
+            compute_seconds=0.1,
+        ),
     ]
     with EventLog(path) as log:
         assert all(log.write(r) for r in reports)
@@ -45,8 +72,11 @@ def test_every_keeps_skips_nonfinite_and_verdicts(tmp_path):
     path = tmp_path / "events.jsonl"
     special = {3: dict(nonfinite=True), 7: dict(action="skip"), 11: dict(verdicts=["spike"])}
     with EventLog(path, every=5) as log:
-        written = [r.step for r in (make_report(s, **special.get(s, {})) for s in range(1, 13))
-                   if log.write(r)]
+        written = [
+            r.step
+            for r in (make_report(s, **special.get(s, {})) for s in range(1, 13))
+            if log.write(r)
+        ]
     assert written == [3, 5, 7, 10, 11]
     assert [e["step"] for e in read_events(path)] == written
 

@@ -7,8 +7,14 @@ from torch import nn
 
 import torchvitals
 from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
-from support.reference import (OutputRecorder, assert_activations, assert_close, ref_grad_norms,
-                               ref_update_ratios, snapshot)
+from support.reference import (
+    OutputRecorder,
+    assert_activations,
+    assert_close,
+    ref_grad_norms,
+    ref_update_ratios,
+    snapshot,
+)
 
 ACT_BLOCKS = [b for b in TINY_BLOCKS if b != "other"]
 
@@ -128,9 +134,11 @@ def test_clip_grad_norm_matches_torch():
     torch.manual_seed(3)
     model = TinyGPT(**TINY)
     reference = copy.deepcopy(model)
-    agent = torchvitals.watch(model, torch.optim.SGD(model.parameters(), lr=0.1), clip_grad_norm=0.05)
+    agent = torchvitals.watch(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), clip_grad_norm=0.05
+    )
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    (x, y), = _batches(1)
+    ((x, y),) = _batches(1)
     model.loss(x, y).backward()
     reference.loss(x, y).backward()
     total = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05))

@@ -17,40 +17,77 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchvitals.agent.detect import PATTERNS
-from torchvitals.agent.outputs.exporter import (BLOCK, GLOBAL, GROUP, METRICS, PATTERN, RANK, Exporter,
-                                       MetricsPortError)
+from torchvitals.agent.outputs.exporter import (
+    BLOCK,
+    GLOBAL,
+    GROUP,
+    METRICS,
+    PATTERN,
+    RANK,
+    Exporter,
+    MetricsPortError,
+)
 from torchvitals.agent.report import Report
 from support.world import free_port
 
-RECOVERY = {"torchvitals_rollbacks", "torchvitals_last_healthy_step", "torchvitals_lr_scale",
-            "torchvitals_skipped_batches", "torchvitals_checkpoint_seconds",
-            "torchvitals_checkpoint_stall_seconds", "torchvitals_checkpoint_failures"}
+RECOVERY = {
+    "torchvitals_rollbacks",
+    "torchvitals_last_healthy_step",
+    "torchvitals_lr_scale",
+    "torchvitals_skipped_batches",
+    "torchvitals_checkpoint_seconds",
+    "torchvitals_checkpoint_stall_seconds",
+    "torchvitals_checkpoint_failures",
+}
 
-ACCELERATOR = {f"torchvitals_accelerator_memory_{k}_bytes"
-               for k in ("allocated", "reserved", "peak", "fragmentation")}
+ACCELERATOR = {
+    f"torchvitals_accelerator_memory_{k}_bytes"
+    for k in ("allocated", "reserved", "peak", "fragmentation")
+}
 BLOCKS = ["embed", "layers.0", "layers.1", "head"]
 NAME = re.compile(r"^torchvitals_[a-z][a-z0-9_]*$")
 UNIT_SUFFIXES = ("_total", "_seconds", "_bytes", "_ratio", "_info")
 
 
 def activation(x: float) -> dict[str, float]:
-    return {"mean": x, "rms": 2 * x, "abs_max": 3 * x, "zero_fraction": 0.25,
-            "saturation_fraction": 0.125, "nonfinite": 0.0}
+    return {
+        "mean": x,
+        "rms": 2 * x,
+        "abs_max": 3 * x,
+        "zero_fraction": 0.25,
+        "saturation_fraction": 0.125,
+        "nonfinite": 0.0,
+    }
 
 
 def make_report(step: int, *, sampled: bool = False, rank: int = 0, **kw) -> Report:
-    fields = dict(step=step, loss=1.0 / step, grad_norm={b: step + i for i, b in enumerate(BLOCKS)},
-                  grad_norm_total=10.0 * step, world_size=2, rank=rank, local_loss=2.0 / step,
-                  step_seconds=0.25, samples=8, clip_coef=0.5, tokens=1024,
-                  local_data_wait_seconds=0.125, data_wait_ratio=0.5)
+    fields = dict(
+        step=step,
+        loss=1.0 / step,
+        grad_norm={b: step + i for i, b in enumerate(BLOCKS)},
+        grad_norm_total=10.0 * step,
+        world_size=2,
+        rank=rank,
+        local_loss=2.0 / step,
+        step_seconds=0.25,
+        samples=8,
+        clip_coef=0.5,
+        tokens=1024,
+        local_data_wait_seconds=0.125,
+        data_wait_ratio=0.5,
+    )
     if sampled:
         fields["update_ratio"] = {b: 1e-3 * step + i for i, b in enumerate(BLOCKS)}
         fields["update_ratio_step"] = step - 1
         fields["activations"] = {b: activation(step + i) for i, b in enumerate(BLOCKS)}
         fields["replicas_checked"] = True
     # What a CUDA rank's steps carry (the last sample's counters; a CPU rank has none: no series).
-    fields["local_accelerator_memory"] = {"allocated_bytes": 3e9, "reserved_bytes": 4e9,
-                                          "peak_bytes": 3.5e9, "fragmentation_bytes": 1e9}
+    fields["local_accelerator_memory"] = {
+        "allocated_bytes": 3e9,
+        "reserved_bytes": 4e9,
+        "peak_bytes": 3.5e9,
+        "fragmentation_bytes": 1e9,
+    }
     fields.update(kw)
     return Report(**fields)
 
@@ -59,10 +96,13 @@ def scrape(url: str) -> dict[str, dict]:
     """name -> {"type", "samples": {(sample name, sorted labels): value}}."""
     with urllib.request.urlopen(url, timeout=5) as resp:
         text = resp.read().decode()
-    return {f.name: {"type": f.type,
-                     "samples": {(s.name, tuple(sorted(s.labels.items()))): s.value
-                                 for s in f.samples}}
-            for f in text_string_to_metric_families(text)}
+    return {
+        f.name: {
+            "type": f.type,
+            "samples": {(s.name, tuple(sorted(s.labels.items()))): s.value for s in f.samples},
+        }
+        for f in text_string_to_metric_families(text)
+    }
 
 
 def value(families: dict, sample: str, **labels: str) -> float:
@@ -83,8 +123,14 @@ def served():
     exporters = []
 
     def start(rank: int = 0, blocks=BLOCKS) -> Exporter:
-        ex = Exporter(blocks, rank=rank, local_rank=rank, world_size=2, port=free_port(),
-                      registry=CollectorRegistry())
+        ex = Exporter(
+            blocks,
+            rank=rank,
+            local_rank=rank,
+            world_size=2,
+            port=free_port(),
+            registry=CollectorRegistry(),
+        )
         exporters.append(ex)
         return ex
 
@@ -122,12 +168,20 @@ def test_scrape_matches_report(served):
         assert value(got, "torchvitals_activation_rms", **b) == act["rms"]
         assert value(got, "torchvitals_activation_abs_max", **b) == act["abs_max"]
         assert value(got, "torchvitals_activation_zero_ratio", **b) == act["zero_fraction"]
-        assert value(got, "torchvitals_activation_saturated_ratio", **b) == \
-            act["saturation_fraction"]
+        assert (
+            value(got, "torchvitals_activation_saturated_ratio", **b) == act["saturation_fraction"]
+        )
         assert value(got, "torchvitals_activation_nonfinite", **b) == act["nonfinite"]
     assert got["torchvitals_build_info"]["samples"] == {
-        ("torchvitals_build_info", (("rank", "0"), ("torch_version", torch.__version__),
-                                    ("version", importlib.metadata.version("torchvitals")))): 1.0}
+        (
+            "torchvitals_build_info",
+            (
+                ("rank", "0"),
+                ("torch_version", torch.__version__),
+                ("version", importlib.metadata.version("torchvitals")),
+            ),
+        ): 1.0
+    }
 
 
 def test_counters_count_steps_skips_and_nonfinite(served):
@@ -158,8 +212,11 @@ def test_before_first_report_every_series_is_present(served):
     expected = {m.name.removesuffix("_total") for m in METRICS}
     # Present only when the caller passes the sample (token) count, a GradScaler, runs the
     # watchdog, or trains on CUDA.
-    assert expected - exported == ({"torchvitals_samples", "torchvitals_loss_scale",
-                                    "torchvitals_tokens"} | RECOVERY | ACCELERATOR)
+    assert expected - exported == (
+        {"torchvitals_samples", "torchvitals_loss_scale", "torchvitals_tokens"}
+        | RECOVERY
+        | ACCELERATOR
+    )
 
 
 def test_samples_total_only_when_samples_known(served):
@@ -176,21 +233,25 @@ def test_samples_total_only_when_samples_known(served):
 def test_durations_are_histograms_that_see_every_step(served):
     """A scrape every 15 s sees every step's duration, the slow one too, not the last alone."""
     ex = served()
-    times = [0.02, 0.3, 0.3, 7.0, 0.3, math.nan]          # one slow step among fast ones
+    times = [0.02, 0.3, 0.3, 7.0, 0.3, math.nan]  # one slow step among fast ones
     for i, t in enumerate(times, 1):
-        ex.update(make_report(i, step_seconds=t, compute_seconds=t / 2,
-                              local_data_wait_seconds=0.0004))
+        ex.update(
+            make_report(i, step_seconds=t, compute_seconds=t / 2, local_data_wait_seconds=0.0004)
+        )
     got = scrape(ex.url)
     r = {"rank": "0"}
     name = "torchvitals_step_duration_seconds"
-    assert value(got, f"{name}_count", **r) == 5              # the NaN step is not observed
+    assert value(got, f"{name}_count", **r) == 5  # the NaN step is not observed
     assert value(got, f"{name}_sum", **r) == pytest.approx(7.92)
     assert value(got, f"{name}_bucket", **r, le="0.025") == 1
     assert value(got, f"{name}_bucket", **r, le="0.5") == 4
     assert value(got, f"{name}_bucket", **r, le="5.0") == 4
-    assert value(got, f"{name}_bucket", **r, le="10.0") == 5   # the slow step is counted
-    bounds = [float(dict(labels)["le"]) for sample, labels in got[name]["samples"]
-              if sample.endswith("_bucket")]
+    assert value(got, f"{name}_bucket", **r, le="10.0") == 5  # the slow step is counted
+    bounds = [
+        float(dict(labels)["le"])
+        for sample, labels in got[name]["samples"]
+        if sample.endswith("_bucket")
+    ]
     assert bounds[0] == 0.01 and bounds[-2] == 600.0 and bounds[-1] == math.inf
     assert value(got, "torchvitals_compute_duration_seconds_sum", **r) == pytest.approx(3.96)
     assert value(got, "torchvitals_data_wait_seconds_bucket", **r, le="0.001") == 6
@@ -202,7 +263,7 @@ def test_names_follow_conventions(served):
     for m in METRICS:
         assert NAME.match(m.name), m.name
         assert m.kind in ("gauge", "counter", "histogram"), m.name
-        if m.kind == "histogram":     # base unit seconds, +Inf last, bounds ascending
+        if m.kind == "histogram":  # base unit seconds, +Inf last, bounds ascending
             assert m.name.endswith("_seconds") and m.buckets[-1] == math.inf, m.name
             assert list(m.buckets) == sorted(set(m.buckets)), m.name
         assert m.scope in (RANK, GLOBAL, BLOCK, PATTERN, GROUP), m.name
@@ -215,15 +276,24 @@ def test_names_follow_conventions(served):
     report = make_report(1, sampled=True)
     report.loss_scale = 1024.0
     report.lr = [1e-3]
-    ex.update(report, recovery={"rollbacks": 1, "lr_scale": 0.5, "last_healthy_step": 50,
-                                "skipped_batches": 12, "checkpoint_seconds": 0.2,
-                                "checkpoint_stall_seconds": 0.01, "checkpoint_failures": 0})
+    ex.update(
+        report,
+        recovery={
+            "rollbacks": 1,
+            "lr_scale": 0.5,
+            "last_healthy_step": 50,
+            "skipped_batches": 12,
+            "checkpoint_seconds": 0.2,
+            "checkpoint_stall_seconds": 0.01,
+            "checkpoint_failures": 0,
+        },
+    )
     got = scrape(ex.url)
     kinds = {m.name: m.kind for m in METRICS}
     histograms = {m.name for m in METRICS if m.kind == "histogram"}
-    assert {name if f["type"] == "histogram" else s
-            for name, f in got.items() for s, _ in f["samples"]} == set(table), \
-        "rank 0 exports exactly the table once a report with samples arrived"
+    assert {
+        name if f["type"] == "histogram" else s for name, f in got.items() for s, _ in f["samples"]
+    } == set(table), "rank 0 exports exactly the table once a report with samples arrived"
     gauges, counters = set(), set()
     for name, family in got.items():
         for sample, labels in family["samples"]:
@@ -234,8 +304,15 @@ def test_names_follow_conventions(served):
                 assert set(dict(labels)) <= {"rank", "le"}
                 continue
             assert kinds[sample] == family["type"], sample
-            assert {k for k, _ in labels} <= {"rank", "block", "version", "torch_version",
-                                              "pattern", "severity", "param_group"}
+            assert {k for k, _ in labels} <= {
+                "rank",
+                "block",
+                "version",
+                "torch_version",
+                "pattern",
+                "severity",
+                "param_group",
+            }
             assert dict(labels)["rank"] == "0"
             if family["type"] == "counter":
                 assert sample.endswith("_total"), sample
@@ -258,8 +335,9 @@ def test_rank1_exports_only_its_scalars(served):
     assert all(labels["rank"] == "1" for _, labels in samples)
     assert not [s for s, labels in samples if "block" in labels]
     rank_names = {m.name for m in METRICS if m.scope == RANK}
-    assert {name if f["type"] == "histogram" else s
-            for name, f in got.items() for s, _ in f["samples"]} == rank_names
+    assert {
+        name if f["type"] == "histogram" else s for name, f in got.items() for s, _ in f["samples"]
+    } == rank_names
     assert value(got, "torchvitals_local_loss", rank="1") == pytest.approx(2.0 / 3)
 
 
@@ -276,28 +354,41 @@ def test_series_count_constant_as_steps_go_by(served):
     after_200 = scrape(ex.url)
     # Rank and global scalars, each histogram's buckets + _sum + _count, per block, per pattern.
     histogram_series = sum(len(m.buckets) + 2 for m in METRICS if m.kind == "histogram")
-    assert series_count(after_10) == series_count(after_200) == \
-        18 + histogram_series + 5 + 10 * len(BLOCKS) + 2 * len(PATTERNS)
+    assert (
+        series_count(after_10)
+        == series_count(after_200)
+        == 18 + histogram_series + 5 + 10 * len(BLOCKS) + 2 * len(PATTERNS)
+    )
     assert set(after_10) == set(after_200)
     # Step 200 was sampled; check an unsampled last step keeps the sampled values.
     ex.update(make_report(201))
     got = scrape(ex.url)
     assert series_count(got) == series_count(after_200)
     for block in BLOCKS:
-        assert value(got, "torchvitals_update_ratio", rank="0", block=block) == \
-            last_sampled.update_ratio[block]
-        assert value(got, "torchvitals_activation_rms", rank="0", block=block) == \
-            last_sampled.activations[block]["rms"]
-        assert value(got, "torchvitals_grad_norm", rank="0", block=block) == \
-            make_report(201).grad_norm[block]
+        assert (
+            value(got, "torchvitals_update_ratio", rank="0", block=block)
+            == last_sampled.update_ratio[block]
+        )
+        assert (
+            value(got, "torchvitals_activation_rms", rank="0", block=block)
+            == last_sampled.activations[block]["rms"]
+        )
+        assert (
+            value(got, "torchvitals_grad_norm", rank="0", block=block)
+            == make_report(201).grad_norm[block]
+        )
 
 
 def test_partial_samples_keep_other_blocks_last_value():
     ex = Exporter(BLOCKS, rank=0, local_rank=0, world_size=1, port=0)
     ex.update(make_report(1, update_ratio={"embed": 0.1, "head": 0.2}))
     ex.update(make_report(2, update_ratio={"head": 0.3, "layers.0": 0.4}))
-    got = {(s.labels.get("block")): s.value for f in ex.registry.collect()
-           if f.name == "torchvitals_update_ratio" for s in f.samples}
+    got = {
+        (s.labels.get("block")): s.value
+        for f in ex.registry.collect()
+        if f.name == "torchvitals_update_ratio"
+        for s in f.samples
+    }
     assert got["embed"] == 0.1 and got["head"] == 0.3 and got["layers.0"] == 0.4
     assert math.isnan(got["layers.1"])
 
@@ -305,8 +396,12 @@ def test_partial_samples_keep_other_blocks_last_value():
 def test_unnamed_block_is_exported_too():
     ex = Exporter(["a"], rank=0, local_rank=0, world_size=1, port=0)
     ex.update(Report(step=1, loss=0.0, grad_norm={"a": 1.0, "other": 2.0}, grad_norm_total=3.0))
-    got = {s.labels["block"]: s.value for f in ex.registry.collect()
-           if f.name == "torchvitals_grad_norm" for s in f.samples}
+    got = {
+        s.labels["block"]: s.value
+        for f in ex.registry.collect()
+        if f.name == "torchvitals_grad_norm"
+        for s in f.samples
+    }
     assert got == {"a": 1.0, "other": 2.0}
 
 
@@ -317,8 +412,15 @@ def test_taken_port_raises_clear_error_when_strict():
         port = holder.getsockname()[1]
         registry = CollectorRegistry()
         with pytest.raises(MetricsPortError) as info:
-            Exporter(BLOCKS, rank=3, local_rank=1, world_size=4, port=port, registry=registry,
-                     strict=True)
+            Exporter(
+                BLOCKS,
+                rank=3,
+                local_rank=1,
+                world_size=4,
+                port=port,
+                registry=registry,
+                strict=True,
+            )
     err = info.value
     assert isinstance(err, OSError) and err.errno == errno.EADDRINUSE
     msg = str(err)
@@ -342,7 +444,11 @@ def test_port_zero_serves_nothing_but_collects():
 
 
 def serving_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("torchvitals-metrics") and t.is_alive()}
+    return {
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("torchvitals-metrics") and t.is_alive()
+    }
 
 
 def test_close_is_idempotent_and_frees_the_port(served):
@@ -409,6 +515,7 @@ def test_learning_rate_per_param_group_on_rank_0(served):
 def test_vitals_are_served_per_rank(served):
     """Process and host vitals come from this process at scrape time; the step's from the report."""
     import psutil
+
     ex = served(rank=1)
     ex.update(make_report(3, rank=1))
     got = scrape(ex.url)
@@ -418,21 +525,26 @@ def test_vitals_are_served_per_rank(served):
     rss = psutil.Process().memory_info().rss
     assert 0.5 * rss < value(got, "torchvitals_process_resident_memory_bytes", **r) < 2 * rss
     assert value(got, "torchvitals_process_cpu_seconds_total", **r) > 0
-    assert value(got, "torchvitals_process_open_fds", **r) >= 3          # stdin, stdout, stderr
+    assert value(got, "torchvitals_process_open_fds", **r) >= 3  # stdin, stdout, stderr
     assert value(got, "torchvitals_dataloader_workers", **r) == len(psutil.Process().children())
-    assert 0 < value(got, "torchvitals_host_memory_available_bytes", **r) <= \
-        psutil.virtual_memory().total
+    assert (
+        0
+        < value(got, "torchvitals_host_memory_available_bytes", **r)
+        <= psutil.virtual_memory().total
+    )
     assert value(got, "torchvitals_accelerator_memory_fragmentation_bytes", **r) == 1e9
     # A worker starting shows at the next scrape once the cached text is older than the
     # render interval (a scrape loop reads the cache), without a step in between.
     import subprocess
     import sys
     import time
+
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         time.sleep(ex.cache.min_interval_s)
-        assert value(scrape(ex.url), "torchvitals_dataloader_workers", **r) == \
-            len(psutil.Process().children())
+        assert value(scrape(ex.url), "torchvitals_dataloader_workers", **r) == len(
+            psutil.Process().children()
+        )
         assert value(scrape(ex.url), "torchvitals_dataloader_workers", **r) >= 1
     finally:
         child.kill()

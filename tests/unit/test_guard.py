@@ -17,7 +17,9 @@ from torchvitals.agent.recover.watchdog import ResumeRefused
 
 def mlp(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    return nn.Sequential(
+        nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1)
+    )
 
 
 def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,11 +51,13 @@ def test_optimizer_step_with_a_closure_is_measured_and_steps_once():
     steps = []
     opt.register_step_post_hook(lambda *a: steps.append(1))
     for s in range(3):
+
         def closure():
             opt.zero_grad()
             loss = loss_of(model, s)
             loss.backward()
             return loss
+
         returned = opt.step(closure)
         ref_opt.zero_grad()
         ref_loss = loss_of(ref, s)
@@ -75,14 +79,14 @@ def test_micro_batch_losses_average_and_a_model_output_loss_counts():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     agent = watch(model, opt)
-    losses = [loss_of(model, s) for s in range(4)]          # gradient accumulation over 4
+    losses = [loss_of(model, s) for s in range(4)]  # gradient accumulation over 4
     for loss in losses:
-        agent.record_loss(loss)                             # the unscaled micro-batch loss
+        agent.record_loss(loss)  # the unscaled micro-batch loss
         (loss / 4).backward()
     opt.step()
     assert agent.last_report.loss == pytest.approx(sum(v.item() for v in losses) / 4, rel=1e-6)
 
-    class WithLoss(nn.Module):                              # an HF-style output with .loss
+    class WithLoss(nn.Module):  # an HF-style output with .loss
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
@@ -97,7 +101,9 @@ def test_micro_batch_losses_average_and_a_model_output_loss_counts():
     for o in out:
         (o["loss"] / 2).backward()
     opt2.step()
-    assert agent2.last_report.loss == pytest.approx((float(out[0]["loss"]) + float(out[1]["loss"])) / 2)
+    assert agent2.last_report.loss == pytest.approx(
+        (float(out[0]["loss"]) + float(out[1]["loss"])) / 2
+    )
     agent.close()
     agent2.close()
 
@@ -122,10 +128,10 @@ def test_a_second_step_on_the_same_gradients_is_refused_loudly():
     agent = watch(model, opt)
     loss = loss_of(model, 0)
     loss.backward()
-    agent.step(loss)                          # a callback stepping ...
+    agent.step(loss)  # a callback stepping ...
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(DoubleStepError, match="no backward pass since the last step"):
-        opt.step()                            # ... and then the framework
+        opt.step()  # ... and then the framework
     for p, b in zip(model.parameters(), before):
         assert torch.equal(p, b)
     opt.zero_grad(set_to_none=True)
@@ -138,7 +144,7 @@ def test_a_second_step_on_the_same_gradients_is_refused_loudly():
 def test_a_step_around_the_guard_is_refused_before_it_changes_anything():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    early = opt.step                          # a reference taken before watch()
+    early = opt.step  # a reference taken before watch()
     agent = watch(model, opt)
     loss_of(model, 0).backward()
     before = [p.detach().clone() for p in model.parameters()]
@@ -147,17 +153,18 @@ def test_a_step_around_the_guard_is_refused_before_it_changes_anything():
     for p, b in zip(model.parameters(), before):
         assert torch.equal(p, b)
     agent.close()
-    early()                                   # after close() the optimizer is its own again
+    early()  # after close() the optimizer is its own again
     assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
 def test_the_back_off_survives_a_learning_rate_set_by_hand_every_step(tmp_path):
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    agent = watch(model, opt, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5,
-                  healthy_window=0)
+    agent = watch(
+        model, opt, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5, healthy_window=0
+    )
     for s in range(1, 13):
-        for group in opt.param_groups:        # nanoGPT: the loop owns the LR
+        for group in opt.param_groups:  # nanoGPT: the loop owns the LR
             group["lr"] = 0.01
         loss = loss_of(model, s)
         if s == 8:
@@ -172,7 +179,7 @@ def test_the_back_off_survives_a_learning_rate_set_by_hand_every_step(tmp_path):
             assert report.action == "rollback" and report.rollback["lr_scale"] == 0.5
         if s == 11:
             assert report.lr == [pytest.approx(0.005)]
-            for p, b, g in zip(model.parameters(), before, grads):   # SGD: w -= lr * g
+            for p, b, g in zip(model.parameters(), before, grads):  # SGD: w -= lr * g
                 torch.testing.assert_close(p.detach(), b - 0.005 * g)
     assert opt.param_groups[0]["lr"] == 0.01  # the loop's value, untouched
     agent.close()
@@ -187,16 +194,17 @@ def test_clipping_in_the_loop_is_measured_before_it_clips():
     ref_loss = loss_of(ref, 0)
     ref_loss.backward()
     pre_clip = grad_total(ref)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)    # as nanoGPT, Lightning, HF do
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)  # as nanoGPT, Lightning, HF do
     report = agent.step(loss)
     assert report.grad_norm_total == pytest.approx(pre_clip, rel=1e-5)
-    assert grad_total(model) == pytest.approx(1e-3, rel=1e-3)   # the optimizer got clipped grads
+    assert grad_total(model) == pytest.approx(1e-3, rel=1e-3)  # the optimizer got clipped grads
     agent.close()
 
 
 def test_clipping_through_a_name_imported_before_watch_is_measured_before_it_clips():
-    from torch.nn.utils import clip_grad_norm_ as bound_early         # not the attribute
+    from torch.nn.utils import clip_grad_norm_ as bound_early  # not the attribute
     from torch.nn.utils.clip_grad import clip_grad_norm_ as bound_deep
+
     model, ref = mlp(), mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     agent = watch(model, opt)
@@ -207,7 +215,7 @@ def test_clipping_through_a_name_imported_before_watch_is_measured_before_it_cli
         ref.zero_grad()
         loss_of(ref, s).backward()
         pre_clip = grad_total(ref)
-        if clip is torch.nn.utils.clip_grads_with_norm_:          # torchtitan's two-step clip
+        if clip is torch.nn.utils.clip_grads_with_norm_:  # torchtitan's two-step clip
             norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
             clip(model.parameters(), 1e-3, norm)
         else:
@@ -245,14 +253,14 @@ def test_clipping_the_agent_cannot_see_is_flagged(caplog):
 def test_a_scaler_the_loop_already_unscaled_is_accepted():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     agent = watch(model, opt)
     loss = loss_of(model, 0)
     scaler.scale(loss).backward()
-    scaler.unscale_(opt)                      # to clip, as nanoGPT does
+    scaler.unscale_(opt)  # to clip, as nanoGPT does
     true_total = grad_total(model)
     report = agent.step(loss, scaler=scaler)
-    assert report.action == "step" and report.loss_scale == 2.0 ** 10
+    assert report.action == "step" and report.loss_scale == 2.0**10
     assert report.grad_norm_total == pytest.approx(true_total, rel=1e-5)
     agent.close()
 
@@ -262,20 +270,20 @@ def test_scaler_step_is_routed_for_the_watched_optimizer_only_and_given_back_at_
     model, other = mlp(0), mlp(1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     other_opt = torch.optim.SGD(other.parameters(), lr=0.05)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     agent = watch(model, opt)
     for net, o in ((model, opt), (other, other_opt)):
         scaler.scale(loss_of(net, 0)).backward()
         scaler.step(o)
     scaler.update()
-    assert agent.last_report is not None and agent.last_report.loss_scale == 2.0 ** 10
+    assert agent.last_report is not None and agent.last_report.loss_scale == 2.0**10
     assert agent.step_count == 1, "the other optimizer's step is the scaler's own"
     assert all(p.grad is not None for p in other.parameters())
     agent.close()
     assert torch.amp.GradScaler.step is scaler_step
     opt.zero_grad()
     scaler.scale(loss_of(model, 1)).backward()
-    scaler.step(opt)                          # no agent any more: torch's own step
+    scaler.step(opt)  # no agent any more: torch's own step
     assert agent.step_count == 1
 
 
@@ -288,7 +296,7 @@ def test_gradients_measured_before_a_step_the_loop_skipped_are_not_reported_late
     (loss_of(model, 0) * float("inf")).backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     assert not torch.isfinite(norm)
-    opt.zero_grad(set_to_none=True)                 # the loop's own skip
+    opt.zero_grad(set_to_none=True)  # the loop's own skip
     loss = loss_of(model, 1)
     loss.backward()
     true_total = grad_total(model)
@@ -319,9 +327,9 @@ def test_a_wrapper_around_the_guarded_step_runs_once_per_step_and_sees_a_scaler_
     opt.step()
     assert calls == [0] and agent.step_count == 1
     opt.zero_grad()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     scaler.scale(loss_of(model, 1)).backward()
-    scaler.step(opt)                  # the scaler calls the optimizer's current step once
+    scaler.step(opt)  # the scaler calls the optimizer's current step once
     scaler.update()
     assert calls == [0, 1] and agent.step_count == 2
     agent.close()
@@ -338,6 +346,7 @@ def test_a_fresh_run_refuses_a_folder_holding_another_run(tmp_path, monkeypatch,
         agent.step(loss)
         opt.zero_grad()
     agent.close()
+
     def fresh():
         m = mlp()
         return m, torch.optim.SGD(m.parameters(), lr=0.05)
@@ -348,7 +357,7 @@ def test_a_fresh_run_refuses_a_folder_holding_another_run(tmp_path, monkeypatch,
         again = watch(*fresh(), checkpoint_dir=ckpt, resume="auto")
     assert again.resumed_from == 4 and "resumed from" in caplog.text and "step 4" in caplog.text
     again.close()
-    monkeypatch.setenv("TORCHVITALS_SUPERVISOR_ATTEMPT", "2")     # a supervised restart
+    monkeypatch.setenv("TORCHVITALS_SUPERVISOR_ATTEMPT", "2")  # a supervised restart
     restarted = watch(*fresh(), checkpoint_dir=ckpt)
     assert restarted.resumed_from == 4
     restarted.close()
@@ -357,8 +366,14 @@ def test_a_fresh_run_refuses_a_folder_holding_another_run(tmp_path, monkeypatch,
 def test_the_abort_says_why_and_no_step_follows_it(tmp_path, caplog):
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    agent = watch(model, opt, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2,
-                  healthy_window=0, max_rollbacks=1)
+    agent = watch(
+        model,
+        opt,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=2,
+        healthy_window=0,
+        max_rollbacks=1,
+    )
     with caplog.at_level(logging.WARNING), pytest.raises(torchvitals.TrainingAborted) as aborted:
         for s in range(20):
             loss = loss_of(model, s) * (float("nan") if s >= 5 else 1.0)
@@ -368,9 +383,11 @@ def test_the_abort_says_why_and_no_step_follows_it(tmp_path, caplog):
             finally:
                 opt.zero_grad()
     assert aborted.value.code == 75
-    assert "ABORTING" in caplog.text and "Exit code 75" in caplog.text and "ledger.json" in caplog.text
+    assert (
+        "ABORTING" in caplog.text and "Exit code 75" in caplog.text and "ledger.json" in caplog.text
+    )
     loss_of(model, 0).backward()
-    with pytest.raises(torchvitals.TrainingAborted):     # swallowing it does not train on
+    with pytest.raises(torchvitals.TrainingAborted):  # swallowing it does not train on
         opt.step()
     agent.close()
 
@@ -381,12 +398,13 @@ def test_healthy_means_no_warning_active_not_only_none_recent():
     from torchvitals.agent.detect.verdict import HOT_LR, WARNING, Verdict
     from torchvitals.agent.recover.watchdog import Watchdog
     import tempfile
+
     with tempfile.TemporaryDirectory() as root:
         dog = Watchdog.open(Config(checkpoint_dir=root, healthy_window=5))
         detector = Detector(["a", "b"], ["layer", "layer"])
         assert dog.healthy(100, detector)
         hot = Verdict(HOT_LR, WARNING, 10, "a")
-        detector.active[(HOT_LR, "a", None)] = hot     # raised at step 10, still holding at 100
+        detector.active[(HOT_LR, "a", None)] = hot  # raised at step 10, still holding at 100
         assert not dog.healthy(100, detector)
-        detector.pinned.add((HOT_LR, "a", None))       # a wiring fact does not count
+        detector.pinned.add((HOT_LR, "a", None))  # a wiring fact does not count
         assert dog.healthy(100, detector)

@@ -26,8 +26,10 @@ VOCAB, SEQ, BATCH, STEPS = 64, 16, 8, 60
 @pytest.fixture(autouse=True)
 def default_config(monkeypatch):
     for key in list(os.environ):
-        if key.startswith("TORCHVITALS_") and key not in ("TORCHVITALS_METRICS_PORT",
-                                                          "TORCHVITALS_LOG_DIR"):
+        if key.startswith("TORCHVITALS_") and key not in (
+            "TORCHVITALS_METRICS_PORT",
+            "TORCHVITALS_LOG_DIR",
+        ):
             monkeypatch.delenv(key)
 
 
@@ -46,8 +48,15 @@ class LstmLM(nn.Module):
 class Mlp(nn.Module):
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                                 nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+        self.net = nn.Sequential(
+            nn.Linear(16, 64),
+            nn.ReLU(),
+            nn.Linear(64, 64),
+            nn.ReLU(),
+            nn.Linear(64, 64),
+            nn.ReLU(),
+            nn.Linear(64, 4),
+        )
         self.teacher = torch.randn(16, 4, generator=torch.Generator().manual_seed(7))
 
     def loss(self, x, y):
@@ -57,10 +66,14 @@ class Mlp(nn.Module):
 
 FAMILIES = {
     "lstm": (LstmLM, lambda p: torch.optim.Adam(p, lr=3e-3)),
-    "gpt": (lambda: TinyGPT(vocab=VOCAB, d_model=32, n_layers=2, n_heads=4, seq_len=SEQ),
-            lambda p: torch.optim.AdamW(p, lr=3e-3)),
-    "llama_dict": (lambda: LlamaLike(vocab=VOCAB, dim=32, n_layers=4),
-                   lambda p: torch.optim.AdamW(p, lr=3e-3)),
+    "gpt": (
+        lambda: TinyGPT(vocab=VOCAB, d_model=32, n_layers=2, n_heads=4, seq_len=SEQ),
+        lambda p: torch.optim.AdamW(p, lr=3e-3),
+    ),
+    "llama_dict": (
+        lambda: LlamaLike(vocab=VOCAB, dim=32, n_layers=4),
+        lambda p: torch.optim.AdamW(p, lr=3e-3),
+    ),
     "mlp": (Mlp, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)),
 }
 
@@ -89,4 +102,6 @@ def test_healthy_run_raises_no_warning(family, sample_every):
     agent, losses = train(family, sample_every)
     loud = [str(v) for v in agent.detector.history if v.severity in (WARNING, CRITICAL)]
     assert loud == []
-    assert sum(losses[-10:]) / 10 < losses[0], f"{family} did not learn: {losses[0]:.3f} -> {losses[-1]:.3f}"
+    assert sum(losses[-10:]) / 10 < losses[0], (
+        f"{family} did not learn: {losses[0]:.3f} -> {losses[-1]:.3f}"
+    )

@@ -43,7 +43,7 @@ def _imports(name: str, path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -73,21 +73,34 @@ def test_no_stage_imports_a_later_one():
         for target in targets - LEAVES:
             theirs = _stage(target)
             if theirs is None:
-                if target in ("torchvitals.agent.agent", "torchvitals.agent.guard") and \
-                        mine not in (None, STAGES["tools"]):
+                if target in (
+                    "torchvitals.agent.agent",
+                    "torchvitals.agent.guard",
+                ) and mine not in (None, STAGES["tools"]):
                     wrong.append((module, target))
                 continue
-            if mine is None and module.startswith("torchvitals.agent.") and module not in (
-                    "torchvitals.agent.agent", "torchvitals.agent.step") and \
-                    not module.startswith("torchvitals.agent.signals."):
-                wrong.append((module, target))         # config/report are below every stage
+            if (
+                mine is None
+                and module.startswith("torchvitals.agent.")
+                and module not in ("torchvitals.agent.agent", "torchvitals.agent.step")
+                and not module.startswith("torchvitals.agent.signals.")
+            ):
+                wrong.append((module, target))  # config/report are below every stage
             elif mine is not None and theirs > mine:
                 wrong.append((module, target))
     assert not wrong, wrong
 
 
-STEP_STAGES = {"pack": "measure", "reduce": "reduce", "unpack": "reduce", "observe": "detect",
-               "real_step": "act", "rollback": "act", "maybe_save": "act", "publish": "publish"}
+STEP_STAGES = {
+    "pack": "measure",
+    "reduce": "reduce",
+    "unpack": "reduce",
+    "observe": "detect",
+    "real_step": "act",
+    "rollback": "act",
+    "maybe_save": "act",
+    "publish": "publish",
+}
 """The calls that make up one step, by the stage they belong to."""
 
 
@@ -101,24 +114,39 @@ def test_the_step_stages_are_called_from_one_place():
         if not name.startswith("torchvitals.agent.") or ".tools." in name:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in STEP_STAGES):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in STEP_STAGES
+            ):
                 continue
             owner = node.func.value
             owner = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
             if owner in receivers:
                 calls.setdefault(f"{owner}.{node.func.attr}", set()).add(name)
-    assert {"signal.pack", "signal.unpack", "reducer.reduce", "detector.observe",
-            "guard.real_step", "watchdog.rollback", "watchdog.maybe_save",
-            "outputs.publish"} <= set(calls), calls
-    elsewhere = {call: sorted(m - {"torchvitals.agent.step"}) for call, m in calls.items()
-                 if m - {"torchvitals.agent.step"}}
+    assert {
+        "signal.pack",
+        "signal.unpack",
+        "reducer.reduce",
+        "detector.observe",
+        "guard.real_step",
+        "watchdog.rollback",
+        "watchdog.maybe_save",
+        "outputs.publish",
+    } <= set(calls), calls
+    elsewhere = {
+        call: sorted(m - {"torchvitals.agent.step"})
+        for call, m in calls.items()
+        if m - {"torchvitals.agent.step"}
+    }
     assert not elsewhere, elsewhere
     source = (ROOT / "agent" / "step.py").read_text()
-    run = source[source.index("    def run(self, inp: StepInput)"):]
-    run = run[:run.index("\n    def ", 10)]
-    order = [run.index(f"# {stage}") for stage in ("measure", "reduce", "detect", "decide and act",
-                                                   "publish")]
+    run = source[source.index("    def run(self, inp: StepInput)") :]
+    run = run[: run.index("\n    def ", 10)]
+    order = [
+        run.index(f"# {stage}")
+        for stage in ("measure", "reduce", "detect", "decide and act", "publish")
+    ]
     assert order == sorted(order), "Steps.run reads measure, reduce, detect, decide/act, publish"
 
 
@@ -130,8 +158,12 @@ def test_every_signal_names_real_rules_and_metrics():
     from torchvitals.agent.detect.verdict import COLLECTOR_DIRECTIVE
     from torchvitals.agent.outputs import metrics
     from torchvitals.agent.signals.base import Signal
-    rule_names = {n for mod in (rules, rules_vitals, straggler) for n, _ in
-                  inspect.getmembers(mod, inspect.isclass)} | {COLLECTOR_DIRECTIVE}
+
+    rule_names = {
+        n
+        for mod in (rules, rules_vitals, straggler)
+        for n, _ in inspect.getmembers(mod, inspect.isclass)
+    } | {COLLECTOR_DIRECTIVE}
     metric_source = inspect.getsource(metrics)
     found = []
     for path in sorted((ROOT / "agent" / "signals").glob("*.py")):
@@ -153,7 +185,7 @@ def test_no_import_cycle_anywhere():
         for nxt in sorted(GRAPH[node]):
             # A package's lazy __getattr__ names its modules as strings, not imports: no edge.
             if state.get(nxt) == 1:
-                cycles.append(path[path.index(nxt):] + [nxt])
+                cycles.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = 2
@@ -168,26 +200,45 @@ def test_the_collector_reaches_into_the_agent_only_for_the_ledger():
     for module, targets in GRAPH.items():
         if module.startswith("torchvitals.collector"):
             into_agent = {t for t in targets if t.startswith("torchvitals.agent")}
-            assert into_agent <= {"torchvitals.agent", "torchvitals.agent.recover",
-                                  "torchvitals.agent.recover.ledger",
-                                  "torchvitals.agent.recover.durable",
-                                  "torchvitals.agent.recover.jobid"}, (module, into_agent)
+            assert into_agent <= {
+                "torchvitals.agent",
+                "torchvitals.agent.recover",
+                "torchvitals.agent.recover.ledger",
+                "torchvitals.agent.recover.durable",
+                "torchvitals.agent.recover.jobid",
+            }, (module, into_agent)
 
 
-@pytest.mark.parametrize("literal", ["torchvitals_action", "ledger.json", "aborted",
-                                     "TORCHVITALS_HEARTBEAT_DIR", "TORCHVITALS_WEBHOOK_TOKEN",
-                                     "TORCHVITALS_WEBHOOK_TOKEN_FILE", "TORCHVITALS_SUPERVISOR_ATTEMPT"])
+@pytest.mark.parametrize(
+    "literal",
+    [
+        "torchvitals_action",
+        "ledger.json",
+        "aborted",
+        "TORCHVITALS_HEARTBEAT_DIR",
+        "TORCHVITALS_WEBHOOK_TOKEN",
+        "TORCHVITALS_WEBHOOK_TOKEN_FILE",
+        "TORCHVITALS_SUPERVISOR_ATTEMPT",
+    ],
+)
 def test_each_wire_contract_is_spelled_once(literal):
     """The literal lives in protocol.py; every other module imports the name."""
     spelled = []
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text())
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
-                      and n.body and isinstance(n.body[0], ast.Expr)}
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+        }
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and node.value == literal
-                    and id(node) not in docstrings):
+            if (
+                isinstance(node, ast.Constant)
+                and node.value == literal
+                and id(node) not in docstrings
+            ):
                 spelled.append(module)
     assert set(spelled) <= {"torchvitals.protocol"}, spelled
     assert literal in {v for v in vars(protocol).values() if isinstance(v, str)}
@@ -199,10 +250,17 @@ def test_every_error_raised_on_purpose_shares_one_base():
     from torchvitals.agent.recover.ledger import LedgerError
     from torchvitals.collector.webhook import PayloadError
     from torchvitals.protocol import TokenError
-    for cls in (MetricsPortError, CheckpointError, LedgerError, PayloadError, TokenError,
-                torchvitals.TrainingAborted):
+
+    for cls in (
+        MetricsPortError,
+        CheckpointError,
+        LedgerError,
+        PayloadError,
+        TokenError,
+        torchvitals.TrainingAborted,
+    ):
         assert issubclass(cls, torchvitals.TorchvitalsError), cls
-    assert issubclass(torchvitals.TrainingAborted, SystemExit)       # still exits with its code
+    assert issubclass(torchvitals.TrainingAborted, SystemExit)  # still exits with its code
     assert issubclass(MetricsPortError, OSError) and issubclass(PayloadError, ValueError)
 
 
@@ -225,10 +283,18 @@ def _may_set_foreign(module: str) -> bool:
 def _foreign_callables() -> set[str]:
     """The methods of the torch objects the agent is handed: assigning one (``optimizer.step
     = ...``, ``model.forward = ...``) is a patch, whatever the variable is called."""
-    classes = (torch.optim.Optimizer, torch.amp.GradScaler, torch.optim.lr_scheduler.LRScheduler,
-               torch.nn.Module)
-    return {n for cls in classes for n in dir(cls)
-            if not n.startswith("__") and callable(getattr(cls, n, None))}
+    classes = (
+        torch.optim.Optimizer,
+        torch.amp.GradScaler,
+        torch.optim.lr_scheduler.LRScheduler,
+        torch.nn.Module,
+    )
+    return {
+        n
+        for cls in classes
+        for n in dir(cls)
+        if not n.startswith("__") and callable(getattr(cls, n, None))
+    }
 
 
 FOREIGN_CALLABLES = _foreign_callables()
@@ -239,10 +305,17 @@ def _foreign_names(tree: ast.AST) -> set[str]:
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names
-                      if a.name.split(".")[0] in FOREIGN}
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module \
-                and node.module.split(".")[0] in FOREIGN:
+            names |= {
+                (a.asname or a.name).split(".")[0]
+                for a in node.names
+                if a.name.split(".")[0] in FOREIGN
+            }
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and node.module
+            and node.module.split(".")[0] in FOREIGN
+        ):
             names |= {a.asname or a.name for a in node.names}
     return names
 
@@ -271,8 +344,12 @@ def foreign_assignments(source: str) -> list[str]:
             found = node.targets
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             found = [node.target]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id in ("setattr", "delattr") and len(node.args) >= 2:
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+            and len(node.args) >= 2
+        ):
             name = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
             targets.append((node.args[0], name, node.lineno))
             continue
@@ -285,52 +362,79 @@ def foreign_assignments(source: str) -> list[str]:
     wrong = []
     for base, name, line in targets:
         root = _root(base)
-        if (isinstance(root, ast.Name) and root.id in foreign) or (not _is_self(base) and (
-                name is not None and (name in FOREIGN_CALLABLES or name.startswith("_")))):
+        if (isinstance(root, ast.Name) and root.id in foreign) or (
+            not _is_self(base)
+            and (name is not None and (name in FOREIGN_CALLABLES or name.startswith("_")))
+        ):
             wrong.append(f"{line}: {ast.unparse(base)}.{name or '<name>'}")
     return wrong
 
 
-@pytest.mark.parametrize("source", [
-    "from torch.amp.grad_scaler import GradScaler\nGradScaler.step = f",
-    "from torch.nn.utils import clip_grad\nclip_grad._clip_grads_with_norm_ = f",
-    "import torch\ntorch.nn.utils.clip_grads_with_norm_ = f",
-    "import torch.nn.utils as u\nsetattr(u, name, f)",
-    "import torch\ndel torch.nn.utils.clip_grads_with_norm_",
-    "optimizer.step = f",
-    "self.optimizer.step = f",
-    "setattr(opt, 'zero_grad', f)",
-    "model.forward = f",
-    "opt._opt_called = True",
-    "fn._wrapped_by_lr_sched = True",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from torch.amp.grad_scaler import GradScaler\nGradScaler.step = f",
+        "from torch.nn.utils import clip_grad\nclip_grad._clip_grads_with_norm_ = f",
+        "import torch\ntorch.nn.utils.clip_grads_with_norm_ = f",
+        "import torch.nn.utils as u\nsetattr(u, name, f)",
+        "import torch\ndel torch.nn.utils.clip_grads_with_norm_",
+        "optimizer.step = f",
+        "self.optimizer.step = f",
+        "setattr(opt, 'zero_grad', f)",
+        "model.forward = f",
+        "opt._opt_called = True",
+        "fn._wrapped_by_lr_sched = True",
+    ],
+)
 def test_the_patch_rule_sees_each_way_of_patching(source):
     assert foreign_assignments(source), source
 
 
-@pytest.mark.parametrize("source", [
-    "m.training = was", "report.lr = [0.1]", "self.step = f", "self._inside = True",
-    "args.job_command = c", "self.agent.loss_book.capture = False",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "m.training = was",
+        "report.lr = [0.1]",
+        "self.step = f",
+        "self._inside = True",
+        "args.job_command = c",
+        "self.agent.loss_book.capture = False",
+    ],
+)
 def test_the_patch_rule_leaves_plain_state_alone(source):
     assert not foreign_assignments(source), source
 
 
 def test_only_the_patches_package_assigns_to_torch_attributes():
-    assert MAY_SET_FOREIGN <= set(MODULES), MAY_SET_FOREIGN - set(MODULES)   # no stale exemption
+    assert MAY_SET_FOREIGN <= set(MODULES), MAY_SET_FOREIGN - set(MODULES)  # no stale exemption
     assert _may_set_foreign(f"{PATCHES}.shared") and not _may_set_foreign(f"{PATCHES}_extra")
-    wrong = {module: found for module, path in MODULES.items() if not _may_set_foreign(module)
-             and (found := foreign_assignments(path.read_text()))}
+    wrong = {
+        module: found
+        for module, path in MODULES.items()
+        if not _may_set_foreign(module) and (found := foreign_assignments(path.read_text()))
+    }
     assert not wrong, wrong
 
 
 def _private_names_compat_reads() -> set[str]:
     tree = ast.parse(MODULES["torchvitals.agent.compat"].read_text())
-    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-             and n.attr.startswith("_") and not n.attr.startswith("__") and not _is_self(n.value)}
-    names |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
-              and isinstance(n.value, str) and n.value.isidentifier()
-              and n.value.startswith("_") and not n.value.startswith("__")}
+    names = {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and n.attr.startswith("_")
+        and not n.attr.startswith("__")
+        and not _is_self(n.value)
+    }
+    names |= {
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and n.value.isidentifier()
+        and n.value.startswith("_")
+        and not n.value.startswith("__")
+    }
     return names
 
 
@@ -343,36 +447,56 @@ def private_reads(source: str, private: set[str]) -> list[str]:
     foreign = _foreign_names(tree)
     wrong = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
-                and not node.attr.startswith("__") and not _is_self(node.value):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not _is_self(node.value)
+        ):
             root = _root(node.value)
             if node.attr in private or (isinstance(root, ast.Name) and root.id in foreign):
                 wrong.append(f"{node.lineno}: {ast.unparse(node)}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 \
-                and isinstance(node.args[1], ast.Constant) and node.args[1].value in private:
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in private
+        ):
             wrong.append(f"{node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
             names = [a.name for a in node.names]
             paths = [module + "." + n for n in names] if module else names
-            if any(p.split(".")[0] in FOREIGN and any(part.startswith("_") for part in p.split("."))
-                   for p in paths) and not getattr(node, "level", 0):
+            if any(
+                p.split(".")[0] in FOREIGN and any(part.startswith("_") for part in p.split("."))
+                for p in paths
+            ) and not getattr(node, "level", 0):
                 wrong.append(f"{node.lineno}: import {', '.join(paths)}")
     return wrong
 
 
 def test_private_torch_names_are_read_only_through_compat():
     private = _private_names_compat_reads()
-    assert {"_per_optimizer_states", "_get_scale_async", "_opt_called", "_is_overflow",
-            "_clip_grads_with_norm_", "_orig_mod"} <= private, private
+    assert {
+        "_per_optimizer_states",
+        "_get_scale_async",
+        "_opt_called",
+        "_is_overflow",
+        "_clip_grads_with_norm_",
+        "_orig_mod",
+    } <= private, private
     assert private_reads("import torch\ntorch._foreach_norm(x)", private)
     assert private_reads("from torch.distributed._state_dict_utils import f", private)
     assert private_reads("s = scaler._per_optimizer_states", private)
     assert not private_reads("self._per_optimizer_states = {}\nx = torch.nn.utils", private)
-    wrong = {module: found for module, path in MODULES.items()
-             if module != "torchvitals.agent.compat"
-             and (found := private_reads(path.read_text(), private))}
+    wrong = {
+        module: found
+        for module, path in MODULES.items()
+        if module != "torchvitals.agent.compat"
+        and (found := private_reads(path.read_text(), private))
+    }
     assert not wrong, wrong
 
 
@@ -380,8 +504,13 @@ def test_every_package_folder_is_in_the_distribution():
     """A non-editable install (the Docker image's ``pip install .``) ships only the packages
     pyproject.toml lists: a new folder left off would import in the checkout and fail there."""
     import tomllib
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(("torchvitals", *p.parent.relative_to(ROOT).parts))
-             for p in ROOT.rglob("__init__.py")
-             if p.relative_to(ROOT).parts[0] not in ("tests", "build", ".git")}
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(("torchvitals", *p.parent.relative_to(ROOT).parts))
+        for p in ROOT.rglob("__init__.py")
+        if p.relative_to(ROOT).parts[0] not in ("tests", "build", ".git")
+    }
     assert found == listed, (sorted(found - listed), sorted(listed - found))

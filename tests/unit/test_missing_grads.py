@@ -21,8 +21,13 @@ from torchvitals.agent.report import Report
 from torchvitals.agent.signals.grads import unread_blocks
 
 MISSING = f"layers.{LAYER}"
-GRAD_PATTERNS = {"vanishing_gradients", "dead_pipeline", "nonfinite_grad", "layer_divergence",
-                 "grad_explosion"}
+GRAD_PATTERNS = {
+    "vanishing_gradients",
+    "dead_pipeline",
+    "nonfinite_grad",
+    "layer_divergence",
+    "grad_explosion",
+}
 
 
 def test_unread_blocks():
@@ -87,8 +92,9 @@ def test_a_frozen_layer_is_not_missing():
 def _report(step: int, norms: dict[str, float], missing: list[str]) -> Report:
     measured = [v for b, v in norms.items() if b not in missing]
     total = math.sqrt(sum(v * v for v in measured)) if measured else math.nan
-    return Report(step=step, loss=2.0, grad_norm=norms, grad_norm_total=total,
-                  grad_norm_missing=missing)
+    return Report(
+        step=step, loss=2.0, grad_norm=norms, grad_norm_total=total, grad_norm_missing=missing
+    )
 
 
 def test_the_rules_judge_nothing_from_a_missing_norm():
@@ -98,7 +104,7 @@ def test_the_rules_judge_nothing_from_a_missing_norm():
     for step in range(1, 30):
         norms = {"layers.0": math.nan, "layers.1": 0.5, "layers.2": 0.6, "out": 1.0}
         fired += detector.observe(_report(step, norms, ["layers.0"]), None)
-    everything = Detector(names, kinds)      # nothing readable at all: no norm, no verdict
+    everything = Detector(names, kinds)  # nothing readable at all: no norm, no verdict
     for step in range(1, 30):
         fired += everything.observe(_report(step, dict.fromkeys(names, math.nan), names), None)
     assert fired == []
@@ -106,20 +112,30 @@ def test_the_rules_judge_nothing_from_a_missing_norm():
     control = Detector(names, kinds)
     found = []
     for step in range(1, 10):
-        found += control.observe(_report(step, {"layers.0": 0.0, "layers.1": 0.5,
-                                                "layers.2": 0.6, "out": 1.0}, []), None)
+        found += control.observe(
+            _report(step, {"layers.0": 0.0, "layers.1": 0.5, "layers.2": 0.6, "out": 1.0}, []), None
+        )
     assert "vanishing_gradients" in [v.pattern for v in found]
 
 
 def test_a_missing_norm_is_exported_as_nan_and_the_views_take_it():
-    ex = Exporter(["a", "b"], rank=0, local_rank=0, world_size=1, port=0,
-                  registry=CollectorRegistry())
+    ex = Exporter(
+        ["a", "b"], rank=0, local_rank=0, world_size=1, port=0, registry=CollectorRegistry()
+    )
     try:
         ex.update(_report(1, {"a": math.nan, "b": 0.5}, ["a"]))
-        got = {s.labels["block"]: s.value for f in ex.registry.collect()
-               if f.name == "torchvitals_grad_norm" for s in f.samples}
-        total = [s.value for f in ex.registry.collect()
-                 if f.name == "torchvitals_grad_norm_global" for s in f.samples]
+        got = {
+            s.labels["block"]: s.value
+            for f in ex.registry.collect()
+            if f.name == "torchvitals_grad_norm"
+            for s in f.samples
+        }
+        total = [
+            s.value
+            for f in ex.registry.collect()
+            if f.name == "torchvitals_grad_norm_global"
+            for s in f.samples
+        ]
     finally:
         ex.close()
     assert math.isnan(got["a"]) and got["b"] == 0.5 and total == [0.5]
@@ -132,4 +148,4 @@ def test_a_missing_norm_is_exported_as_nan_and_the_views_take_it():
             view.update(_report(step, {"a": math.nan, "b": 0.5}, ["a"]))
             view.update(_report(step, dict.fromkeys("ab", math.nan), ["a", "b"]))
         view.close()
-        assert stream.getvalue()        # drawn, not raised
+        assert stream.getvalue()  # drawn, not raised

@@ -58,10 +58,13 @@ class Schedulers:
 
 def two_parts(seed=0):
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    model = nn.Sequential(
+        nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1)
+    )
     # one with state (momentum), one without: DCP treats the two differently
-    first = torch.optim.SGD(list(model[0].parameters()) + list(model[2].parameters()), lr=0.02,
-                            momentum=0.9)
+    first = torch.optim.SGD(
+        list(model[0].parameters()) + list(model[2].parameters()), lr=0.02, momentum=0.9
+    )
     second = torch.optim.SGD(model[4].parameters(), lr=0.01)
     return model, Container([first, second])
 
@@ -82,6 +85,7 @@ def lr_seen(container):
 
     def hook(opt, args, kwargs):
         seen.append([g["lr"] for g in opt.param_groups])
+
     for o in container.optimizers:
         o.register_step_pre_hook(hook)
     return seen
@@ -89,7 +93,7 @@ def lr_seen(container):
 
 def test_the_container_step_is_one_agent_step_and_every_lr_is_reported():
     model, opt = two_parts()
-    sched = Schedulers(opt, lambda s: 0.9 ** s)
+    sched = Schedulers(opt, lambda s: 0.9**s)
     agent = watch(model, opt, sched)
     try:
         for s in range(1, 6):
@@ -109,8 +113,14 @@ def test_a_rollback_backs_off_every_inner_optimizer_and_restores_their_state(tmp
     model, opt = two_parts()
     sched = Schedulers(opt, lambda s: 1.0)
     seen = lr_seen(opt)
-    agent = watch(model, opt, sched, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=4,
-                  healthy_window=0)
+    agent = watch(
+        model,
+        opt,
+        sched,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=4,
+        healthy_window=0,
+    )
     try:
         for s in range(1, 10):
             loss = loss_of(model, s)
@@ -143,7 +153,7 @@ def test_anything_else_is_refused_naming_what_to_pass():
     model, opt = two_parts()
     with pytest.raises(TorchvitalsError, match="OptimizersContainer"):
         watch(model, object())
-    bare = torch.optim.Optimizer(model.parameters(), {})     # no lr, nothing inside
+    bare = torch.optim.Optimizer(model.parameters(), {})  # no lr, nothing inside
     with pytest.raises(TorchvitalsError, match="have no 'lr'"):
         watch(model, bare)
 
@@ -154,29 +164,30 @@ def test_a_restart_resumes_both_optimizers_from_the_disk_with_the_back_off(tmp_p
     agent = watch(model, opt, checkpoint_dir=ckpt, checkpoint_every=4, healthy_window=0)
     try:
         s = 0
-        while agent.last_report is None or agent.last_report.step < 8:   # 8 agent steps
+        while agent.last_report is None or agent.last_report.step < 8:  # 8 agent steps
             s += 1
             loss = loss_of(model, s) * (float("nan") if s == 6 else 1.0)
             loss.backward()
             agent.record_loss(loss)
             opt.step()
             opt.zero_grad()
-        assert s == 10      # steps 5-6 ran twice: the rollback at 6 went back to step 4
+        assert s == 10  # steps 5-6 ran twice: the rollback at 6 went back to step 4
         saved = {k: v.clone() for k, v in model.state_dict().items()}
         momenta = [st["momentum_buffer"].clone() for st in opt.optimizers[0].state.values()]
     finally:
         agent.close()
     model2, opt2 = two_parts(seed=3)
     seen = lr_seen(opt2)
-    again = watch(model2, opt2, checkpoint_dir=ckpt, checkpoint_every=4, healthy_window=0,
-                  resume="auto")
+    again = watch(
+        model2, opt2, checkpoint_dir=ckpt, checkpoint_every=4, healthy_window=0, resume="auto"
+    )
     try:
         assert again.resumed_from == 8
         assert all(torch.equal(model2.state_dict()[k], saved[k]) for k in saved)
         loss_of(model2, 9).backward()
         again.record_loss(loss_of(model2, 9))
         opt2.step()
-        assert seen[-2:] == [[0.01], [0.005]]   # (earlier: DCP's zero-lr state-init steps)
+        assert seen[-2:] == [[0.01], [0.005]]  # (earlier: DCP's zero-lr state-init steps)
     finally:
         again.close()
     assert momenta and len(opt2.optimizers[0].state) == len(momenta)
@@ -213,4 +224,4 @@ def test_a_container_that_is_not_an_optimizer_is_guarded_too():
             assert agent.last_report.step == s and agent.last_report.lr == [0.02, 0.01]
     finally:
         agent.close()
-    assert "step" not in vars(plain)          # its own step is back
+    assert "step" not in vars(plain)  # its own step is back

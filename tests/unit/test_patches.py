@@ -28,9 +28,12 @@ MODULE_ZERO_GRAD = nn.Module.zero_grad
 
 def restored() -> bool:
     """Every process-wide patch is torch's own again."""
-    return (torch.amp.GradScaler.step is SCALER_STEP and clip_grad._clip_grads_with_norm_ is
-            SCALE_GRADS and torch.nn.utils.clip_grads_with_norm_ is PUBLIC_SCALE_GRADS
-            and nn.Module.zero_grad is MODULE_ZERO_GRAD)
+    return (
+        torch.amp.GradScaler.step is SCALER_STEP
+        and clip_grad._clip_grads_with_norm_ is SCALE_GRADS
+        and torch.nn.utils.clip_grads_with_norm_ is PUBLIC_SCALE_GRADS
+        and nn.Module.zero_grad is MODULE_ZERO_GRAD
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -88,15 +91,15 @@ def test_each_patch_is_installed_while_the_agent_watches_and_gone_after_close():
     assert agent.step_count == 1
     assert agent.last_report.grad_norm_total == pytest.approx(before, rel=1e-5)
     opt.zero_grad()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
     backward(model, 1, scaler)
     scaler.step(opt)
     scaler.update()
-    assert agent.step_count == 2 and agent.last_report.loss_scale == 2.0 ** 4
+    assert agent.step_count == 2 and agent.last_report.loss_scale == 2.0**4
     agent.close()
     assert "step" not in vars(opt) and "zero_grad" not in vars(opt) and restored()
     assert patches.ZERO_GRAD._leases == 0
-    agent.close()                                   # idempotent
+    agent.close()  # idempotent
     assert restored()
 
 
@@ -104,8 +107,8 @@ def test_an_agent_dropped_without_close_is_collected_and_its_patches_undone():
     """Nothing but the model and the optimizer hold the agent: dropping the three lets the
     collector take them, and the agent's finalizer puts every shared patch back."""
     model, opt, agent = watched()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
-    for seed in range(3):                           # every route used once
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+    for seed in range(3):  # every route used once
         backward(model, seed, scaler)
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -139,7 +142,7 @@ def test_a_wrapper_installed_on_the_optimizer_after_watch_survives_close_and_sti
     opt.zero_grad()
     backward(model, 1)
     weight = model[0].weight.detach().clone()
-    opt.step()                                      # through the closed guard: the real step
+    opt.step()  # through the closed guard: the real step
     assert calls == [1, 1] and agent.step_count == 1
     assert not torch.equal(model[0].weight, weight)
 
@@ -153,7 +156,7 @@ def test_a_wrapper_installed_on_the_scaler_after_watch_survives_close_and_still_
         return patched(scaler, optimizer, *args, **kwargs)
 
     torch.amp.GradScaler.step = traced
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
     backward(model, 0, scaler)
     scaler.step(opt)
     scaler.update()
@@ -165,7 +168,7 @@ def test_a_wrapper_installed_on_the_scaler_after_watch_survives_close_and_still_
     opt.zero_grad()
     backward(model, 1, scaler)
     weight = model[0].weight.detach().clone()
-    scaler.step(opt)                               # the buried wrapper passes it to torch's
+    scaler.step(opt)  # the buried wrapper passes it to torch's
     scaler.update()
     assert calls == [1, 1] and agent.step_count == 1
     assert not torch.equal(model[0].weight, weight)
@@ -203,7 +206,7 @@ def test_an_optimizer_step_put_back_by_someone_else_is_accepted_quietly():
 def test_two_agents_in_one_process_share_the_patches_until_the_last_closes():
     (m1, o1, a1), (m2, o2, a2) = watched(0), watched(1)
     assert patches.SCALER_STEP._leases == 2 and patches.CLIPPING._leases == 2
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
     for model, opt in ((m1, o1), (m2, o2)):
         backward(model, 0, scaler)
         scaler.step(opt)
@@ -216,7 +219,7 @@ def test_two_agents_in_one_process_share_the_patches_until_the_last_closes():
     scaler.unscale_(o2)
     total = grad_total(m2)
     torch.nn.utils.clip_grad_norm_(m2.parameters(), total / 10)
-    scaler.step(o2)                                    # still the second agent's
+    scaler.step(o2)  # still the second agent's
     scaler.update()
     assert a2.step_count == 2 and a1.step_count == 1
     assert a2.last_report.grad_norm_total == pytest.approx(total, rel=1e-5), "before clipping"
@@ -234,7 +237,7 @@ def test_an_attribute_patch_restores_only_its_own_replacement_and_only_once():
     patch.install()
     assert owner.value == "wrapped class" and patch.wrapped == "class"
     assert patch.uninstall() and "value" not in vars(owner) and owner.value == "class"
-    assert patch.uninstall()                       # a second uninstall does nothing
+    assert patch.uninstall()  # a second uninstall does nothing
     owner.value = "own"
     mine = AttributePatch(owner, "value", lambda found: f"wrapped {found}")
     mine.install()
@@ -244,7 +247,7 @@ def test_an_attribute_patch_restores_only_its_own_replacement_and_only_once():
     assert owner.value == "someone else's"
     with warnings.catch_warnings():
         warnings.simplefilter("error", ForeignPatchWarning)
-        assert mine.uninstall()                    # warned once; nothing left to undo
+        assert mine.uninstall()  # warned once; nothing left to undo
 
 
 def test_a_patch_set_is_closed_by_its_owners_finalizer_without_holding_the_owner():

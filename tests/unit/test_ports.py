@@ -21,8 +21,14 @@ import torchvitals
 from torchvitals.agent.config import Config
 from torchvitals.agent.outputs.discovery import TargetFile
 from torchvitals.agent.outputs.exporter import Exporter, MetricsPortError
-from torchvitals.agent.outputs.ports import (DEFAULT_PORT, UNKNOWN_LOCAL_SIZE, candidates,
-                                             local_rank, local_rank_source, local_size)
+from torchvitals.agent.outputs.ports import (
+    DEFAULT_PORT,
+    UNKNOWN_LOCAL_SIZE,
+    candidates,
+    local_rank,
+    local_rank_source,
+    local_size,
+)
 from torchvitals.agent.outputs.sinks import Outputs
 from torchvitals.agent.recover.heartbeat import Heartbeat
 from torchvitals.agent.report import Report
@@ -54,15 +60,21 @@ def answers(url: str) -> str:
         return resp.read().decode()
 
 
-@pytest.mark.parametrize("env, rank, source", [
-    ({"LOCAL_RANK": "3", "SLURM_LOCALID": "5"}, 3, "LOCAL_RANK"),          # torchrun first
-    ({"SLURM_LOCALID": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "6"}, 5, "SLURM_LOCALID"),   # srun
-    ({"OMPI_COMM_WORLD_LOCAL_RANK": "6", "MPI_LOCALRANKID": "7"}, 6,
-     "OMPI_COMM_WORLD_LOCAL_RANK"),                                         # Open MPI
-    ({"MPI_LOCALRANKID": "7"}, 7, "MPI_LOCALRANKID"),                       # MPICH, Intel MPI
-    ({"LOCAL_RANK": "", "SLURM_LOCALID": "2"}, 2, "SLURM_LOCALID"),         # empty is unset
-    ({}, 0, ""),
-])
+@pytest.mark.parametrize(
+    "env, rank, source",
+    [
+        ({"LOCAL_RANK": "3", "SLURM_LOCALID": "5"}, 3, "LOCAL_RANK"),  # torchrun first
+        ({"SLURM_LOCALID": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "6"}, 5, "SLURM_LOCALID"),  # srun
+        (
+            {"OMPI_COMM_WORLD_LOCAL_RANK": "6", "MPI_LOCALRANKID": "7"},
+            6,
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+        ),  # Open MPI
+        ({"MPI_LOCALRANKID": "7"}, 7, "MPI_LOCALRANKID"),  # MPICH, Intel MPI
+        ({"LOCAL_RANK": "", "SLURM_LOCALID": "2"}, 2, "SLURM_LOCALID"),  # empty is unset
+        ({}, 0, ""),
+    ],
+)
 def test_local_rank_from_every_launcher_in_order(env, rank, source):
     assert local_rank(env) == rank
     assert local_rank_source(env) == source
@@ -99,8 +111,15 @@ def test_default_port_is_no_well_known_exporters():
 
 def test_taken_port_falls_back_with_one_warning(caplog):
     with held(0) as (port,), caplog.at_level(logging.WARNING):
-        ex = Exporter(BLOCKS, rank=2, local_rank=0, world_size=4, port=port, local_size=2,
-                      registry=CollectorRegistry())
+        ex = Exporter(
+            BLOCKS,
+            rank=2,
+            local_rank=0,
+            world_size=4,
+            port=port,
+            local_size=2,
+            registry=CollectorRegistry(),
+        )
         url = ex.url
         try:
             assert ex.port != port and url == f"http://127.0.0.1:{ex.port}/metrics"
@@ -126,8 +145,14 @@ def test_every_stride_port_taken_ends_on_any_free_port():
         except OSError:
             continue
         try:
-            ex = Exporter(BLOCKS, rank=0, local_rank=0, world_size=1, port=ports[0],
-                          registry=CollectorRegistry())
+            ex = Exporter(
+                BLOCKS,
+                rank=0,
+                local_rank=0,
+                world_size=1,
+                port=ports[0],
+                registry=CollectorRegistry(),
+            )
             try:
                 assert ex.port not in ports and ex.url is not None
                 answers(ex.url)
@@ -142,21 +167,43 @@ def test_every_stride_port_taken_ends_on_any_free_port():
 def test_address_this_host_lacks_serves_nothing_unless_strict(caplog):
     # 192.0.2.1 (TEST-NET-1) resolves but is no address of this host: nothing to fall back to.
     with caplog.at_level(logging.WARNING):
-        ex = Exporter(BLOCKS, rank=0, local_rank=0, world_size=1, port=DEFAULT_PORT,
-                      host="192.0.2.1", registry=CollectorRegistry())
+        ex = Exporter(
+            BLOCKS,
+            rank=0,
+            local_rank=0,
+            world_size=1,
+            port=DEFAULT_PORT,
+            host="192.0.2.1",
+            registry=CollectorRegistry(),
+        )
     assert ex.url is None and "serving no /metrics" in caplog.text.lower()
     ex.close()
     with pytest.raises(MetricsPortError) as info:
-        Exporter(BLOCKS, rank=0, local_rank=0, world_size=1, port=DEFAULT_PORT,
-                 host="192.0.2.1", registry=CollectorRegistry(), strict=True)
+        Exporter(
+            BLOCKS,
+            rank=0,
+            local_rank=0,
+            world_size=1,
+            port=DEFAULT_PORT,
+            host="192.0.2.1",
+            registry=CollectorRegistry(),
+            strict=True,
+        )
     assert info.value.errno == errno.EADDRNOTAVAIL and "192.0.2.1" in str(info.value)
 
 
 def test_wildcard_bind_names_the_host_in_its_url():
     with held(0) as (port,):
-        pass                        # a port that was free a moment ago (or a fallback)
-    ex = Exporter(BLOCKS, rank=0, local_rank=0, world_size=1, port=port, host="0.0.0.0",
-                  registry=CollectorRegistry())
+        pass  # a port that was free a moment ago (or a fallback)
+    ex = Exporter(
+        BLOCKS,
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        port=port,
+        host="0.0.0.0",
+        registry=CollectorRegistry(),
+    )
     try:
         assert ex.url == f"http://{socket.gethostname()}:{ex.port}/metrics"
         assert ex.target == f"{socket.gethostname()}:{ex.port}"
@@ -169,7 +216,8 @@ def test_target_file_is_what_file_sd_reads(tmp_path):
     assert target.write("node7:19403", scheme="https", job="my-run")
     assert target.path.name == "node7-rank00003.json"
     assert json.loads(target.path.read_text()) == [
-        {"targets": ["node7:19403"], "labels": {"__scheme__": "https", "job": "my-run"}}]
+        {"targets": ["node7:19403"], "labels": {"__scheme__": "https", "job": "my-run"}}
+    ]
     assert target.write("node7:19403")
     assert json.loads(target.path.read_text()) == [{"targets": ["node7:19403"], "labels": {}}]
     assert not list((tmp_path / "sd").glob("*.tmp"))
@@ -225,8 +273,13 @@ class NoVerdicts:
 
 
 def test_a_failing_sink_never_raises_into_the_step(caplog):
-    out = Outputs(Config(metrics_port=0, log_dir=""), BLOCKS, rank=0, world_size=1,
-                  registry=CollectorRegistry())
+    out = Outputs(
+        Config(metrics_port=0, log_dir=""),
+        BLOCKS,
+        rank=0,
+        world_size=1,
+        registry=CollectorRegistry(),
+    )
     out.events = out.live = Broken()
     report = Report(step=1, loss=1.0, grad_norm={"a": 1.0}, grad_norm_total=1.0)
     with caplog.at_level(logging.WARNING):
@@ -235,7 +288,7 @@ def test_a_failing_sink_never_raises_into_the_step(caplog):
         out.event({"validation_loss": 1.0})
     assert out.failures == {"event log": 4, "live view": 3}
     logged = [r for r in caplog.records if "failed; the training goes on" in r.getMessage()]
-    assert len(logged) == 2 and all(r.exc_info for r in logged)    # once per sink, traceback
+    assert len(logged) == 2 and all(r.exc_info for r in logged)  # once per sink, traceback
     out.close()
 
 
@@ -260,8 +313,9 @@ def test_watch_beside_a_taken_port_trains_and_serves(tmp_path, monkeypatch, capl
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with held(0) as (port,), caplog.at_level(logging.WARNING):
-        agent = torchvitals.watch(model, opt, metrics_port=port, log_dir="",
-                                  metrics_file_sd_dir=str(tmp_path))
+        agent = torchvitals.watch(
+            model, opt, metrics_port=port, log_dir="", metrics_file_sd_dir=str(tmp_path)
+        )
         try:
             for _ in range(3):
                 loss = model(torch.randn(2, 4)).pow(2).mean()
@@ -272,5 +326,4 @@ def test_watch_beside_a_taken_port_trains_and_serves(tmp_path, monkeypatch, capl
             assert 'torchvitals_steps_total{rank="0"} 3.0' in answers(agent.metrics_url)
         finally:
             agent.close()
-    assert sum(f"port {port} on 127.0.0.1 is taken" in r.getMessage()
-               for r in caplog.records) == 1
+    assert sum(f"port {port} on 127.0.0.1 is taken" in r.getMessage() for r in caplog.records) == 1

@@ -20,13 +20,21 @@ def run(tmp_path, name, nan_at=27, steps=40, **config):
     model = TinyGPT(**TINY)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
-    agent = torchvitals.watch(model, opt, sched, checkpoint_dir=str(tmp_path / name),
-                              checkpoint_every=10, healthy_window=5, **config)
+    agent = torchvitals.watch(
+        model,
+        opt,
+        sched,
+        checkpoint_dir=str(tmp_path / name),
+        checkpoint_every=10,
+        healthy_window=5,
+        **config,
+    )
     loads, real = [0], dcp.load
 
     def counting(*args, **kwargs):
         loads[0] += 1
         return real(*args, **kwargs)
+
     dcp.load = counting
     reports, fired = [], False
     try:
@@ -49,14 +57,17 @@ def test_rollback_from_memory_lands_on_the_weights_a_disk_rollback_gives(tmp_pat
     reports, weights, loads, agent = run(tmp_path, "staged")
     sync_reports, sync_weights, sync_loads, _ = run(tmp_path, "sync", snapshot_max_bytes=0)
     rollbacks = [(r.step, r.rollback["to_step"]) for r in reports if r.action == "rollback"]
-    assert rollbacks == [(27, 20)] == [(r.step, r.rollback["to_step"]) for r in sync_reports
-                                       if r.action == "rollback"]
+    assert (
+        rollbacks
+        == [(27, 20)]
+        == [(r.step, r.rollback["to_step"]) for r in sync_reports if r.action == "rollback"]
+    )
     assert loads == 0 and sync_loads == 1, (loads, sync_loads)
     assert all(torch.equal(weights[k], sync_weights[k]) for k in weights)
     # Every staged save was committed (at a later step, or at close for the last one).
     staged = [r.step for r in reports if r.checkpointed]
     committed = [r.checkpoint_committed for r in reports if r.checkpoint_committed]
-    assert committed == staged[:len(committed)] and agent.watchdog.last_healthy == staged[-1]
+    assert committed == staged[: len(committed)] and agent.watchdog.last_healthy == staged[-1]
     assert (tmp_path / "staged" / f"step-{staged[-1]:08d}").is_dir()
 
 
@@ -78,15 +89,17 @@ def test_the_step_returns_while_the_write_is_blocked(tmp_path):
         seen.append(threading.current_thread().name)
         assert gate.wait(60), "never released"
         return real(*args, **kwargs)
+
     dcp.save = held
     try:
         torch.manual_seed(0)
         model = TinyGPT(**TINY)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        agent = torchvitals.watch(model, opt, checkpoint_dir=str(tmp_path / "c"),
-                                  checkpoint_every=3, healthy_window=0)
+        agent = torchvitals.watch(
+            model, opt, checkpoint_dir=str(tmp_path / "c"), checkpoint_every=3, healthy_window=0
+        )
         reports = []
-        for x, y in BATCHES[:5]:              # one save, at step 3; steps 4 and 5 go on
+        for x, y in BATCHES[:5]:  # one save, at step 3; steps 4 and 5 go on
             loss = model.loss(x, y)
             loss.backward()
             reports.append(agent.step(loss))
@@ -95,7 +108,7 @@ def test_the_step_returns_while_the_write_is_blocked(tmp_path):
         assert not any(r.checkpoint_committed for r in reports), "committed before the write"
         assert agent.watchdog.staged.in_flight and agent.watchdog.last_healthy is None
         gate.set()
-        agent.close()                        # completes the write in flight and commits it
+        agent.close()  # completes the write in flight and commits it
     finally:
         gate.set()
         dcp.save = real
@@ -112,7 +125,7 @@ def test_a_snapshot_is_a_copy_restored_as_often_as_needed():
     opt.step()
     snap = stage(1, model, opt, None, extra={"position": 1}, rank_state=None)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
-    for _ in range(2):                      # training must not write into the snapshot
+    for _ in range(2):  # training must not write into the snapshot
         for _ in range(3):
             opt.zero_grad()
             model.loss(x, y).backward()

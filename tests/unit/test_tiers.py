@@ -12,8 +12,14 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 EXAMPLES = {p.stem for p in (TESTS.parent / "examples").glob("*.py")}
 TIERS = {"unit", "distributed", "integration", "scenarios", "deploy", "multinode"}
-STARTS_A_PROCESS = {"subprocess", "multiprocessing", "torch.multiprocessing",
-                    "torch.distributed.run", "support.world.run_world", "support.world.spawn_job"}
+STARTS_A_PROCESS = {
+    "subprocess",
+    "multiprocessing",
+    "torch.multiprocessing",
+    "torch.distributed.run",
+    "support.world.run_world",
+    "support.world.spawn_job",
+}
 """Modules whose import in tests/unit means a test starts a process (ranks, a command, a job)."""
 ONE_CHILD = {"test_diagnose.py": "subprocess", "test_exporter.py": "subprocess"}
 """Unit files allowed one short child process: ``torchvitals diagnose`` (torch-free, well under
@@ -65,6 +71,9 @@ def test_no_test_imports_from_examples():
 
 
 def test_every_test_file_lives_in_a_tier():
-    misplaced = [str(p.relative_to(TESTS)) for p in TESTS.rglob("test_*.py")
-                 if p.relative_to(TESTS).parts[0] not in TIERS]
+    misplaced = [
+        str(p.relative_to(TESTS))
+        for p in TESTS.rglob("test_*.py")
+        if p.relative_to(TESTS).parts[0] not in TIERS
+    ]
     assert not misplaced, misplaced

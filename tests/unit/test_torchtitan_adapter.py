@@ -38,8 +38,9 @@ class Optimizers(torch.optim.Optimizer):
 
 class Schedulers:
     def __init__(self, optimizers):
-        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + 0.1 * s))
-                           for o in optimizers]
+        self.schedulers = [
+            torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + 0.1 * s)) for o in optimizers
+        ]
 
     def step(self):
         for s in self.schedulers:
@@ -98,8 +99,10 @@ class Trainer:
         self.optimizers.step()
         self.lr_schedulers.step()
         if not math.isfinite(total):
-            raise RuntimeError(f"Loss is not finite (global_avg_loss={total}) at step "
-                               f"{self.step}. Stopping training.")
+            raise RuntimeError(
+                f"Loss is not finite (global_avg_loss={total}) at step "
+                f"{self.step}. Stopping training."
+            )
         self.logged.append((self.step, total, float(norm)))
 
     def train(self):
@@ -118,6 +121,7 @@ def run(trainer, **config):
             return step(data)
         finally:
             reports.append(agent.last_report)
+
     trainer.__dict__["train_step"] = recording
     try:
         trainer.train()
@@ -135,14 +139,15 @@ def test_loss_blocks_and_clip_norm_are_the_trainers():
     for r, (step, loss, norm) in zip(reports, trainer.logged):
         assert r.step == step and r.loss == pytest.approx(loss, rel=1e-6)
         assert r.grad_norm_total == pytest.approx(norm, rel=1e-6)
-    assert "loss_fn" in vars(trainer) and vars(trainer)["loss_fn"] == trainer._loss   # put back
+    assert "loss_fn" in vars(trainer) and vars(trainer)["loss_fn"] == trainer._loss  # put back
     assert "train_step" not in vars(trainer)
 
 
 def test_a_rolled_back_nan_does_not_stop_the_run_and_the_step_counter_follows(tmp_path):
     trainer = Trainer(steps=12, fault_step=8)
-    agent, reports = run(trainer, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3,
-                         healthy_window=0)
+    agent, reports = run(
+        trainer, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3, healthy_window=0
+    )
     rollbacks = [r for r in reports if r.action == "rollback"]
     assert [(r.step, r.rollback["to_step"]) for r in rollbacks] == [(8, 6)]
     assert agent.adapter.absorbed == [8]
@@ -153,7 +158,7 @@ def test_a_rolled_back_nan_does_not_stop_the_run_and_the_step_counter_follows(tm
 
 def test_a_skipped_nan_is_absorbed_and_any_other_error_still_stops_the_run():
     trainer = Trainer(steps=6, fault_step=3)
-    agent, reports = run(trainer)          # no checkpoint_dir: the NaN step is skipped
+    agent, reports = run(trainer)  # no checkpoint_dir: the NaN step is skipped
     assert [r.action for r in reports] == ["step", "step", "skip", "step", "step", "step"]
     assert agent.adapter.absorbed == [3] and trainer.step == 6
     assert all(torch.isfinite(p).all() for p in trainer.model_parts[0].parameters())
@@ -162,6 +167,7 @@ def test_a_skipped_nan_is_absorbed_and_any_other_error_still_stops_the_run():
 
     def loss_fn(*args):
         raise RuntimeError("Loss is not finite, but no step of torchvitals said so")
+
     broken.loss_fn = loss_fn
     with pytest.raises(RuntimeError, match="no step of torchvitals"):
         run(broken)

@@ -24,8 +24,13 @@ def run(ckpt, steps, **config):
     torch.manual_seed(0)
     model = TinyGPT(**TINY)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    settings = dict(checkpoint_dir=str(ckpt), checkpoint_every=2, healthy_window=0,
-                    snapshot_max_bytes=0, resume="auto")
+    settings = dict(
+        checkpoint_dir=str(ckpt),
+        checkpoint_every=2,
+        healthy_window=0,
+        snapshot_max_bytes=0,
+        resume="auto",
+    )
     agent = torchvitals.watch(model, opt, **{**settings, **config})
     resumed = agent.resumed_from
     for x, y in BATCHES[:steps]:
@@ -50,8 +55,9 @@ class Planted:
 def recompute_manifest(folder, keep_signature=True):
     """What anyone who can write the folder can do: fix every size and SHA-256."""
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["files"] = {n: {"size": s, "sha256": d} for n in manifest["files"]
-                         for s, d in [sha256_file(folder / n)]}
+    manifest["files"] = {
+        n: {"size": s, "sha256": d} for n in manifest["files"] for s, d in [sha256_file(folder / n)]
+    }
     if not keep_signature:
         manifest.pop("signature", None)
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -67,7 +73,8 @@ def two_checkpoints(tmp_path):
 
 @pytest.mark.parametrize("trust_unsigned", [False, True])
 def test_a_planted_metadata_runs_no_code_and_the_job_resumes_from_the_last_trusted_one(
-        two_checkpoints, tmp_path, caplog, trust_unsigned):
+    two_checkpoints, tmp_path, caplog, trust_unsigned
+):
     marker = tmp_path / "pwned"
     folder = two_checkpoints / "step-00000004"
     (folder / ".metadata").write_bytes(pickle.dumps(Planted(str(marker))))
@@ -82,7 +89,7 @@ def test_a_planted_metadata_runs_no_code_and_the_job_resumes_from_the_last_trust
 
 def test_a_forged_folder_the_ledger_never_recorded_is_never_loaded(two_checkpoints, caplog):
     forged = two_checkpoints / "step-99999999"
-    shutil.copytree(two_checkpoints / "step-00000004", forged)    # a validly signed copy
+    shutil.copytree(two_checkpoints / "step-00000004", forged)  # a validly signed copy
     manifest = json.loads((forged / "manifest.json").read_text())
     manifest["step"] = 99999999
     (forged / "manifest.json").write_text(json.dumps(manifest))
@@ -91,8 +98,9 @@ def test_a_forged_folder_the_ledger_never_recorded_is_never_loaded(two_checkpoin
     assert "step-99999999: the ledger never recorded it" in caplog.text
     # Listed in the ledger by hand, it is still refused: its signature covers the step.
     ledger = json.loads((two_checkpoints / "ledger.json").read_text())
-    ledger["entries"].append({"event": "checkpoint", "step": 99999999, "path": str(forged),
-                              "time": 0.0})
+    ledger["entries"].append(
+        {"event": "checkpoint", "step": 99999999, "path": str(forged), "time": 0.0}
+    )
     (two_checkpoints / "ledger.json").write_text(json.dumps(ledger))
     resumed, _ = run(two_checkpoints, 0)
     assert resumed == 4 and "signature does not verify" in caplog.text
@@ -108,7 +116,8 @@ def test_a_checkpoint_of_another_key_is_refused_naming_the_fix(two_checkpoints, 
 
 
 def test_a_load_that_fails_past_the_manifest_falls_back_to_the_previous_checkpoint(
-        two_checkpoints, caplog):
+    two_checkpoints, caplog
+):
     """A shard whose bytes the job's own key vouched for but DCP cannot read (a truncated
     write on a flaky filesystem): a short reason, and the previous healthy checkpoint."""
     folder = two_checkpoints / "step-00000004"
@@ -116,14 +125,18 @@ def test_a_load_that_fails_past_the_manifest_falls_back_to_the_previous_checkpoi
     shard.write_bytes(shard.read_bytes()[:100])
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest.pop("signature")
-    manifest["files"] = {n: {"size": s, "sha256": d} for n in manifest["files"]
-                         for s, d in [sha256_file(folder / n)]}
+    manifest["files"] = {
+        n: {"size": s, "sha256": d} for n in manifest["files"] for s, d in [sha256_file(folder / n)]
+    }
     manifest["signature"] = CheckpointKey.from_env().sign(manifest)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     resumed, _ = run(two_checkpoints, 0)
     assert resumed == 2
-    (line,) = [r.getMessage() for r in caplog.records
-               if "refusing checkpoint" in r.getMessage() and "step-00000004" in r.getMessage()]
+    (line,) = [
+        r.getMessage()
+        for r in caplog.records
+        if "refusing checkpoint" in r.getMessage() and "step-00000004" in r.getMessage()
+    ]
     assert "failed to load" in line and len(line) < 600 and "Traceback" not in line
 
 
@@ -141,7 +154,7 @@ def test_a_checkpoint_of_another_model_is_a_short_error(two_checkpoints):
 
 def test_the_restricted_unpickler_builds_dcp_metadata_only(two_checkpoints, tmp_path):
     folder = two_checkpoints / "step-00000004"
-    metadata = SafeReader(folder).read_metadata()          # the real one reads
+    metadata = SafeReader(folder).read_metadata()  # the real one reads
     assert type(metadata).__name__ == "Metadata"
     evil = tmp_path / "evil"
     evil.mkdir()

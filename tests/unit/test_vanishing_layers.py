@@ -9,8 +9,15 @@ from torchvitals.agent.report import Report
 
 def report(step, norms):
     total = math.sqrt(sum(v * v for v in norms.values()))
-    return Report(step=step, loss=2.0, grad_norm=norms, grad_norm_total=total,
-                  nonfinite_loss=False, nonfinite_grad=False, nonfinite=False)
+    return Report(
+        step=step,
+        loss=2.0,
+        grad_norm=norms,
+        grad_norm_total=total,
+        nonfinite_loss=False,
+        nonfinite_grad=False,
+        nonfinite=False,
+    )
 
 
 def fired(names, kinds, norms, steps=8):
@@ -25,8 +32,14 @@ def test_embedding_far_below_the_head_is_not_vanishing_when_the_layers_are_level
     # torchtitan's debug llama3, measured: tok_embeddings 0.013 vs lm_head 2.16 (166x)
     names = ["tok_embeddings", "layers.0", "layers.1", "layers.2", "output", "other"]
     kinds = [EMBEDDING, LAYER, LAYER, LAYER, HEAD, OTHER]
-    norms = {"tok_embeddings": 0.013, "layers.0": 0.3, "layers.1": 0.35, "layers.2": 0.4,
-             "output": 2.16, "other": 0.05}
+    norms = {
+        "tok_embeddings": 0.013,
+        "layers.0": 0.3,
+        "layers.1": 0.35,
+        "layers.2": 0.4,
+        "output": 2.16,
+        "other": 0.05,
+    }
     assert fired(names, kinds, norms) == []
 
 

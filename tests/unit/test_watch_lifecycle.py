@@ -35,10 +35,17 @@ def train(model, opt, agent, steps):
 
 def untouched(model, opt):
     """Nothing of torchvitals is left on the objects and the process."""
-    return ("step" not in vars(opt) and not opt._optimizer_step_pre_hooks
-            and not model._forward_hooks
-            and (GradScaler.step, clip_grad._clip_grads_with_norm_,
-                 torch.nn.utils.clip_grads_with_norm_) == ORIGINAL)
+    return (
+        "step" not in vars(opt)
+        and not opt._optimizer_step_pre_hooks
+        and not model._forward_hooks
+        and (
+            GradScaler.step,
+            clip_grad._clip_grads_with_norm_,
+            torch.nn.utils.clip_grads_with_norm_,
+        )
+        == ORIGINAL
+    )
 
 
 def bindable(port):
@@ -51,24 +58,39 @@ def bindable(port):
 def test_a_failed_watch_releases_the_port_the_log_the_hooks_and_the_patches(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     model, opt = build()
-    with torchvitals.watch(model, opt, checkpoint_dir=ckpt, checkpoint_every=2,
-                           healthy_window=0) as agent:
+    with torchvitals.watch(
+        model, opt, checkpoint_dir=ckpt, checkpoint_every=2, healthy_window=0
+    ) as agent:
         train(model, opt, agent, 4)
     assert untouched(model, opt)
 
     port = free_ports(1)
     model, opt = build()
     with pytest.raises(ResumeRefused):
-        torchvitals.watch(model, opt, checkpoint_dir=ckpt, resume="never", metrics_port=port,
-                          log_dir=str(tmp_path / "runs"), run_name="refused")
+        torchvitals.watch(
+            model,
+            opt,
+            checkpoint_dir=ckpt,
+            resume="never",
+            metrics_port=port,
+            log_dir=str(tmp_path / "runs"),
+            run_name="refused",
+        )
     assert untouched(model, opt)
     assert bindable(port), "the /metrics port of the failed watch() is still bound"
     log = str(tmp_path / "runs" / "refused" / "events.jsonl")
     assert not [f for f in psutil.Process().open_files() if f.path == log], "event log left open"
 
     # Nothing half-built stands in the way of the next try.
-    with torchvitals.watch(model, opt, checkpoint_dir=ckpt, resume="auto", metrics_port=port,
-                           log_dir=str(tmp_path / "runs"), run_name="resumed") as agent:
+    with torchvitals.watch(
+        model,
+        opt,
+        checkpoint_dir=ckpt,
+        resume="auto",
+        metrics_port=port,
+        log_dir=str(tmp_path / "runs"),
+        run_name="resumed",
+    ) as agent:
         assert agent.resumed_from == 4 and agent.metrics_url is not None
         train(model, opt, agent, 2)
         assert agent.step_count == 6
@@ -79,8 +101,9 @@ def test_six_watch_close_cycles_with_checkpoints_resume_each_time(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     model, opt = build()
     for cycle in range(6):
-        agent = torchvitals.watch(model, opt, checkpoint_dir=ckpt, checkpoint_every=2,
-                                  healthy_window=0, resume="auto")
+        agent = torchvitals.watch(
+            model, opt, checkpoint_dir=ckpt, checkpoint_every=2, healthy_window=0, resume="auto"
+        )
         assert agent.step_count == 2 * cycle
         train(model, opt, agent, 2)
         agent.close()
@@ -91,6 +114,7 @@ def test_an_agent_dropped_without_close_frees_its_port_and_threads(tmp_path):
     import gc
     import threading
     import weakref
+
     port = free_ports(1)
     model, opt = build()
     agent = torchvitals.watch(model, opt, metrics_port=port, log_dir=str(tmp_path))

@@ -22,7 +22,7 @@ def setup(tmp_path, **config):
 
 
 def train(model, opt, agent, steps, inject=None, seen=None, reports=None):
-    reports = [] if reports is None else reports      # passed in: kept when the run aborts
+    reports = [] if reports is None else reports  # passed in: kept when the run aborts
     while agent.step_count < steps:
         for x, y in agent.batches(BATCHES):
             if seen is not None:
@@ -47,6 +47,7 @@ def nan_once_at(at):
             fired.append(step)
             return loss * float("nan")
         return loss
+
     return inject
 
 
@@ -57,7 +58,7 @@ def test_nan_rolls_back_to_the_last_healthy_checkpoint(tmp_path):
     assert len(rollbacks) == 1
     rb = rollbacks[0]
     assert rb.step == 27 and rb.rollback["to_step"] == 20 and rb.rollback["lr_scale"] == 0.5
-    assert rb.rollback["skipped"] == [20, 29]       # checkpoint position .. batch 27 + margin 2
+    assert rb.rollback["skipped"] == [20, 29]  # checkpoint position .. batch 27 + margin 2
     assert agent.skipped_batches == [(20, 29)]
     assert [r.step for r in reports if r.checkpointed] == [10, 20, 30, 40]
     assert agent.lr_scale == 0.5
@@ -90,8 +91,10 @@ def test_restart_resumes_position_lr_scale_and_skips(tmp_path):
     agent2.close()
 
 
-RETURNING = {"nan_from_23": (23, lambda s, loss: loss * float("nan") if s >= 23 else loss),
-             "loss_x100_from_21": (21, lambda s, loss: loss * 100 if s > 20 else loss)}
+RETURNING = {
+    "nan_from_23": (23, lambda s, loss: loss * float("nan") if s >= 23 else loss),
+    "loss_x100_from_21": (21, lambda s, loss: loss * 100 if s > 20 else loss),
+}
 """Faults that come back after every rollback to step 20: the step they first show at, and them."""
 
 
@@ -113,8 +116,14 @@ def test_a_fault_after_every_rollback_aborts_with_the_exit_code(tmp_path, fault)
     assert agent.watchdog.rollbacks == 3
     assert agent.detector.history[-1].pattern == "rollback_loop"
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
-    assert [e["event"] for e in ledger["entries"]] == ["checkpoint", "checkpoint", "rollback",
-                                                       "rollback", "rollback", "abort"]
+    assert [e["event"] for e in ledger["entries"]] == [
+        "checkpoint",
+        "checkpoint",
+        "rollback",
+        "rollback",
+        "rollback",
+        "abort",
+    ]
     assert ledger["lr_scale"] == 0.125
     agent.close()
 
@@ -130,8 +139,12 @@ class CountingTokens(torch.utils.data.Dataset):
     """Token sequences that count how often they are read."""
 
     def __init__(self, n: int):
-        self.items = [(x[0], y[0]) for x, y in random_batches(n, batch=1, seq_len=TINY["seq_len"],
-                                                            vocab=TINY["vocab"], seed=3)]
+        self.items = [
+            (x[0], y[0])
+            for x, y in random_batches(
+                n, batch=1, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=3
+            )
+        ]
         self.reads = 0
 
     def __len__(self):
@@ -147,8 +160,9 @@ def test_stateful_loader_resumes_without_reading_anything_twice(tmp_path):
 
     def run(steps):
         data = CountingTokens(400)
-        loader = StatefulDataLoader(data, batch_size=4, shuffle=True,
-                                    generator=torch.Generator().manual_seed(7))
+        loader = StatefulDataLoader(
+            data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7)
+        )
         model, opt, sched, agent = setup(tmp_path, resume="auto")
         start = agent.step_count
         while agent.step_count < steps:
@@ -162,9 +176,9 @@ def test_stateful_loader_resumes_without_reading_anything_twice(tmp_path):
         agent.close()
         return model, data.reads, start
 
-    first, reads, _ = run(35)                       # checkpoints at 10, 20, 30
+    first, reads, _ = run(35)  # checkpoints at 10, 20, 30
     assert reads == 35 * 4
-    resumed, reads, start = run(45)                 # a new process: resumes at step 30
+    resumed, reads, start = run(45)  # a new process: resumes at step 30
     assert start == 30 and reads == (45 - 30) * 4, "the resume read batches again"
     (tmp_path / "ckpt").rename(tmp_path / "first")
     straight, _, _ = run(45)

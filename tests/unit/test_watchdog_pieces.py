@@ -12,8 +12,15 @@ import json
 import pytest
 import torch
 
-from torchvitals.agent.detect.verdict import (CRITICAL, HOT_LR, INFO, LOSS_SPIKE, STRAGGLER,
-                                              WARNING, Verdict)
+from torchvitals.agent.detect.verdict import (
+    CRITICAL,
+    HOT_LR,
+    INFO,
+    LOSS_SPIKE,
+    STRAGGLER,
+    WARNING,
+    Verdict,
+)
 from torchvitals.agent.recover.checkpoint import CheckpointStore
 from torchvitals.agent.recover.ledger import Ledger
 from torchvitals.agent.recover.resume_policy import ResumePolicy, ResumeRefused, restarted
@@ -28,6 +35,7 @@ HOT = Verdict(HOT_LR, WARNING, 10, "a")
 
 
 # ---------------------------------------------------------------- save policy
+
 
 def test_a_step_is_healthy_only_past_the_window_of_the_last_bad_verdict():
     policy = SavePolicy(checkpoint_every=10, healthy_window=5)
@@ -49,13 +57,14 @@ def test_a_save_is_due_on_a_healthy_multiple_of_checkpoint_every():
     assert [s for s in range(1, 41) if policy.due(s, [])] == [10, 20, 30, 40]
     policy.note(28, [HOT])
     assert not policy.due(30, [])
-    policy.restart_at(40)                # a rollback back to 40: the window starts there
+    policy.restart_at(40)  # a rollback back to 40: the window starts there
     assert not policy.due(40, []) and policy.due(50, [])
     with pytest.raises(ValueError):
         SavePolicy(checkpoint_every=0, healthy_window=3)
 
 
 # ---------------------------------------------------------------- rollback policy
+
 
 def _rollbacks(**overrides):
     settings = dict(max_rollbacks=2, rollback_window=100, lr_backoff=0.5, skip_margin=3)
@@ -64,7 +73,7 @@ def _rollbacks(**overrides):
 
 
 def test_each_rollback_backs_the_learning_rate_off_and_skips_what_led_there():
-    policy = _rollbacks(lr_scale=0.5)           # a resumed run: the ledger's scale
+    policy = _rollbacks(lr_scale=0.5)  # a resumed run: the ledger's scale
     first = policy.take(5, to_step=20, from_position=20, position=31, replayable=True)
     assert first == Rollback(to_step=20, lr_scale=0.25, skipped=(20, 34), in_window=1)
     assert first.to_dict() == {"to_step": 20, "lr_scale": 0.25, "skipped": [20, 34]}
@@ -84,8 +93,16 @@ def test_the_loop_guard_refuses_one_rollback_too_many_within_the_window():
     assert _rollbacks(max_rollbacks=0).refusal(0, "x") is not None
 
 
-@pytest.mark.parametrize("bad", [dict(lr_backoff=0.0), dict(lr_backoff=1.5), dict(rollback_window=0),
-                                 dict(max_rollbacks=-1), dict(skip_margin=-1)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(lr_backoff=0.0),
+        dict(lr_backoff=1.5),
+        dict(rollback_window=0),
+        dict(max_rollbacks=-1),
+        dict(skip_margin=-1),
+    ],
+)
 def test_a_rollback_policy_out_of_range_is_refused(bad):
     with pytest.raises(ValueError):
         _rollbacks(**bad)
@@ -93,11 +110,17 @@ def test_a_rollback_policy_out_of_range_is_refused(bad):
 
 # ---------------------------------------------------------------- resume policy
 
-@pytest.mark.parametrize("mode, environ, continues", [
-    ("auto", {}, True), ("never", {ATTEMPT_ENV: "3"}, False),
-    ("restart", {}, False), ("restart", {"TORCHELASTIC_RESTART_COUNT": "1"}, True),
-    ("restart", {"TORCHELASTIC_RESTART_COUNT": "zero"}, False),
-])
+
+@pytest.mark.parametrize(
+    "mode, environ, continues",
+    [
+        ("auto", {}, True),
+        ("never", {ATTEMPT_ENV: "3"}, False),
+        ("restart", {}, False),
+        ("restart", {"TORCHELASTIC_RESTART_COUNT": "1"}, True),
+        ("restart", {"TORCHELASTIC_RESTART_COUNT": "zero"}, False),
+    ],
+)
 def test_resume_continues_a_folder_only_as_the_mode_allows(tmp_path, mode, environ, continues):
     policy = ResumePolicy(mode, environ=environ)
     assert policy.continues() is continues
@@ -116,6 +139,7 @@ def test_restarted_reads_the_supervisor_and_torchrun():
 
 
 # ---------------------------------------------------------------- saver, both implementations
+
 
 def _model():
     torch.manual_seed(0)
@@ -140,17 +164,17 @@ def test_either_saver_writes_a_checkpoint_the_store_loads(tmp_path, staged):
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     saved = saver.save(1, model, opt, None, {"position": 1}, None)
     assert saved.stall_seconds > 0 and saved.earlier is None
-    if staged:      # in flight until it settles: every rank's flags say done
+    if staged:  # in flight until it settles: every rank's flags say done
         assert saved.committed is None and saver.in_flight
         outcome = saver.wait()
         assert saver.flags() == [0.0, 0.0] and not saver.in_flight
-    else:           # written within the call; nothing in flight
+    else:  # written within the call; nothing in flight
         outcome = saved.committed
         assert not saver.in_flight and saver.wait() is None and saver.flags() == [0.0, 0.0]
     assert outcome.ok and outcome.step == 1 and outcome.path == str(tmp_path / "step-00000001")
     _train(model, opt, 3)
     restored = saver.restore(1, model, opt, None)
-    if staged:      # from RAM, the weights of step 1
+    if staged:  # from RAM, the weights of step 1
         assert restored.step == 1 and restored.path is None and restored.extra == {"position": 1}
         assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
         assert saver.restore(2, model, opt, None) is None, "only the step it holds"
@@ -163,23 +187,29 @@ def test_the_staged_saver_settles_once_the_reduced_flags_say_every_rank_is_done(
     saver = StagedSaves(CheckpointStore(tmp_path), 1 << 30)
     model, opt = _model()
     saver.save(1, model, opt, None, {}, None)
-    assert saver.settle([0.0, 0.0], world_size=2) is None       # no rank done yet
+    assert saver.settle([0.0, 0.0], world_size=2) is None  # no rank done yet
     saver.saver._thread.join(60)
     assert saver.flags() == [1.0, 0.0]
-    assert saver.settle([1.0, 0.0], world_size=2) is None       # the other rank is not done
+    assert saver.settle([1.0, 0.0], world_size=2) is None  # the other rank is not done
     outcome = saver.settle([2.0, 0.0], world_size=2)
     assert outcome.ok and saver.memory.step == 1
 
 
 # ---------------------------------------------------------------- the facade from pieces
 
+
 def _watchdog(root, **rollback):
     store = CheckpointStore(root)
-    ledger = Ledger(root / "ledger.json", clock=lambda: 1000.0)    # fresh: nothing read
-    return Watchdog(store=store, saver=SyncSaver(store), ledger=ledger,
-                    save_policy=SavePolicy(checkpoint_every=2, healthy_window=0),
-                    rollback_policy=_rollbacks(**rollback), resume_policy=ResumePolicy("auto"),
-                    abort_exit_code=79)
+    ledger = Ledger(root / "ledger.json", clock=lambda: 1000.0)  # fresh: nothing read
+    return Watchdog(
+        store=store,
+        saver=SyncSaver(store),
+        ledger=ledger,
+        save_policy=SavePolicy(checkpoint_every=2, healthy_window=0),
+        rollback_policy=_rollbacks(**rollback),
+        resume_policy=ResumePolicy("auto"),
+        abort_exit_code=79,
+    )
 
 
 class _Detector:
@@ -209,6 +239,7 @@ def test_the_watchdog_from_pieces_saves_rolls_back_and_trips_the_guard(tmp_path)
 
 # ---------------------------------------------------------------- the background-write groups
 
+
 def test_the_checkpoint_group_is_made_once_and_follows_the_default_group():
     import torch.distributed as dist
     from torchvitals.agent.recover.groups import CheckpointGroups
@@ -219,11 +250,11 @@ def test_the_checkpoint_group_is_made_once_and_follows_the_default_group():
     try:
         first = groups.get(None)
         assert groups.get(None) is first and groups.get(dist.group.WORLD) is first
-        dist.destroy_process_group()            # every group goes, ours with it
+        dist.destroy_process_group()  # every group goes, ours with it
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         second = groups.get(None)
         assert second is not first and dist.get_backend(second) == "gloo"
-        groups.close()                          # what the process does at exit
+        groups.close()  # what the process does at exit
         with pytest.raises(ValueError):
             dist.get_backend(second)
     finally:

@@ -17,7 +17,12 @@ def _setup(**config):
     model = TinyGPT(**TINY)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.02 * s))
-    return model, opt, sched, torchvitals.watch(model, opt, sched, metrics_port=0, log_dir="", **config)
+    return (
+        model,
+        opt,
+        sched,
+        torchvitals.watch(model, opt, sched, metrics_port=0, log_dir="", **config),
+    )
 
 
 def test_training_aborted_is_exported_and_a_system_exit():
@@ -39,7 +44,7 @@ def test_without_checkpoint_dir_there_is_no_watchdog():
         opt.zero_grad(set_to_none=True)
     agent.close()
     assert seen == list(range(1, 13))
-    assert actions == ["step"] * 4 + ["skip"] + ["step"] * 7      # today's behaviour
+    assert actions == ["step"] * 4 + ["skip"] + ["step"] * 7  # today's behaviour
     assert agent.resumed_from is None and agent.lr_scale == 1.0 and agent.skipped_batches == []
 
 
@@ -52,9 +57,9 @@ def test_heartbeat_reports_progress_and_checkpoint_phases(tmp_path):
     read = lambda: _json.loads((tmp_path / "heartbeat-rank00003.json").read_text())  # noqa: E731
     beat.beat(1)
     assert read()["step"] == 1 and read()["phase"] == "train" and read()["rank"] == 3
-    beat.beat(2)                       # within interval_s: not written again
+    beat.beat(2)  # within interval_s: not written again
     assert read()["step"] == 1
-    beat.beat(phase="checkpoint")      # a phase change is written at once
+    beat.beat(phase="checkpoint")  # a phase change is written at once
     assert read()["phase"] == "checkpoint" and read()["step"] == 2
     clock[0] += 1.5
     beat.beat(7, "train")

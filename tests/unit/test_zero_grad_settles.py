@@ -41,11 +41,14 @@ def train(clear: str) -> dict:
     model = mlp()
     outer = Wrapper(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
-    scaler_step = scaler.step           # taken before watch: torch's own, not the agent's route
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    scaler_step = scaler.step  # taken before watch: torch's own, not the agent's route
     real: list[float] = []
-    opt.register_step_pre_hook(lambda o, *_: real.append(math.sqrt(sum(
-        float(p.grad.double().pow(2).sum()) for p in model.parameters()))))
+    opt.register_step_pre_hook(
+        lambda o, *_: real.append(
+            math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters()))
+        )
+    )
     agent = torchvitals.watch(model, opt, log_dir="", metrics_port=0)
     reports, losses = [], []
     gen = torch.Generator().manual_seed(0)
@@ -69,9 +72,14 @@ def train(clear: str) -> dict:
         reports.append((r.step, r.action, r.loss, r.grad_norm_total))
     count = agent.step_count
     agent.close()
-    return {"reports": reports, "losses": losses, "real": real, "step_count": count,
-            "zero_grad_patched": "zero_grad" in vars(opt) or
-            nn.Module.zero_grad is not ORIGINAL_ZERO_GRAD}
+    return {
+        "reports": reports,
+        "losses": losses,
+        "real": real,
+        "step_count": count,
+        "zero_grad_patched": "zero_grad" in vars(opt)
+        or nn.Module.zero_grad is not ORIGINAL_ZERO_GRAD,
+    }
 
 
 ORIGINAL_ZERO_GRAD = nn.Module.zero_grad
@@ -82,11 +90,12 @@ def test_a_scaler_skip_is_settled_in_its_step_whichever_zero_grad_the_loop_calls
     run = train(clear)
     reports = run["reports"]
     assert [(r[0], r[1]) for r in reports] == [
-        (s, "skip" if s == FAULT else "step") for s in range(1, STEPS + 1)]
+        (s, "skip" if s == FAULT else "step") for s in range(1, STEPS + 1)
+    ]
     assert not math.isfinite(reports[FAULT - 1][2])
     stepped = [r for r in reports if r[1] == "step"]
     assert len(run["real"]) == STEPS - 1 and run["step_count"] == STEPS, "one settlement per skip"
     for (step, _, loss, norm), real_norm in zip(stepped, run["real"]):
         assert loss == pytest.approx(run["losses"][step - 1], rel=1e-6), step
-        assert norm == pytest.approx(real_norm, rel=1e-5), step       # the unscaled gradients
+        assert norm == pytest.approx(real_norm, rel=1e-5), step  # the unscaled gradients
     assert not run["zero_grad_patched"], "close() leaves no zero_grad patch"

@@ -41,8 +41,9 @@ class Vocab:
         return "".join(self.chars[int(i)] for i in ids)
 
 
-def text_batches(text: str, vocab: Vocab, n: int, batch: int, seq_len: int,
-                 seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def text_batches(
+    text: str, vocab: Vocab, n: int, batch: int, seq_len: int, seed: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n`` batches of random windows of the text: (inputs, next-character targets).
 
     Args:

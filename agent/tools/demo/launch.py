@@ -50,7 +50,7 @@ def listen_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> t
         with open(path) as f:
             low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
-        low = 32768                     # Linux's default
+        low = 32768  # Linux's default
     return (10000, low) if low > 11000 else (low // 2, low)
 
 
@@ -67,20 +67,25 @@ def free_ports(count: int, rng: random.Random | None = None) -> int:
 
 def _rank_main(rank: int, world: int, master_port: int, run: DemoRun) -> None:
     """A spawned rank: join the gloo world, train, leave with the exit status."""
-    os.environ.update(MASTER_ADDR=HOST, MASTER_PORT=str(master_port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR=HOST,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
     import torch
     import torch.distributed as dist
-    torch.set_num_threads(1)      # the ranks share the machine's cores
+
+    torch.set_num_threads(1)  # the ranks share the machine's cores
     code = 0
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
         try:
             train(rank, world, run)
         finally:
             dist.destroy_process_group()
-    except SystemExit as exc:          # TrainingAborted: the loop guard's exit code
+    except SystemExit as exc:  # TrainingAborted: the loop guard's exit code
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - any failure ends this rank with its traceback
         traceback.print_exc()
@@ -92,8 +97,13 @@ def _rank_main(rank: int, world: int, master_port: int, run: DemoRun) -> None:
     os._exit(code)
 
 
-def wait_ranks(procs: list[Any], timeout_s: float, grace_s: float = 5.0,
-               poll_s: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
+def wait_ranks(
+    procs: list[Any],
+    timeout_s: float,
+    grace_s: float = 5.0,
+    poll_s: float = 0.1,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
     """Wait for every rank; stop the others as soon as one fails.
 
     Args:
@@ -146,8 +156,9 @@ def describe_exit(rank: int, code: int | None) -> str:
     return f"rank {rank} exited with status {code}"
 
 
-def run_demo(run: DemoRun, world: int = 2, timeout_s: float = 600.0,
-             stream: TextIO | None = None) -> int:
+def run_demo(
+    run: DemoRun, world: int = 2, timeout_s: float = 600.0, stream: TextIO | None = None
+) -> int:
     """Train ``world`` ranks with the fault, then write and print the report.
 
     Args:
@@ -165,34 +176,43 @@ def run_demo(run: DemoRun, world: int = 2, timeout_s: float = 600.0,
         run.metrics_port = free_ports(world)
     master_port = free_ports(1)
     say = lambda line: (out.write(line + "\n"), out.flush())  # noqa: E731
-    say(f"torchvitals demo: {world} CPU ranks (gloo) train a small GPT on Shakespeare's sonnets "
+    say(
+        f"torchvitals demo: {world} CPU ranks (gloo) train a small GPT on Shakespeare's sonnets "
         f"for {run.steps} steps; fault: {run.fault}"
-        + (f" after step {run.fault_step}" if run.fault != "none" else ""))
+        + (f" after step {run.fault_step}" if run.fault != "none" else "")
+    )
     for rank in range(world):
         say(f"  rank {rank} metrics: curl -s http://{HOST}:{run.metrics_port + rank}/metrics")
     say(f"  run folder: {run.out}")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, world, master_port, run)) for r in range(world)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, master_port, run)) for r in range(world)
+    ]
     started = time.monotonic()
     for p in procs:
         p.start()
     try:
         wait_ranks(procs, timeout_s)
     except RankFailed as exc:
-        say(f"torchvitals demo: {exc}; the other ranks were stopped. The event log and the "
-            f"ledger so far are in {run.out}.")
+        say(
+            f"torchvitals demo: {exc}; the other ranks were stopped. The event log and the "
+            f"ledger so far are in {run.out}."
+        )
         return 1
     except KeyboardInterrupt:
         say("torchvitals demo: interrupted; the ranks were stopped.")
         return 130
     say(f"training done in {time.monotonic() - started:.0f} s; writing the report ...")
     from ..runreport import write_report
+
     with open(os.path.join(run.out, "summary.json"), encoding="utf-8") as f:
-        summary = json.load(f)          # rank 0's account of the run (demo/train.py)
+        summary = json.load(f)  # rank 0's account of the run (demo/train.py)
     fault = summary["run"]
-    report = write_report(run.out, healthy_at_end=bool(summary["healthy_at_end"]),
-                          facts=[("injected fault", f"{fault['fault']} after step "
-                                                    f"{fault.get('fault_step')}")])
+    report = write_report(
+        run.out,
+        healthy_at_end=bool(summary["healthy_at_end"]),
+        facts=[("injected fault", f"{fault['fault']} after step {fault.get('fault_step')}")],
+    )
     say(report.render_summary())
     say(f"report: {report.html}")
     return 0

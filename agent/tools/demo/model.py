@@ -34,8 +34,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = Attention(d_model, n_heads)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
-                                 nn.Linear(4 * d_model, d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -43,8 +44,14 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 256, d_model: int = 256, n_layers: int = 6, n_heads: int = 4,
-                 seq_len: int = 128):
+    def __init__(
+        self,
+        vocab: int = 256,
+        d_model: int = 256,
+        n_layers: int = 6,
+        n_heads: int = 4,
+        seq_len: int = 128,
+    ):
         super().__init__()
         self.tok_emb = nn.Embedding(vocab, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)

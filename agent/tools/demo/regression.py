@@ -22,9 +22,13 @@ def mlp(named: bool = False) -> torch.nn.Sequential:
     """The model, built from seed 0 (the same weights on every rank); ``named``: its layers
     named ``inp``, ``hid``, ``out`` instead of numbered."""
     torch.manual_seed(0)
-    layers = OrderedDict(inp=torch.nn.Linear(8, 32), act=torch.nn.Tanh(),
-                         hid=torch.nn.Linear(32, 32), act2=torch.nn.Tanh(),
-                         out=torch.nn.Linear(32, 1))
+    layers = OrderedDict(
+        inp=torch.nn.Linear(8, 32),
+        act=torch.nn.Tanh(),
+        hid=torch.nn.Linear(32, 32),
+        act2=torch.nn.Tanh(),
+        out=torch.nn.Linear(32, 1),
+    )
     return torch.nn.Sequential(layers) if named else torch.nn.Sequential(*layers.values())
 
 
@@ -42,6 +46,10 @@ def micro_batches(n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def deepspeed_config(stage: int, accumulate: int, clip: float) -> dict:
     """A DeepSpeed engine configuration for this task: 16 samples per micro-batch per rank."""
-    return {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": accumulate,
-            "zero_optimization": {"stage": stage}, "gradient_clipping": clip,
-            "steps_per_print": 10 ** 9}
+    return {
+        "train_micro_batch_size_per_gpu": 16,
+        "gradient_accumulation_steps": accumulate,
+        "zero_optimization": {"stage": stage},
+        "gradient_clipping": clip,
+        "steps_per_print": 10**9,
+    }

@@ -61,8 +61,10 @@ class DemoRun:
         if self.fault not in FAULTS:
             raise ValueError(f"fault must be one of {', '.join(FAULTS)}, got {self.fault!r}")
         if self.steps < 30:
-            raise ValueError(f"steps must be >= 30 (the detector's warm-up and a checkpoint "
-                             f"come first), got {self.steps}")
+            raise ValueError(
+                f"steps must be >= 30 (the detector's warm-up and a checkpoint "
+                f"come first), got {self.steps}"
+            )
         if self.fault_step is None:
             self.fault_step = int(self.steps * 0.55)
 
@@ -71,8 +73,15 @@ class DemoRun:
         return os.path.join(self.out, "checkpoints")
 
 
-WATCH = dict(sample_every=5, checkpoint_every=10, healthy_window=5, checkpoint_keep=2,
-             lr_backoff=0.5, skip_margin=2, detect={"straggler_min_seconds": 0.5})
+WATCH = dict(
+    sample_every=5,
+    checkpoint_every=10,
+    healthy_window=5,
+    checkpoint_keep=2,
+    lr_backoff=0.5,
+    skip_margin=2,
+    detect={"straggler_min_seconds": 0.5},
+)
 """Tighter than the defaults so a short run shows everything: a sample every 5 steps (the
 update ratio's early warning needs samples), a healthy checkpoint every 10. The ranks share a
 laptop's cores with everything else on it, so a rank counts as a straggler only when it is half a
@@ -87,13 +96,21 @@ def build(run: DemoRun, vocab: int) -> tuple[torch.nn.Module, torch.optim.Optimi
     ddp = DistributedDataParallel(model)
     frozen = [p for n, p in model.named_parameters() if n.startswith(FROZEN_BLOCK + ".")]
     rest = [p for n, p in model.named_parameters() if not n.startswith(FROZEN_BLOCK + ".")]
-    optimizer = torch.optim.AdamW([{"params": rest}, {"params": frozen}], lr=run.lr,
-                                  weight_decay=0.01)
+    optimizer = torch.optim.AdamW(
+        [{"params": rest}, {"params": frozen}], lr=run.lr, weight_decay=0.01
+    )
     return ddp, optimizer
 
 
-def inject(run: DemoRun, step: int, rank: int, world: int, optimizer: torch.optim.Optimizer,
-           loss: torch.Tensor, done: set[str]) -> torch.Tensor:
+def inject(
+    run: DemoRun,
+    step: int,
+    rank: int,
+    world: int,
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    done: set[str],
+) -> torch.Tensor:
     """Apply the fault due at ``step`` (each at most once: a rollback replays step numbers)."""
     start = run.fault_step
     if run.fault == "lr-spike" and start < step <= start + RAMP_STEPS and step not in done:
@@ -116,9 +133,15 @@ def train(rank: int, world: int, run: DemoRun) -> dict[str, Any]:
     model, optimizer = build(run, len(vocab))
     batches = text_batches(text, vocab, run.steps, run.batch, run.seq_len, seed=1000 + rank)
     agent = torchvitals.watch(
-        model, optimizer, checkpoint_dir=run.checkpoint_dir, metrics_port=run.metrics_port,
-        log_dir=os.path.dirname(os.path.abspath(run.out)), run_name=os.path.basename(
-            os.path.abspath(run.out)), live=run.live and rank == 0, **WATCH)
+        model,
+        optimizer,
+        checkpoint_dir=run.checkpoint_dir,
+        metrics_port=run.metrics_port,
+        log_dir=os.path.dirname(os.path.abspath(run.out)),
+        run_name=os.path.basename(os.path.abspath(run.out)),
+        live=run.live and rank == 0,
+        **WATCH,
+    )
     done: set[Any] = set()
     report = None
     with agent:
@@ -132,17 +155,23 @@ def train(rank: int, world: int, run: DemoRun) -> dict[str, Any]:
                 if agent.step_count >= run.steps:
                     break
         summary = {
-            "steps": agent.step_count, "final_loss": report.loss if report else math.nan,
-            "lr_scale": agent.lr_scale, "skipped": [list(r) for r in agent.skipped_batches],
+            "steps": agent.step_count,
+            "final_loss": report.loss if report else math.nan,
+            "lr_scale": agent.lr_scale,
+            "skipped": [list(r) for r in agent.skipped_batches],
             "rollbacks": agent.watchdog.rollbacks,
             "active_at_end": sorted({v.pattern for v in agent.detector.active.values()}),
-            "world_size": world, "run": asdict(run),
+            "world_size": world,
+            "run": asdict(run),
         }
         # Healthy: the last steps trained without a verdict and none is still active (a frozen
         # block stays a dead layer: a rollback cannot fix it, so that run does not end healthy).
-        summary["healthy_at_end"] = bool(report is not None and report.action == "step"
-                                         and agent.watchdog.healthy(agent.step_count, agent.detector)
-                                         and not summary["active_at_end"])
+        summary["healthy_at_end"] = bool(
+            report is not None
+            and report.action == "step"
+            and agent.watchdog.healthy(agent.step_count, agent.detector)
+            and not summary["active_at_end"]
+        )
     if rank == 0:
         path = os.path.join(run.out, "summary.json")
         with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -153,5 +182,6 @@ def train(rank: int, world: int, run: DemoRun) -> dict[str, Any]:
 
 def _loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = model(inputs)
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             targets.reshape(-1))
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    )
