@@ -7,7 +7,10 @@
     patches.close()                              # the last installed undone first; idempotent
 
 A ``PatchSet`` holds its instance patches weakly and nothing that reaches the agent, so
-``close_when_collected`` can hand ``close`` to a finalizer.
+``close_when_collected`` can hand ``close`` to a finalizer. Each instance patch is held by its
+replacement instead, which the patched object holds: the patch lives exactly as long as the
+object carries it, so ``close()`` (from ``agent.close()``, a failed ``watch`` or the finalizer)
+finds every one still on a live object, whether or not anyone else kept it.
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ from ..compat import mark_step_wrapped, wrapped_module
 from .base import LOCK, AttributePatch, WeakBound
 from .shared import CLIPPING, MAX_WRAPPERS, SCALER_STEP, ZERO_GRAD, Lease
 
+HELD_AS = "_torchvitals_patch"
+"""The attribute of an instance patch's replacement function that holds the patch."""
+
 
 class PatchSet:
     """The patches one agent installed, undone together by ``close()``.
 
-    Holds the instance patches weakly (each lives as long as the object it patched) and the
-    shared patches' leases, so nothing in it reaches the agent: ``close_when_collected`` can
-    hand ``close`` to a finalizer.
+    Holds the instance patches weakly (each is held by its replacement, so it lives as long as
+    the object it patched carries it) and the shared patches' leases, so nothing in it reaches
+    the agent: ``close_when_collected`` can hand ``close`` to a finalizer.
     """
 
     def __init__(self) -> None:
@@ -61,8 +67,7 @@ class PatchSet:
         patch = AttributePatch(
             optimizer, "step", lambda _original: types.MethodType(method, optimizer)
         )
-        patch.install()
-        self._steps.append(weakref.ref(patch))
+        self._install(patch)
         return patch
 
     def before_zero_grad(self, optimizer: Any, fn: Callable[[], None]) -> AttributePatch:
@@ -73,7 +78,8 @@ class PatchSet:
             fn: a bound method (held weakly: once its object is gone, the call passes through).
 
         Returns:
-            The patch (the set holds it weakly, the optimizer holds it as its ``zero_grad``).
+            The patch (the set holds it weakly, the optimizer holds it through its
+            ``zero_grad``).
         """
         ref = WeakBound(fn)
 
@@ -88,9 +94,16 @@ class PatchSet:
             return types.MethodType(zero_grad, optimizer)
 
         patch = AttributePatch(optimizer, "zero_grad", wrap)
-        patch.install()
-        self._steps.append(weakref.ref(patch))
+        self._install(patch)
         return patch
+
+    def _install(self, patch: AttributePatch) -> None:
+        """Install an instance patch and track it weakly. Its replacement, which the patched
+        object holds, holds the patch: ``close()`` finds it for as long as the object carries it,
+        however the agent ends, and no holder of it can reach the agent."""
+        patch.install()
+        setattr(patch.replacement.__func__, HELD_AS, patch)
+        self._steps.append(weakref.ref(patch))
 
     def before_model_zero_grad(self, model: torch.nn.Module, fn: Callable[[], None]) -> None:
         """Call ``fn()`` before ``zero_grad()`` of ``model``, of a module inside it (DDP's

@@ -1,9 +1,9 @@
 """The patches an agent installs (the optimizer's ``step`` and ``zero_grad``,
-``GradScaler.step``, ``Module.zero_grad``, the function ``clip_grad_norm_`` scales through) are in
-place while it watches, gone after
-``close()`` and after the agent is dropped without it, never clobber a wrapper someone installed
-after them, and are shared by two agents in one process. The private torch names they and the
-rest of the package rely on hold in the installed torch."""
+``GradScaler.step``, ``Module.zero_grad`` and a module class's own ``zero_grad``, the function
+``clip_grad_norm_`` scales through) are in place while it watches, gone after ``close()`` and
+after the agent is dropped without it, never clobber a wrapper someone installed after them, and
+are shared by two agents in one process. The private torch names they and the rest of the
+package rely on hold in the installed torch."""
 
 from __future__ import annotations
 
@@ -272,3 +272,89 @@ def test_a_route_must_be_held_weakly():
     with pytest.raises(TypeError, match="bound method"):
         PatchSet().capture_clipping(lambda: None, [])
     assert restored()
+
+
+class OwnZeroGrad(nn.Module):
+    """A module whose class clears its gradients itself (DeepSpeed's engine does): ``watch``
+    patches its ``zero_grad`` on the instance, since ``Module.zero_grad``'s patch misses it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.cleared = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.cleared += 1
+        for p in self.parameters():
+            p.grad = None
+
+
+def own_zero_grad_is_back(model: OwnZeroGrad) -> bool:
+    """Nothing of torchvitals on the instance: ``zero_grad`` is its class's, run once a call."""
+    if "zero_grad" in vars(model) or model.zero_grad.__func__ is not OwnZeroGrad.zero_grad:
+        return False
+    before = model.cleared
+    model.zero_grad()
+    return model.cleared == before + 1
+
+
+def test_a_module_with_its_own_zero_grad_is_left_without_the_patch_after_close():
+    """The instance patch on a class's own ``zero_grad`` runs while the agent watches and is
+    gone after ``close()``: the model's ``zero_grad`` is its class's again."""
+    model = OwnZeroGrad()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    agent = torchvitals.watch(model, opt, log_dir="", metrics_port=0)
+    assert "zero_grad" in vars(model), "the class's own zero_grad is patched on the instance"
+    backward(model, 0)
+    opt.step()
+    model.zero_grad()
+    assert agent.step_count == 1 and model.cleared == 1
+    agent.close()
+    assert own_zero_grad_is_back(model) and "zero_grad" not in vars(opt) and restored()
+    assert patches.ZERO_GRAD._leases == 0
+
+
+def test_a_module_with_its_own_zero_grad_is_collected_with_an_agent_dropped_without_close():
+    """The model holds the agent (its forward hooks), so dropping the agent means dropping the
+    model too: the instance patch keeps neither alive, and the shared patches are put back."""
+    model = OwnZeroGrad()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    agent = torchvitals.watch(model, opt, log_dir="", metrics_port=0)
+    backward(model, 0)
+    opt.step()
+    model.zero_grad()
+    gone = (weakref.ref(agent), weakref.ref(model))
+    del model, opt, agent
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None] and restored()
+    assert patches.ZERO_GRAD._leases == 0
+
+
+def test_a_patch_set_undoes_a_class_zero_grad_patch_when_its_owner_is_collected():
+    """The path a failed ``watch`` takes (its ExitStack calls ``close``) and a collected owner's
+    (the finalizer does): the instance patch is there to undo, nothing else holding it."""
+
+    class Holder:
+        settled = 0
+
+        def settle(self) -> None:
+            self.settled += 1
+
+    for ends in ("close", "collected"):
+        model, holder = OwnZeroGrad(), Holder()
+        patch_set = PatchSet()
+        patch_set.close_when_collected(holder)
+        patch_set.before_model_zero_grad(model, holder.settle)
+        gc.collect()
+        model.zero_grad()
+        assert holder.settled == 1 and model.cleared == 1
+        if ends == "close":
+            patch_set.close()
+        else:
+            del holder
+            gc.collect()
+        assert patch_set.closed and own_zero_grad_is_back(model), ends
