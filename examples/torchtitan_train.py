@@ -5,7 +5,7 @@
 
 Every torchtitan flag works as with its ``train.py``; torchvitals reads its settings from the
 ``TORCHVITALS_*`` variables (or pass ``Config`` fields to ``watch_torchtitan``). Needs
-torchtitan 0.3.0 (README: "Use it with torchtitan").
+torchtitan 0.3.0 (docs/frameworks.md: "torchtitan").
 """
 
 from __future__ import annotations
