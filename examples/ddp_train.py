@@ -35,10 +35,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument(
-        "--sleep",
-        type=float,
-        default=0.0,
-        help="seconds to pause after each step (a demo you can watch live)",
+        "--sleep", type=float, default=0.0, help="seconds to pause after each step (to watch live)"
     )
     args = parser.parse_args()
 

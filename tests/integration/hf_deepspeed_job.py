@@ -16,10 +16,11 @@ import sys
 
 from transformers import Trainer, TrainerCallback
 
+import torchvitals
+from torchvitals.agent.tools.examples.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]  # real_steps, and tests/: the support package
-import torchvitals  # noqa: E402
-from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2  # noqa: E402
+sys.path.insert(0, HERE)  # real_steps
 from real_steps import describe, nan_at  # noqa: E402
 
 CLIP = 0.1

@@ -1,5 +1,5 @@
-"""examples/hf_trainer.py's model and arguments (a copy in support.hf_gpt2) under torchrun, with
-a NaN loss on one rank at one batch, for tests/integration/test_frameworks.py.
+"""examples/hf_trainer.py's model and arguments (torchvitals.agent.tools.examples.hf_gpt2) under
+torchrun, with a NaN loss on one rank at one batch, for tests/integration/test_frameworks.py.
 
     torchrun --standalone --nproc-per-node 2 tests/integration/hf_job.py OUT --fault-step 25
     torchrun ... hf_job.py OUT --fault-step 12 --steps 30 --framework-skip   # the optimizer skips
@@ -19,11 +19,12 @@ import sys
 import torch
 from transformers import Trainer, TrainerCallback
 
+import torchvitals
+from torchvitals.agent.tools.examples.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]  # real_steps, and tests/: the support package
-import torchvitals  # noqa: E402
+sys.path.insert(0, HERE)  # real_steps
 from real_steps import describe, nan_at, record_real_steps  # noqa: E402
-from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2  # noqa: E402
 
 CLIP = 0.1
 

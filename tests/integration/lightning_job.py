@@ -1,5 +1,5 @@
-"""examples/lightning_ddp.py's module (a copy in support.lightning_gpt) and Trainer under
-torchrun, with a NaN loss on one rank at one batch, for tests/integration/test_frameworks.py.
+"""examples/lightning_ddp.py's module and Trainer (torchvitals.agent.tools.examples.lightning_gpt)
+under torchrun, with a NaN loss on one rank at one batch, for tests/integration/test_frameworks.py.
 
     torchrun --standalone --nproc-per-node 2 tests/integration/lightning_job.py OUT --fault-step 25
 
@@ -17,11 +17,12 @@ import sys
 
 import lightning.pytorch as pl
 
+import torchvitals
+from torchvitals.agent.tools.examples.lightning_gpt import GPTModule, loader
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]  # real_steps, and tests/: the support package
-import torchvitals  # noqa: E402
+sys.path.insert(0, HERE)  # real_steps
 from real_steps import describe, record_real_steps  # noqa: E402
-from support.lightning_gpt import GPTModule, loader  # noqa: E402
 
 CLIP = 0.1
 

@@ -22,7 +22,7 @@ STEPS = 40
 def _hf_fp16(tmp_path, tag: str, callbacks: list):
     from transformers import Trainer
 
-    from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+    from torchvitals.agent.tools.examples.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
 
     trainer = Trainer(
         model=tiny_gpt2(0),
@@ -61,7 +61,7 @@ def test_hf_trainer_fp16_rollback_restores_the_schedule_with_the_model(device, t
     from transformers import Trainer, TrainerCallback
 
     import torchvitals
-    from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+    from torchvitals.agent.tools.examples.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from hf_job import CLIP, Record

@@ -157,8 +157,8 @@ def test_healthy_runs_in_both_frameworks_raise_nothing(tmp_path, seed):
     from transformers import Trainer
 
     import torchvitals
-    from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
-    from support.lightning_gpt import GPTModule, loader, trainer
+    from torchvitals.agent.tools.examples.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+    from torchvitals.agent.tools.examples.lightning_gpt import GPTModule, loader, trainer
 
     pl.seed_everything(seed)
     lightning = torchvitals.LightningCallback(log_dir="", metrics_port=0)
@@ -188,7 +188,7 @@ def _lightning_fp16(callbacks: list, tmp_path: Path, tag: str) -> tuple[list, li
     import torch
     from lightning.pytorch.plugins.precision import MixedPrecision
 
-    from support.lightning_gpt import GPTModule, loader
+    from torchvitals.agent.tools.examples.lightning_gpt import GPTModule, loader
 
     class Recorded(GPTModule):
         losses: list = []
@@ -262,7 +262,7 @@ def test_a_restart_under_lightning_continues_the_schedule_where_it_stopped(tmp_p
     import lightning.pytorch as pl
 
     import torchvitals
-    from support.lightning_gpt import GPTModule, loader
+    from torchvitals.agent.tools.examples.lightning_gpt import GPTModule, loader
     from real_steps import record_real_steps
 
     def fit(steps: int, callbacks: list) -> list[float]:
@@ -308,7 +308,7 @@ def test_a_restart_under_the_hf_trainer_continues_the_schedule_where_it_stopped(
     from transformers import Trainer, TrainerCallback
 
     import torchvitals
-    from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+    from torchvitals.agent.tools.examples.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
     from real_steps import record_real_steps
 
     def fit(stop_after: int, callbacks: list) -> list[float]:

@@ -14,7 +14,7 @@ import pytest
 from transformers import Trainer, TrainerCallback  # missing: fails here, never skips
 
 import torchvitals
-from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+from torchvitals.agent.tools.examples.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
 
 pytestmark = pytest.mark.frameworks
 

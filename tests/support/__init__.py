@@ -4,9 +4,11 @@
 - ``reference``: float64 references the exactness tests compare the agent against;
 - ``world``: spawned gloo ranks (``run_world``, ``spawn_job``), free ports, DDP/FSDP2 wrapping;
 - ``preflight_factories``: the setups ``torchvitals preflight support.preflight_factories:<name>``
-  loads;
-- ``lightning_gpt``, ``hf_gpt2``, ``nanogpt_loop``: copies of what the Lightning, Hugging Face and
-  nanoGPT examples train, for the tests that run them with faults injected.
+  loads.
+
+What the examples train ships with the package, and the tests import it from there:
+``torchvitals.agent.tools.examples`` (the Lightning module, the Hugging Face GPT-2, the nanoGPT
+loop) and ``torchvitals.agent.tools.demo`` (the small GPT, the regression task).
 
 ``tests/conftest.py`` puts ``tests/`` on ``sys.path``; a script a test starts as a subprocess
 (torchrun) inserts it itself. Nothing here imports from ``examples/``.

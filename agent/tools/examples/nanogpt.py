@@ -1,12 +1,15 @@
-"""examples/nanogpt_loop.py's loop, for tests/scenarios/test_nanogpt_loop.py: hand-set LR,
-gradient accumulation, its own clipping, ``scaler.step(optimizer)``, batches from the global RNG.
+"""The nanoGPT-shaped loop examples/nanogpt_loop.py runs, torchvitals' two lines in it.
 
-    from support.nanogpt_loop import Settings, get_lr, train
+    python examples/nanogpt_loop.py --out runs/nanogpt
+    from torchvitals.agent.tools.examples.nanogpt import Settings, train
+    summary = train(Settings(out="runs/nanogpt", max_iters=60))
 
-The same loop as the example (two lines differ from nanoGPT's: ``watch`` and ``record_loss``),
-kept here because tests never import from ``examples/``; tests/integration/test_examples.py
-runs the example itself. ``train(corrupt=..., seen=...)`` lets a test break one batch by its
-content and see every batch drawn.
+The loop is the one nanoGPT's train.py runs: it sets the learning rate by hand every iteration
+(warmup, then cosine), accumulates gradients over micro-batches, scales them with a GradScaler,
+unscales and clips them itself, and draws its batches at random with ``torch.randint``.
+torchvitals adds ``watch`` and ``record_loss`` (marked ``# torchvitals``). The tests run this
+loop with ``train(corrupt=..., seen=...)``: a batch of bad data recognised by its content, and
+every batch drawn.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -23,11 +26,15 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import torchvitals
-from support.models import TinyGPT
+
+from ...report import Report
+from ..demo.model import TinyGPT
 
 
 @dataclass
 class Settings:
+    """The loop's settings, under nanoGPT's names where it has them."""
+
     out: str = "torchvitals_runs/nanogpt"
     max_iters: int = 120
     batch_size: int = 8
@@ -40,6 +47,24 @@ class Settings:
     dtype: str = "float32"  # "float16" turns the GradScaler on (CUDA or CPU autocast)
     checkpoint_every: int = 10
     seed: int = 1337
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What one run of the loop did, from its reports."""
+
+    iterations: int
+    """Loop iterations run (each one ``scaler.step``)."""
+    steps: int
+    """The model's step at the end: iterations less those a rollback undid."""
+    lr_scale: float
+    """The back-off the rollbacks left on the learning rate (1.0 with none)."""
+    first_loss: float
+    final_loss: float
+    rollbacks: list[Any]
+    """``report.rollback`` of each step that rolled back, in order."""
+    reports: list[Report]
+    """``agent.last_report`` after every iteration."""
 
 
 def get_lr(it: int, s: Settings) -> float:
@@ -65,9 +90,18 @@ def train(
     s: Settings,
     corrupt: Callable[[torch.Tensor], bool] | None = None,
     seen: list[torch.Tensor] | None = None,
-) -> dict:
-    """Run the loop; ``corrupt(x)`` says whether a drawn batch is bad data (its loss becomes
-    NaN, as a corrupt shard would make it), ``seen`` collects every batch drawn (for tests)."""
+) -> Summary:
+    """Run the loop, on one process or under torchrun (gloo).
+
+    Args:
+        s: the settings.
+        corrupt: says whether a drawn batch is bad data: its loss becomes NaN, as a corrupt
+            shard would make it.
+        seen: collects a copy of every batch drawn.
+
+    Returns:
+        What the run did.
+    """
     ddp = int(os.environ.get("RANK", -1)) != -1
     if ddp and not dist.is_initialized():
         dist.init_process_group("gloo")
@@ -126,15 +160,15 @@ def train(
         iter_num += 1
         reports.append(agent.last_report)
     agent.close()
-    summary = {
-        "iterations": iter_num,
-        "steps": agent.step_count,
-        "lr_scale": agent.lr_scale,
-        "final_loss": reports[-1].loss,
-        "first_loss": reports[0].loss,
-        "rollbacks": [r.rollback for r in reports if r.action == "rollback"],
-        "reports": reports,
-    }
+    summary = Summary(
+        iterations=iter_num,
+        steps=agent.step_count,
+        lr_scale=agent.lr_scale,
+        first_loss=reports[0].loss,
+        final_loss=reports[-1].loss,
+        rollbacks=[r.rollback for r in reports if r.rollback is not None],
+        reports=reports,
+    )
     if ddp:
         dist.destroy_process_group()
     return summary

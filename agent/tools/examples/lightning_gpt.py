@@ -1,10 +1,12 @@
-"""examples/lightning_ddp.py's LightningModule, loader and Trainer, for the Lightning tests.
+"""The LightningModule, loader and Trainer that examples/lightning_ddp.py trains.
 
-    from support.lightning_gpt import GPTModule, loader, trainer
+    torchrun --standalone --nproc-per-node 2 examples/lightning_ddp.py --out runs/lightning
+    from torchvitals.agent.tools.examples.lightning_gpt import GPTModule, loader, trainer
+    trainer(out, steps=200, devices=1, callbacks=[vitals]).fit(GPTModule(), loader(4000))
 
-The same module the example trains (AdamW, warmup + cosine stepped every optimizer step), kept
-here because tests never import from ``examples/``; tests/integration/test_examples.py runs the
-example itself.
+The small GPT (``demo.model``) with AdamW and a warmup + cosine schedule stepped every optimizer
+step, on synthetic token batches (``demo.data.random_batches``); the Trainer clips at 1.0 and
+accumulates two micro-batches. Needs Lightning (``pip install "torchvitals[lightning]"``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from support.models import TinyGPT, random_batches
+from ..demo.data import random_batches
+from ..demo.model import TinyGPT
 
 MODEL = dict(vocab=64, d_model=64, n_layers=3, n_heads=4, seq_len=32)
 

@@ -1,9 +1,12 @@
-"""examples/hf_trainer.py's tiny GPT-2, dataset and TrainingArguments, for the HF Trainer jobs.
+"""The tiny GPT-2, its dataset and TrainingArguments: what examples/hf_trainer.py trains.
 
-    from support.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+    torchrun --standalone --nproc-per-node 2 examples/hf_trainer.py --out runs/hf
+    from torchvitals.agent.tools.examples.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
+    Trainer(model=tiny_gpt2(), args=arguments(out, 200), train_dataset=Arithmetic(4000), ...)
 
-The same setup the example trains (built from a config, nothing downloaded), kept here because
-tests never import from ``examples/``; tests/integration/test_examples.py runs the example itself.
+GPT-2 built from its config (nothing is downloaded) learning a synthetic token stream; the
+arguments clip at 1.0, accumulate two micro-batches and run a warmup + cosine schedule, on CPU
+(gloo under torchrun). Needs transformers (``pip install "torchvitals[transformers]"``).
 """
 
 from __future__ import annotations
