@@ -36,6 +36,8 @@ _EXPORTS = {
     "watch": ".agent.agent",
     "Config": ".agent.config",
     "Report": ".agent.report",
+    "Action": ".agent.report",
+    "Rollback": ".agent.report",
     "record_attention": ".agent.measure.attention",
     "Thresholds": ".agent.detect.thresholds",
     "Verdict": ".agent.detect.verdict",
@@ -68,7 +70,7 @@ if TYPE_CHECKING:
     from .agent.recover.ledger import LedgerError
     from .agent.recover.resume_policy import ResumeRefused
     from .agent.recover.watchdog import TrainingAborted
-    from .agent.report import Report
+    from .agent.report import Action, Report, Rollback
 
     __version__: str
 

@@ -1,34 +1,216 @@
-"""The step report: what ``agent.step(loss)`` returns, identical on every rank."""
+"""The step report: what ``agent.step(loss)`` returns, identical on every rank.
+
+    report = agent.step(loss)
+    report.action == Action.ROLLBACK          # an Action, also equal to the string "rollback"
+    report.rollback.to_step                   # a Rollback, None unless the step rolled back
+    report.timing.mean_step_seconds           # the groups: timing, checkpoint, replicas, local
+
+The fields users read most are top-level; the rest live in small records by what they describe.
+``to_dict`` writes every field flat (the event log's line, read back by ``from_dict``,
+``torchvitals-report`` and ``diagnose``), and the flat names of before stay readable.
+"""
 
 from __future__ import annotations
 
+import enum
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .detect.verdict import Verdict
+from .jsonsafe import json_number, json_safe
+
+# json_safe and json_number are read from here too (their home of before).
+__all__ = [
+    "Action",
+    "Checkpointing",
+    "RankLocal",
+    "ReplicaCheck",
+    "Report",
+    "Rollback",
+    "StepTiming",
+]
+__all__ += ["json_number", "json_safe"]
 
 ACTIVATION_FIELDS = ("mean", "rms", "abs_max", "zero_fraction", "saturation_fraction", "nonfinite")
 
 
+class Action(str, enum.Enum):
+    """What every rank did with the step. A ``str``: ``report.action == "rollback"`` holds, and
+    JSON writes the value."""
+
+    STEP = "step"
+    """The optimizer stepped."""
+    SKIP = "skip"
+    """No optimizer step on any rank."""
+    ROLLBACK = "rollback"
+    """Every rank restored the last healthy checkpoint (see ``Report.rollback``)."""
+    ABORT = "abort"
+    """The loop guard or a collector's order gave up on the run."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rollback:
+    """One rollback, as every rank took it.
+
+    ``rollback["to_step"]`` (and ``"lr_scale"``, ``"skipped"``) still reads like the dict the
+    report held before; new code reads the attributes.
+    """
+
+    to_step: int
+    """The healthy step restored."""
+    lr_scale: float
+    """The learning-rate scale from now on (the cumulative back-off)."""
+    skipped: tuple[int, int] | None = None
+    """Batch indices ``[start, stop)`` of ``agent.batches`` never trained on; None: the loop
+    draws its own batches, and its RNGs were re-seeded so they are not drawn again."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"to_step", "lr_scale", "skipped"}`` (``skipped`` a list or None), as JSON holds it."""
+        skipped = list(self.skipped) if self.skipped is not None else None
+        return {"to_step": self.to_step, "lr_scale": self.lr_scale, "skipped": skipped}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Rollback:
+        skipped = d.get("skipped")
+        return cls(
+            to_step=int(d["to_step"]),
+            lr_scale=json_number(d["lr_scale"]),
+            skipped=(int(skipped[0]), int(skipped[1])) if skipped else None,
+        )
+
+    def __getitem__(self, key: str) -> Any:
+        """The old dict's reads (``report.rollback["to_step"]``), values as ``to_dict`` has them."""
+        return self.to_dict()[key]
+
+
 @dataclass
+class StepTiming:
+    """How long the step took: this rank's seconds, and the means over the ranks."""
+
+    step_seconds: float = math.nan
+    """This rank's wall time since its previous ``agent.step`` returned (or since ``watch``)."""
+    compute_seconds: float = math.nan
+    """This rank's time from its previous step's end to the end of its last forward pass: data
+    loading and forward, before the backward's collectives make every rank wait for the slowest."""
+    mean_step_seconds: float = math.nan
+    """Mean over the ranks of their ``step_seconds``."""
+    mean_compute_seconds: float = math.nan
+    """Mean over the ranks of their ``compute_seconds`` (a straggler is judged against it)."""
+    data_wait_seconds: float = 0.0
+    """This rank's time waiting for its batches since its previous step (``agent.batches``,
+    ``agent.record_data_wait``); part of its compute time."""
+    data_wait_mean_seconds: float = 0.0
+    """The ranks' mean data wait of this step."""
+    data_wait_ratio: float = 0.0
+    """The ranks' summed data wait over their summed step time: the share of the step spent
+    waiting for data (``data_stall``)."""
+
+
+@dataclass
+class Checkpointing:
+    """The healthy checkpoints this step took, committed or lost."""
+
+    saved: bool = False
+    """A healthy checkpoint of this step was taken: saved, or staged in host memory and being
+    written in the background (see ``committed``)."""
+    committed: int | None = None
+    """The step of a staged healthy checkpoint that every rank finished writing, committed at
+    this step (the new rollback target)."""
+    failed: str | None = None
+    """Why the background write of a staged checkpoint failed (on some rank), when that became
+    known at this step; the previous checkpoint stays the rollback target."""
+
+
+@dataclass
+class ReplicaCheck:
+    """The DDP replicas' parameter fingerprints (sampled steps)."""
+
+    checked: bool = False
+    """The fingerprints were compared at this step."""
+    mismatch: dict[str, list[int]] = field(default_factory=dict)
+    """Block -> the ranks whose parameters differ from the others' (``replica_divergence``)."""
+
+
+@dataclass
+class RankLocal:
+    """What this rank alone saw (every other field is the same on every rank)."""
+
+    loss: float = math.nan
+    """This rank's loss (NaN when it did not know one)."""
+    samples: int | None = None
+    """Samples this rank processed in the step, when the caller said so."""
+    tokens: int | None = None
+    """Tokens this rank processed in the step, when the caller said so (for tokens/s)."""
+    accelerator_memory: dict[str, float] | None = None
+    """On CUDA: this rank's allocated, reserved, peak (since the sample before) and
+    fragmentation (reserved - allocated) bytes, as read at the last sampled step."""
+
+
+RECORDS: dict[str, type] = {
+    "timing": StepTiming,
+    "checkpoint": Checkpointing,
+    "replicas": ReplicaCheck,
+    "local": RankLocal,
+}
+"""The report's records, by field name."""
+
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    "step_seconds": ("timing", "step_seconds"),
+    "compute_seconds": ("timing", "compute_seconds"),
+    "mean_step_seconds": ("timing", "mean_step_seconds"),
+    "mean_compute_seconds": ("timing", "mean_compute_seconds"),
+    "local_data_wait_seconds": ("timing", "data_wait_seconds"),
+    "data_wait_mean_seconds": ("timing", "data_wait_mean_seconds"),
+    "data_wait_ratio": ("timing", "data_wait_ratio"),
+    "checkpointed": ("checkpoint", "saved"),
+    "checkpoint_committed": ("checkpoint", "committed"),
+    "checkpoint_failed": ("checkpoint", "failed"),
+    "replicas_checked": ("replicas", "checked"),
+    "replica_mismatch": ("replicas", "mismatch"),
+    "local_loss": ("local", "loss"),
+    "samples": ("local", "samples"),
+    "tokens": ("local", "tokens"),
+    "local_accelerator_memory": ("local", "accelerator_memory"),
+}
+"""The flat name of each record field: ``to_dict``'s keys, and read-only report attributes
+(``report.checkpointed`` is ``report.checkpoint.saved``)."""
+
+
+def _flat(name: str) -> property:
+    record, attr = FLAT_NAMES[name]
+    return property(
+        lambda report: getattr(getattr(report, record), attr),
+        doc=f"Read-only: ``report.{record}.{attr}``.",
+    )
+
+
+@dataclass(kw_only=True)
 class Report:
     """One training step as every rank agreed on it after the reduction.
 
-    Global fields are derived from the reduced vector, so they are bit-identical on every rank;
-    the ``local_*`` and ``step_seconds`` fields describe this rank alone.
+    Every field is derived from the reduced vector, so it is bit-identical on every rank, but
+    ``rank``, ``local`` and ``timing``'s ``step_seconds``, ``compute_seconds`` and
+    ``data_wait_seconds``, which describe this rank alone. A field nobody measured keeps its
+    default, which means "unknown" (NaN, None, empty).
     """
 
     step: int
     """1-based count of ``agent.step`` calls."""
-    loss: float
+    loss: float = math.nan
     """Mean of the ranks' losses (NaN when no rank knew its loss: the step measured gradients
     only)."""
-    grad_norm: dict[str, float]
+    grad_norm: dict[str, float] = field(default_factory=dict)
     """Block name -> L2 norm of the block's full (unsharded, synchronized) gradient."""
-    grad_norm_total: float
+    grad_norm_total: float = math.nan
     """L2 norm over all gradients, as ``clip_grad_norm_`` computes it (before any clipping);
     over the measured blocks when some are missing, NaN when all are."""
+    grad_norm_missing: list[str] = field(default_factory=list)
+    """Blocks none of whose gradients any rank could read this step (``param.grad`` None and
+    no framework partition holding one): their ``grad_norm`` is NaN, unmeasured, never 0."""
     update_ratio: dict[str, float] = field(default_factory=dict)
     """Block name -> ||w_new - w_old|| / ||w_old|| of the optimizer update applied at
     ``update_ratio_step``; empty on steps that carry no measurement."""
@@ -44,117 +226,109 @@ class Report:
     nonfinite_grad: bool = False
     verdicts: list[Verdict] = field(default_factory=list)
     """Named failure patterns (filled by detection)."""
-    action: str = "step"
-    """"step" (the optimizer stepped), "skip" (no optimizer step on any rank), "rollback" (every
-    rank restored the last healthy checkpoint) or "abort" (the loop guard gave up)."""
+    action: Action = Action.STEP
+    """What every rank did with the step (an ``Action``, equal to its string value)."""
+    rollback: Rollback | None = None
+    """With ``Action.ROLLBACK``: where every rank went back to, and what it skipped."""
     lr: list[float] = field(default_factory=list)
     """The learning rate each param group stepped with (or would have, on a skipped step):
     the rate its scheduler, framework or loop set, times the watchdog's back-off."""
     clip_coef: float = 1.0
     """Factor the gradients were scaled by when ``clip_grad_norm`` is set (1.0 otherwise)."""
-    world_size: int = 1
-    mean_step_seconds: float = math.nan
-    """Mean over the ranks of their ``step_seconds``."""
-    rank: int = 0
-    local_loss: float = math.nan
-    step_seconds: float = math.nan
-    """This rank's wall time since its previous ``agent.step`` returned (or since ``watch``)."""
-    samples: int | None = None
-    """Samples this rank processed in the step, when the caller said so."""
-    compute_seconds: float = math.nan
-    """This rank's time from its previous step's end to the end of its last forward pass: data
-    loading and forward, before the backward's collectives make every rank wait for the slowest."""
-    mean_compute_seconds: float = math.nan
-    """Mean over the ranks of their ``compute_seconds`` (a straggler is judged against it)."""
     loss_scale: float | None = None
     """The GradScaler scale used this step (when ``agent.step(loss, scaler=...)``)."""
-    rollback: dict[str, Any] | None = None
-    """With action "rollback": {"to_step", "lr_scale", "skipped"}: the batch indices
-    ``[start, stop)`` of ``agent.batches`` never trained on, or None when the loop draws its own
-    batches (its RNGs were re-seeded so they are not drawn again)."""
-    checkpointed: bool = False
-    """A healthy checkpoint of this step was taken: saved, or staged in host memory and being
-    written in the background (see ``checkpoint_committed``)."""
-    checkpoint_committed: int | None = None
-    """The step of a staged healthy checkpoint that every rank finished writing, committed at
-    this step (the new rollback target)."""
-    checkpoint_failed: str | None = None
-    """Why the background write of a staged checkpoint failed (on some rank), when that became
-    known at this step; the previous checkpoint stays the rollback target."""
     overflow: bool = False
-    """The scaler found Inf/NaN gradients on some rank: the step was skipped, the scale backed off."""
-    tokens: int | None = None
-    """Tokens this rank processed in the step, when the caller said so (for tokens/s)."""
-    local_data_wait_seconds: float = 0.0
-    """This rank's time waiting for its batches since its previous step (``agent.batches``,
-    ``agent.record_data_wait``); part of its compute time."""
-    data_wait_mean_seconds: float = 0.0
-    """The ranks' mean data wait of this step."""
-    data_wait_ratio: float = 0.0
-    """The ranks' summed data wait over their summed step time: the share of the step spent
-    waiting for data (``data_stall``)."""
+    """The scaler found Inf/NaN gradients on some rank: the step was skipped, the scale backed
+    off."""
     memory: dict[str, float] = field(default_factory=dict)
-    """Sampled steps: the largest ``resident_bytes`` (and, on CUDA, ``accelerator_allocated_bytes``)
-    over the ranks: the rank nearest to running out (``memory_growth``)."""
-    local_accelerator_memory: dict[str, float] | None = None
-    """On CUDA: this rank's allocated, reserved, peak (since the sample before) and
-    fragmentation (reserved - allocated) bytes, as read at the last sampled step."""
-    replicas_checked: bool = False
-    """The DDP replicas' parameter fingerprints were compared at this step (sampled steps)."""
-    replica_mismatch: dict[str, list[int]] = field(default_factory=dict)
-    """Block -> the ranks whose parameters differ from the others' (``replica_divergence``)."""
-    grad_norm_missing: list[str] = field(default_factory=list)
-    """Blocks none of whose gradients any rank could read this step (``param.grad`` None and
-    no framework partition holding one): their ``grad_norm`` is NaN, unmeasured, never 0."""
+    """Sampled steps: the largest ``resident_bytes`` (and, on CUDA,
+    ``accelerator_allocated_bytes``) over the ranks: the rank nearest to running out
+    (``memory_growth``)."""
+    custom: dict[str, float] = field(default_factory=dict)
+    """Name -> value of the user's own signals (``watch(signals=...)``), exported with the rest."""
+    world_size: int = 1
+    rank: int = 0
+    timing: StepTiming = field(default_factory=StepTiming)
+    checkpoint: Checkpointing = field(default_factory=Checkpointing)
+    replicas: ReplicaCheck = field(default_factory=ReplicaCheck)
+    local: RankLocal = field(default_factory=RankLocal)
+
+    step_seconds = _flat("step_seconds")
+    compute_seconds = _flat("compute_seconds")
+    mean_step_seconds = _flat("mean_step_seconds")
+    mean_compute_seconds = _flat("mean_compute_seconds")
+    local_data_wait_seconds = _flat("local_data_wait_seconds")
+    data_wait_mean_seconds = _flat("data_wait_mean_seconds")
+    data_wait_ratio = _flat("data_wait_ratio")
+    checkpointed = _flat("checkpointed")
+    checkpoint_committed = _flat("checkpoint_committed")
+    checkpoint_failed = _flat("checkpoint_failed")
+    replicas_checked = _flat("replicas_checked")
+    replica_mismatch = _flat("replica_mismatch")
+    local_loss = _flat("local_loss")
+    samples = _flat("samples")
+    tokens = _flat("tokens")
+    local_accelerator_memory = _flat("local_accelerator_memory")
 
     @property
     def sampled(self) -> bool:
         return bool(self.activations) or bool(self.update_ratio)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict: non-finite floats become the strings "nan", "inf", "-inf"."""
-        return json_safe(asdict(self))
+        """Every field as one flat JSON-safe dict (the records' fields under their
+        ``FLAT_NAMES``): non-finite floats become the strings "nan", "inf", "-inf"."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name not in RECORDS:
+                out[f.name] = getattr(self, f.name)
+        out["action"] = str(self.action)
+        out["verdicts"] = [v.to_dict() if isinstance(v, Verdict) else v for v in self.verdicts]
+        out["rollback"] = self.rollback.to_dict() if self.rollback is not None else None
+        for flat, (record, attr) in FLAT_NAMES.items():
+            out[flat] = getattr(getattr(self, record), attr)
+        return json_safe(out)
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> Report:
+        """A report from flat names, the records' fields under their ``FLAT_NAMES`` as
+        ``to_dict`` writes them: ``Report.from_flat(step=3, local_loss=0.9, checkpointed=True)``.
+        """
+        parts: dict[str, dict[str, Any]] = {name: {} for name in RECORDS}
+        for flat, (record, attr) in FLAT_NAMES.items():
+            if flat in values:
+                parts[record][attr] = values.pop(flat)
+        return cls(**values, **{name: RECORDS[name](**kw) for name, kw in parts.items()})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Report:
+        """The report ``to_dict`` wrote (an event log's ``"event": "step"`` line, say); keys it
+        does not know are ignored, missing ones keep their defaults."""
+        known = ({f.name for f in fields(cls)} - RECORDS.keys()) | FLAT_NAMES.keys()
+        values = {k: v for k, v in d.items() if k in known}
+        for name in _FLOATS:
+            if values.get(name) is not None:
+                values[name] = json_number(values[name])
+        for name in ("grad_norm", "update_ratio", "memory", "custom", "local_accelerator_memory"):
+            if values.get(name) is not None:
+                values[name] = _numbers(values[name])
+        values["activations"] = {b: _numbers(x) for b, x in d.get("activations", {}).items()}
+        values["lr"] = [json_number(x) for x in d.get("lr", [])]
+        values["action"] = Action(d.get("action", Action.STEP))
+        values["verdicts"] = [Verdict(**v) for v in d.get("verdicts", [])]
+        values["rollback"] = Rollback.from_dict(d["rollback"]) if d.get("rollback") else None
+        return cls.from_flat(**values)
 
 
-def json_safe(value: Any, *, strict: str | None = None, keep_nonfinite: bool = False) -> Any:
-    """A copy of ``value`` that JSON can hold: tuples as lists, non-finite floats as the strings
-    "nan", "inf", "-inf" (read back with ``json_number``).
-
-    Args:
-        value: numbers, strings, lists, tuples and dicts, nested.
-        strict: None leaves other objects as they are (a log writes them with ``str``); else
-            the name of ``value`` for the TypeError raised on a non-string key or an object JSON
-            cannot hold.
-        keep_nonfinite: keep NaN/Inf as floats (Python's json reads them back as floats, which
-            a scheduler's ``best = inf`` needs).
-    """
-    if isinstance(value, float) and not math.isfinite(value) and not keep_nonfinite:
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [
-            json_safe(v, strict=strict and f"{strict}[{i}]", keep_nonfinite=keep_nonfinite)
-            for i, v in enumerate(value)
-        ]
-    if isinstance(value, dict):
-        if strict and (bad := next((k for k in value if not isinstance(k, str)), None)) is not None:
-            raise TypeError(f"{strict} has the non-string key {bad!r}")
-        return {
-            k: json_safe(v, strict=strict and f"{strict}[{k!r}]", keep_nonfinite=keep_nonfinite)
-            for k, v in value.items()
-        }
-    if strict:
-        raise TypeError(
-            f"{strict} holds a {type(value).__name__}, which JSON cannot hold "
-            "(numbers, strings, lists, dicts with string keys)"
-        )
-    return value
+_FLOATS = (
+    "loss",
+    "grad_norm_total",
+    "clip_coef",
+    "loss_scale",
+    "local_loss",
+    *(flat for flat, (record, _) in FLAT_NAMES.items() if record == "timing"),
+)
+"""The float fields ``json_safe`` may have written as "nan", "inf" or "-inf"."""
 
 
-def json_number(x: Any) -> float:
-    """A number as ``json_safe`` wrote it ("nan", "inf" included); NaN for anything else."""
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return math.nan
+def _numbers(d: dict[str, Any]) -> dict[str, float]:
+    return {k: json_number(v) for k, v in d.items()}

@@ -28,12 +28,11 @@ from .measure import scaler as amp
 from .measure.reduce import Packer
 from .measure.stats import local
 from .recover.watchdog import TrainingAborted
-from .report import Report
+from .report import Action, RankLocal, Report, StepTiming
 from .signals.base import StepContext
 
 log = logging.getLogger(__name__)
 
-STEP, SKIP, ROLLBACK, ABORT = "step", "skip", "rollback", "abort"
 STAGES = ("measure", "reduce", "detect", "act", "publish")
 """The stages ``StageTimes`` reports; ``act`` includes deciding, not the optimizer's own step."""
 
@@ -68,7 +67,7 @@ class StepInput:
 class Decision:
     """What every rank does with the step."""
 
-    action: str
+    action: Action
     """STEP, SKIP or ROLLBACK (an abort raises instead)."""
     reason: str = ""
     """The critical patterns behind a rollback."""
@@ -82,10 +81,10 @@ def decide(report: Report, *, watchdog: bool, skip_nonfinite: bool) -> Decision:
     """
     critical = sorted({v.pattern for v in report.verdicts if v.severity == CRITICAL})
     if critical and watchdog:
-        return Decision(ROLLBACK, ", ".join(critical))
+        return Decision(Action.ROLLBACK, ", ".join(critical))
     if report.nonfinite and (skip_nonfinite or report.overflow):
-        return Decision(SKIP)
-    return Decision(STEP)
+        return Decision(Action.SKIP)
+    return Decision(Action.STEP)
 
 
 class StageTimes:
@@ -169,15 +168,10 @@ class Steps:
         reduced = a.reducer.reduce(packer)
         report = Report(
             step=step,
-            loss=math.nan,
-            grad_norm={},
-            grad_norm_total=0.0,
             world_size=a.world_size,
             rank=a.rank,
-            step_seconds=ctx.step_seconds,
-            samples=inp.samples,
-            tokens=inp.tokens,
-            compute_seconds=ctx.compute_seconds,
+            timing=StepTiming(step_seconds=ctx.step_seconds, compute_seconds=ctx.compute_seconds),
+            local=RankLocal(samples=inp.samples, tokens=inp.tokens),
         )
         seen = Observed()
         for signal, handle in zip(a.signals, handles):
@@ -199,24 +193,24 @@ class Steps:
 
         # decide and act: the same action on every rank
         decision = (
-            Decision(SKIP)
+            Decision(Action.SKIP)
             if inp.skipped_by_framework
             else decide(
                 report, watchdog=a.watchdog is not None, skip_nonfinite=a.config.skip_nonfinite
             )
         )
-        if decision.action == ROLLBACK:
+        if decision.action == Action.ROLLBACK:
             self._rollback(report, decision.reason)
-        elif decision.action == SKIP:
-            report.action = SKIP
+        elif decision.action == Action.SKIP:
+            report.action = Action.SKIP
         else:
             self._optimizer_step(report, inp, laps)
             self._save(report, inp)
         if scaler is not None:
             amp.finish(
-                scaler, a.optimizer, overflow=report.action != STEP, update=inp.update_scaler
+                scaler, a.optimizer, overflow=report.action != Action.STEP, update=inp.update_scaler
             )
-        self.step_count = report.rollback["to_step"] if report.rollback else step
+        self.step_count = report.rollback.to_step if report.rollback else step
         if self.sampled(self.step_count + 1):
             self.arm()
         if laps:
@@ -231,7 +225,7 @@ class Steps:
             laps.lap("publish")
             kind = (
                 "checkpoint"
-                if report.checkpointed
+                if report.checkpoint.saved
                 else "sampled"
                 if ctx.sampled or self.sampled(step + 1)
                 else "unsampled"
@@ -289,7 +283,7 @@ class Steps:
         a = self.a
         if a.watchdog is None:
             return
-        report.checkpointed = a.watchdog.maybe_save(
+        report.checkpoint.saved = a.watchdog.maybe_save(
             report.step,
             a.model,
             a.state_holder,
@@ -297,7 +291,7 @@ class Steps:
             a.detector,
             scheduler_step_due=not inp.owns_scheduler and self.scheduler_follows_step,
         )
-        if report.checkpointed:
+        if report.checkpoint.saved:
             self.detector_at[report.step] = a.detector.snapshot()  # kept: committed + new
             self.detector_at = {
                 s: d
@@ -330,9 +324,9 @@ class Steps:
                 ),
             )
         if rolled is None:
-            report.action = SKIP
+            report.action = Action.SKIP
             return
-        report.action, report.rollback = ROLLBACK, rolled.to_dict()
+        report.action, report.rollback = Action.ROLLBACK, rolled
         if a.update is not None:
             a.update.forget()
         if rolled.to_step in self.detector_at:
@@ -352,7 +346,7 @@ class Steps:
                 report.step,
             )
         verdict = Verdict(COLLECTOR_DIRECTIVE, CRITICAL, report.step, None, {"action": action})
-        if action == "abort":
+        if action == Action.ABORT:
             if a.rank == 0:
                 log.error(
                     "torchvitals: ABORTING at step %d: the collector ordered it (%s). "
@@ -371,7 +365,7 @@ class Steps:
         self.aborted = aborted
         report.verdicts.append(verdict)
         self.a.detector.history.append(verdict)
-        report.action = ABORT
+        report.action = Action.ABORT
         self._publish(report)
         if self.a.heartbeat is not None:
             self.a.heartbeat.beat(self.ticks, phase=ABORTED)

@@ -14,7 +14,7 @@ from collections import deque
 from typing import Iterable
 
 from ..measure.blocks import LAYER, OTHER
-from ..report import Report
+from ..report import Action, Report
 from .observed import Observed
 from .thresholds import Thresholds
 from .verdict import (
@@ -169,7 +169,7 @@ class BlockNorms(Rule):
 
     def observe(self, report, seen):
         total = report.grad_norm_total
-        if not math.isfinite(total) or report.action == "skip" and total == 0:
+        if not math.isfinite(total) or report.action == Action.SKIP and total == 0:
             return []
         self.ratios = {}
         for b, v in report.grad_norm.items():

@@ -80,8 +80,8 @@ class DataStall(Rule):
         if report.step <= self.t.warmup_steps:
             return []
         stalled = (
-            report.data_wait_ratio >= self.t.data_stall_ratio
-            and report.data_wait_mean_seconds >= self.t.data_stall_min_seconds
+            report.timing.data_wait_ratio >= self.t.data_stall_ratio
+            and report.timing.data_wait_mean_seconds >= self.t.data_stall_min_seconds
         )
         self.run = self.run + 1 if stalled else 0
         if self.run >= self.t.data_stall_steps:
@@ -92,8 +92,8 @@ class DataStall(Rule):
                     report.step,
                     None,
                     {
-                        "data_wait_ratio": report.data_wait_ratio,
-                        "data_wait_seconds": report.data_wait_mean_seconds,
+                        "data_wait_ratio": report.timing.data_wait_ratio,
+                        "data_wait_seconds": report.timing.data_wait_mean_seconds,
                         "steps": self.run,
                         "fired": "data_stall_ratio",
                         "data_stall_ratio": self.t.data_stall_ratio,
@@ -113,12 +113,12 @@ class ReplicaDivergence(Rule):
         self.run = 0
 
     def observe(self, report: Report, seen):
-        if not report.replicas_checked:
+        if not report.replicas.checked:
             return None
-        self.run = self.run + 1 if report.replica_mismatch else 0
+        self.run = self.run + 1 if report.replicas.mismatch else 0
         if self.run < self.t.replica_mismatch_samples:
             return []
-        blocks = report.replica_mismatch
+        blocks = report.replicas.mismatch
         ranks = sorted({r for rs in blocks.values() for r in rs})
         return [
             Verdict(

@@ -50,6 +50,7 @@ from ...errors import TorchvitalsError
 from ..agent import Agent, watch
 from ..compat import PIPELINE_LOSS
 from ..patches import AttributePatch
+from ..report import Action
 from .torchtitan_checkpoint import TitanCheckpoints
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class TorchtitanAdapter:
             dealt = (
                 report is not None
                 and report is not before
-                and report.action in ("rollback", "skip")
+                and report.action in (Action.ROLLBACK, Action.SKIP)
             )
             if not (dealt and NONFINITE_MESSAGE in str(error)):
                 raise
@@ -122,7 +123,7 @@ class TorchtitanAdapter:
                 "torchvitals: step %d was %s by torchvitals; torchtitan's non-finite loss "
                 "check for it is absorbed",
                 report.step,
-                "rolled back" if report.action == "rollback" else "skipped",
+                "rolled back" if report.action == Action.ROLLBACK else "skipped",
             )
             return None
         finally:

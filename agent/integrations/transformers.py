@@ -38,7 +38,7 @@ from ..compat import accelerate_overflow, clear_accelerate_overflow
 from ..agent import Agent, watch
 from ..config import Config
 from ..detect.verdict import Verdict
-from ..report import Report
+from ..report import Action, Report
 
 
 class TransformersCallback(TrainerCallback):
@@ -97,7 +97,7 @@ class TransformersCallback(TrainerCallback):
         # scheduler needs the step the Trainer gives it on every other path.
         agent = self.agent
         report = agent.last_report if agent is not None else None
-        if report is not None and report.action == "rollback" and accelerate_overflow(optimizer):
+        if report is not None and report.action == Action.ROLLBACK and accelerate_overflow(optimizer):
             clear_accelerate_overflow(optimizer)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

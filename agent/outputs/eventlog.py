@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..report import Report, json_safe
+from ..jsonsafe import json_safe
+from ..report import Action, Report
 
 
 class EventLog:
@@ -42,7 +43,7 @@ class EventLog:
         """
         due = (
             report.step % self.every == 0
-            or report.action != "step"
+            or report.action != Action.STEP
             or report.nonfinite
             or bool(report.verdicts)
         )

@@ -31,9 +31,10 @@ from ...errors import ConfigError, TorchvitalsError
 from ...protocol import ENV_PREFIX
 from ..detect.verdict import PATTERNS
 from ..measure.host import process_vitals
-from ..report import Report
+from ..report import Action, Report
 from .metrics import (
     BLOCK,
+    CUSTOM,
     GLOBAL,
     GROUP,
     METRICS,
@@ -113,6 +114,7 @@ class Exporter:
         self._steps = self._skipped = self._nonfinite = 0
         self._update_ratio: dict[str, float] = {}
         self._activations: dict[str, dict[str, float]] = {}
+        self._custom: dict[str, float] = {}
         self._verdicts: dict[str, int] = {}
         self._active: dict[str, int] = {}
         self._recovery: dict[str, float] | None = None
@@ -251,6 +253,7 @@ class Exporter:
             ratio = {**ratio, **report.update_ratio}
         if self.rank == 0 and report.activations:
             acts = {**acts, **report.activations}
+        custom = {**self._custom, **report.custom} if report.custom else self._custom
         observed = [(m.name, m.buckets, m.value(report)) for m in self._observed]
         summed = [(m.name, m.value(report)) for m in self._summed]
         with self._lock:
@@ -263,10 +266,11 @@ class Exporter:
                     self._totals[name] = self._totals.get(name, 0.0) + inc
             self._report = report
             self._steps += 1
-            self._skipped += report.action == "skip"
+            self._skipped += report.action == Action.SKIP
             self._nonfinite += bool(report.nonfinite)
-            self._replica_checks += report.replicas_checked
+            self._replica_checks += report.replicas.checked
             self._update_ratio, self._activations = ratio, acts
+            self._custom = custom
             self._verdicts = verdicts
             if active is not None:
                 self._active = active
@@ -299,6 +303,7 @@ class Exporter:
                 host,
                 histograms,
                 dict(self._totals),
+                self._custom,
             )
 
     def close(self) -> None:
@@ -340,6 +345,10 @@ class _ReportMetrics(Collector):
                 family = _family(m, ("rank", "pattern", "severity"))
                 for pattern, severity in PATTERNS.items():
                     family.add_metric([rank, pattern, severity], m.value(snap, pattern))
+            elif m.scope == CUSTOM:
+                family = _family(m, ("rank", "name"))
+                for name in snap.custom:
+                    family.add_metric([rank, name], m.value(snap, name))
             elif m.scope == GROUP:
                 family = _family(m, ("rank", "param_group"))
                 for group in range(len(snap.report.lr) if snap.report is not None else 0):

@@ -19,7 +19,8 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, TextIO
 
-from ..report import Report
+from ..detect.verdict import CRITICAL, INFO, WARNING
+from ..report import Action, Report
 
 SPARKS = "▁▂▃▄▅▆▇█"
 HEALTHY_RATIO = 1e-3
@@ -87,21 +88,25 @@ def describe_event(report: Report) -> list[tuple[str, str]]:
                 + (f" ({shown})" if shown else ""),
             )
         )
-    if report.action == "rollback" and report.rollback:
+    if report.action == Action.ROLLBACK and report.rollback is not None:
         rb = report.rollback
-        start, stop = rb["skipped"]
+        if rb.skipped is not None:
+            start, stop = rb.skipped
+            skipped = f"batches {start}..{stop - 1} skipped ({stop - start})"
+        else:
+            skipped = "the loop's RNGs re-seeded"
         lines.append(
             (
                 "rollback",
                 f"ROLLBACK at step {report.step}: back to the healthy checkpoint "
-                f"of step {rb['to_step']}, learning rate x{rb['lr_scale']:g}, "
-                f"batches {start}..{stop - 1} skipped ({stop - start})",
+                f"of step {rb.to_step}, learning rate x{rb.lr_scale:g}, {skipped}",
             )
         )
-    elif report.action == "skip":
-        lines.append(("warning", f"SKIP step {report.step}: optimizer step skipped on every rank"))
-    elif report.action == "abort":
-        lines.append(("critical", f"ABORT at step {report.step}: too many rollbacks"))
+    elif report.action == Action.SKIP:
+        lines.append((WARNING, f"SKIP step {report.step}: optimizer step skipped on every rank"))
+    elif report.action == Action.ABORT:
+        why = [v.pattern for v in report.verdicts if v.severity == CRITICAL]  # rollback_loop, say
+        lines.append((CRITICAL, f"ABORT at step {report.step}: {why[-1] if why else 'gave up'}"))
     return lines
 
 
@@ -177,7 +182,7 @@ class LiveView:
         if report.activations:
             self._abs_max = {b: a["abs_max"] for b, a in report.activations.items()}
         events = describe_event(report)
-        if report.action == "rollback":
+        if report.action == Action.ROLLBACK:
             self._rollbacks.append(events[-1][1])
         if self.terminal:
             self._draw(events)
@@ -207,9 +212,9 @@ class LiveView:
     # ------------------------------------------------------------ the rich panel
 
     STYLES = {
-        "info": "cyan",
-        "warning": "bold yellow",
-        "critical": "bold red",
+        INFO: "cyan",
+        WARNING: "bold yellow",
+        CRITICAL: "bold red",
         "rollback": "bold magenta",
     }
 

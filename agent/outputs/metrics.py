@@ -16,13 +16,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-
 from ..report import Report
 
 RANK, GLOBAL, BLOCK, PATTERN, GROUP = "rank", "global", "block", "pattern", "param_group"
-"""Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL, BLOCK, PATTERN and
-GROUP ones (PATTERN: one series per detectable pattern, labels ``pattern`` and ``severity``;
-GROUP: one per optimizer param group, label ``param_group``)."""
+CUSTOM = "custom"
+"""Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL, BLOCK, PATTERN,
+GROUP and CUSTOM ones (PATTERN: one series per detectable pattern, labels ``pattern`` and
+``severity``; GROUP: one per optimizer param group, label ``param_group``; CUSTOM: one per name
+of ``Report.custom``, the user's own signals, label ``name``)."""
 
 
 def _version(dist: str) -> str:
@@ -102,25 +103,35 @@ class _Snapshot:
     histograms: dict[str, Buckets] = field(default_factory=dict)
     totals: dict[str, float] = field(default_factory=dict)
     """Counters summed from the reports (samples, tokens); a key only once a report had it."""
+    custom: dict[str, float] = field(default_factory=dict)
+    """The last value of each name the user's signals wrote to ``Report.custom``."""
 
 
-def _last(attr: str, default: float = math.nan) -> Callable[[_Snapshot], float]:
-    return lambda s: default if s.report is None else float(getattr(s.report, attr))
+def _last(
+    read: Callable[[Report], float], default: float = math.nan
+) -> Callable[[_Snapshot], float]:
+    """A gauge of the last report's value (``default`` before the first)."""
+    return lambda s: default if s.report is None else float(read(s.report))
 
 
-def _observed(attr: str) -> Callable[[Report], float | None]:
+def _observed(read: Callable[[Report], float]) -> Callable[[Report], float | None]:
     """A histogram's observation of one step: the report's value, None when not finite."""
 
     def observe(report: Report) -> float | None:
-        x = getattr(report, attr)
+        x = read(report)
         return float(x) if x is not None and math.isfinite(x) and x >= 0 else None
 
     return observe
 
 
-def _summed(attr: str) -> Callable[[Report], float | None]:
+def _summed(read: Callable[[Report], int | None]) -> Callable[[Report], float | None]:
     """A counter's increment from one step: the report's count, None when the loop gave none."""
-    return lambda report: None if getattr(report, attr) is None else float(getattr(report, attr))
+
+    def increment(report: Report) -> float | None:
+        x = read(report)
+        return None if x is None else float(x)
+
+    return increment
 
 
 def _host(key: str) -> Callable[[_Snapshot], float]:
@@ -131,8 +142,8 @@ def _accelerator(key: str) -> Callable[[_Snapshot], float | None]:
     """A CUDA allocator counter of the last sample; None (no series) without one."""
     return lambda s: (
         None
-        if s.report is None or s.report.local_accelerator_memory is None
-        else float(s.report.local_accelerator_memory[key])
+        if s.report is None or s.report.local.accelerator_memory is None
+        else float(s.report.local.accelerator_memory[key])
     )
 
 
@@ -154,9 +165,10 @@ class MetricSpec:
     """"gauge", "counter" or "histogram"."""
     doc: str
     scope: str
-    """RANK, GLOBAL or BLOCK (one series per block, label ``block``)."""
+    """RANK, GLOBAL, BLOCK (one series per block, label ``block``), PATTERN, GROUP or CUSTOM."""
     value: Callable[..., float | None] = field(repr=False)
-    """(snapshot) -> value, or (snapshot, block) -> value for BLOCK; None omits the series.
+    """(snapshot) -> value, or (snapshot, key) -> value for the keyed scopes (the block, the
+    pattern, the param group, the custom name); None omits the series.
     A histogram's is (report) -> the step's observation (None: nothing observed); a counter
     with ``from_report`` likewise gives the step's increment."""
     labels: tuple[tuple[str, str], ...] = ()
@@ -184,7 +196,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "Last completed step (1-based; 0 before the first).",
         RANK,
-        _last("step", 0.0),
+        _last(lambda r: r.step, 0.0),
     ),
     MetricSpec(
         "torchvitals_steps_total",
@@ -212,7 +224,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "histogram",
         "This rank's wall time of each step.",
         RANK,
-        _observed("step_seconds"),
+        _observed(lambda r: r.timing.step_seconds),
         buckets=STEP_BUCKETS,
     ),
     # Synchronous ranks all wait for the slowest in the collectives, so their step times agree;
@@ -223,7 +235,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "This rank's compute time "
         "of each step (from the previous step's end to the end of its forward and loss).",
         RANK,
-        _observed("compute_seconds"),
+        _observed(lambda r: r.timing.compute_seconds),
         buckets=STEP_BUCKETS,
     ),
     MetricSpec(
@@ -231,7 +243,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "This rank's loss at the last step.",
         RANK,
-        _last("local_loss"),
+        _last(lambda r: r.local.loss),
     ),
     MetricSpec(
         "torchvitals_samples_total",
@@ -239,7 +251,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "Samples this rank trained on (only when "
         "the caller passes the sample count; rate(): samples per second).",
         RANK,
-        _summed("samples"),
+        _summed(lambda r: r.local.samples),
         from_report=True,
     ),
     MetricSpec(
@@ -248,7 +260,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "Tokens this rank trained on (only when "
         "the caller passes the token count; rate(): tokens per second).",
         RANK,
-        _summed("tokens"),
+        _summed(lambda r: r.local.tokens),
         from_report=True,
     ),
     MetricSpec(
@@ -256,7 +268,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "histogram",
         "This rank's wait for its batches in each step.",
         RANK,
-        _observed("local_data_wait_seconds"),
+        _observed(lambda r: r.timing.data_wait_seconds),
         buckets=WAIT_BUCKETS,
     ),
     MetricSpec(
@@ -327,7 +339,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "Share of the ranks' step time spent waiting for data (last step).",
         GLOBAL,
-        _last("data_wait_ratio", 0.0),
+        _last(lambda r: r.timing.data_wait_ratio, 0.0),
     ),
     MetricSpec(
         "torchvitals_replica_checks_total",
@@ -341,7 +353,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "Mean loss over the ranks at the last step.",
         GLOBAL,
-        _last("loss"),
+        _last(lambda r: r.loss),
     ),
     # Not "_grad_norm_total": the _total suffix is reserved for counters.
     MetricSpec(
@@ -349,14 +361,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "L2 norm of all gradients before clipping.",
         GLOBAL,
-        _last("grad_norm_total"),
+        _last(lambda r: r.grad_norm_total),
     ),
     MetricSpec(
         "torchvitals_clip_coefficient",
         "gauge",
         "Factor the gradients were scaled by (1 without clipping).",
         GLOBAL,
-        _last("clip_coef"),
+        _last(lambda r: r.clip_coef),
     ),
     MetricSpec(
         "torchvitals_grad_norm",
@@ -495,6 +507,13 @@ METRICS: tuple[MetricSpec, ...] = (
         "Healthy checkpoints that failed on some rank and were not committed.",
         GLOBAL,
         lambda s: _recovery(s, "checkpoint_failures"),
+    ),
+    MetricSpec(
+        "torchvitals_custom_value",
+        "gauge",
+        "Last value of a user-defined signal (watch(signals=...)), by its Report.custom name.",
+        CUSTOM,
+        lambda s, name: float(s.custom[name]),
     ),
     MetricSpec(
         "torchvitals_verdicts_total",

@@ -15,30 +15,7 @@ included) is a loop, not a cure: the caller aborts. Pure arithmetic, the same on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rollback:
-    """One rollback, as every rank took it."""
-
-    to_step: int
-    """The healthy step restored."""
-    lr_scale: float
-    """The learning-rate scale from now on (the cumulative back-off)."""
-    skipped: tuple[int, int] | None
-    """Batch indices ``[start, stop)`` never trained on; None: the RNGs were re-seeded instead."""
-    in_window: int
-    """This rollback's number within ``rollback_window`` (1 is the first)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"to_step", "lr_scale", "skipped"}``, as ``Report.rollback`` shows it."""
-        return {
-            "to_step": self.to_step,
-            "lr_scale": self.lr_scale,
-            "skipped": list(self.skipped) if self.skipped else None,
-        }
+from ..report import Rollback
 
 
 class RollbackPolicy:
@@ -113,11 +90,8 @@ class RollbackPolicy:
         Returns:
             The Rollback.
         """
-        in_window = self.recent(tick) + 1
         self.lr_scale *= self.lr_backoff
         skipped = (from_position, position + self.skip_margin) if replayable else None
         self.rollbacks += 1
         self._ticks.append(tick)
-        return Rollback(
-            to_step=to_step, lr_scale=self.lr_scale, skipped=skipped, in_window=in_window
-        )
+        return Rollback(to_step=to_step, lr_scale=self.lr_scale, skipped=skipped)

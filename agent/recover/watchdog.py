@@ -36,7 +36,8 @@ from ...errors import TorchvitalsError
 from ...protocol import CHECKPOINT, LEDGER_FILE, REFUSED, TRAIN
 from ..config import Config
 from ..detect.verdict import Verdict
-from ..report import Report, json_safe
+from ..jsonsafe import json_safe
+from ..report import Report, Rollback
 from .async_save import CLOSE_TIMEOUT_S, Outcome
 from .batches import SkipAwareBatches
 from .checkpoint import CheckpointError, CheckpointStore
@@ -45,7 +46,7 @@ from .jobid import job_identity, resume_decision
 from .ledger import Ledger
 from .resume_policy import ResumePolicy, ResumeRefused, restarted
 from .rng import reseed
-from .rollback_policy import Rollback, RollbackPolicy
+from .rollback_policy import RollbackPolicy
 from .save_policy import SavePolicy
 from .saver import Saver, SyncSaver
 from .staged import StagedSaves
@@ -277,9 +278,9 @@ class Watchdog:
         # Also one that a due save or a rollback had to wait for at an earlier step.
         outcome, self._unreported = self._unreported, None
         if outcome is not None and outcome.ok:
-            report.checkpoint_committed = outcome.step
+            report.checkpoint.committed = outcome.step
         elif outcome is not None:
-            report.checkpoint_failed = f"step {outcome.step}: {outcome.error}"
+            report.checkpoint.failed = f"step {outcome.step}: {outcome.error}"
 
     def close(self) -> None:
         """Let a background write in flight finish (or give up after CLOSE_TIMEOUT_S: its
@@ -416,7 +417,7 @@ class Watchdog:
             rolled.to_step,
             rolled.lr_scale,
             what,
-            rolled.in_window,
+            policy.recent(tick),
             policy.max_rollbacks,
             policy.rollback_window,
             self.ledger.path,

@@ -36,6 +36,6 @@ class DataWaitSignal(Signal):
         self, ctx: StepContext, handle: WaitSlot, reduced: Reduced, report: Report, seen: Observed
     ) -> None:
         wait_sum, step_sum = reduced[handle.sums]
-        report.local_data_wait_seconds = handle.local_wait
-        report.data_wait_mean_seconds = wait_sum / ctx.world_size
-        report.data_wait_ratio = wait_sum / step_sum if step_sum > 0 else 0.0
+        report.timing.data_wait_seconds = handle.local_wait
+        report.timing.data_wait_mean_seconds = wait_sum / ctx.world_size
+        report.timing.data_wait_ratio = wait_sum / step_sum if step_sum > 0 else 0.0

@@ -73,4 +73,4 @@ class Loss(Signal):
         total = value + number
         report.loss = total / known if known else math.nan
         report.nonfinite_loss = flagged + flagged_host > 0 or not math.isfinite(total)
-        report.local_loss = reduced.scalar(handle.local)
+        report.local.loss = reduced.scalar(handle.local)

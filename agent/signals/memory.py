@@ -45,7 +45,7 @@ class Memory(Signal):
             report.memory = MemorySample.unpack(
                 reduced[handle], accelerator=ctx.device.type == "cuda"
             )
-        report.local_accelerator_memory = self.sample.accelerator  # kept from the last sample
+        report.local.accelerator_memory = self.sample.accelerator  # kept from the last sample
 
 
 def to_device(values: list[float], device: torch.device) -> torch.Tensor:

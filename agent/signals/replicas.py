@@ -46,9 +46,9 @@ class Replicas(Signal):
     ) -> None:
         if handle is None:
             return
-        report.replicas_checked = True
+        report.replicas.checked = True
         mismatched = self.fingerprint.mismatched(reduced[handle])
         if mismatched:
-            report.replica_mismatch = self.fingerprint.name_ranks(
+            report.replicas.mismatch = self.fingerprint.name_ranks(
                 mismatched, self.group, ctx.world_size, self._collective_device
             )

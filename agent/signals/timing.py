@@ -47,9 +47,9 @@ class Timing(Signal):
         seen: Observed,
     ) -> None:
         step_sum, *compute_sums = reduced[handle.seconds]
-        report.mean_step_seconds = step_sum / ctx.world_size
-        report.mean_compute_seconds = sum(compute_sums) / ctx.world_size
+        report.timing.mean_step_seconds = step_sum / ctx.world_size
+        report.timing.mean_compute_seconds = sum(compute_sums) / ctx.world_size
         seen.straggler_flags = reduced[handle.flags]
         self.timing.observe(
-            ctx.compute_seconds, compute_sums[self.stage], report.local_data_wait_seconds
+            ctx.compute_seconds, compute_sums[self.stage], report.timing.data_wait_seconds
         )

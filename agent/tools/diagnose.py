@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 
 from ..detect import verdict as P
 from ..detect.verdict import Verdict
-from ..report import json_number
+from ..jsonsafe import json_number
 from ..outputs.eventlog import read_events
 
 NUMERICAL, EXPLOSION, VANISHING = (
@@ -94,8 +94,8 @@ FIXES = {
     NUMERICAL: "Find the overflowing op: compute the loss from logits (log_softmax/cross_entropy, "
     "never log of a softmax), add eps to divisions and logs, prefer bf16 to fp16 (or "
     "keep a GradScaler), and clip gradients (watch(..., clip_grad_norm=1.0)) with warmup.",
-    EXPLOSION: "Clip gradients (watch(..., clip_grad_norm=1.0)), lower the learning rate or lengthen "
-    "warmup, and check the init scale of {block}; if a spike ruined the run, restart from "
+    EXPLOSION: "Clip gradients (watch(..., clip_grad_norm=1.0)), lower the learning rate or "
+    "lengthen warmup, and check the init scale of {block}; if a spike ruined the run, restart from "
     "the last healthy checkpoint with a lower LR and skip the offending batch.",
     VANISHING: "Fix the initialization scale (Xavier/Kaiming for the nonlinearity; the symptoms "
     "start in {block}), add normalization or residual connections, or replace saturating "
@@ -105,15 +105,16 @@ FIXES = {
     "loss that ignores the output; `python -m torchvitals preflight` checks these.",
     GAP: "Not an optimization failure: stop early at the best validation step, get more data or "
     "augmentation, add regularization (weight decay, dropout) or use a smaller model.",
-    DEAD_LAYER: "Unfreeze {block} (requires_grad=True), check its parameters are in the optimizer "
-    "with a non-zero learning rate, or reinitialize it.",
-    STRAGGLER: "Look at the slow rank's host: input pipeline, CPU contention, thermal throttling or "
-    "a degraded link; every other rank waits for it at each collective.",
+    DEAD_LAYER: "Unfreeze {block} (requires_grad=True), check its parameters are in the "
+    "optimizer with a non-zero learning rate, or reinitialize it.",
+    STRAGGLER: "Look at the slow rank's host: input pipeline, CPU contention, thermal throttling "
+    "or a degraded link; every other rank waits for it at each collective.",
     REPLICAS: "Suspect the named rank's hardware (ECC and row-remapper counters, DCGM diagnostics) "
     "or code that writes to one replica's weights; the watchdog rolled back to identical "
     "replicas, and a rank named again should be cordoned.",
-    LEAK: "Find what keeps a reference every step (outputs or losses kept without .detach()/.item(), "
-    "a growing cache); torch.cuda.memory_snapshot() or tracemalloc names the allocation site.",
+    LEAK: "Find what keeps a reference every step (outputs or losses kept without "
+    ".detach()/.item(), a growing cache); torch.cuda.memory_snapshot() or tracemalloc names "
+    "the allocation site.",
     DATA: "Speed up the input pipeline: more DataLoader workers and prefetching, pinned memory, "
     "faster storage or pre-decoded data; the accelerators idle while they wait.",
     NO_ANOMALY: "Nothing to fix in the optimization signals; if results are poor, look at data "
@@ -358,13 +359,14 @@ def _summary(cause: str, lead: dict[str, Any], crash: dict[str, Any] | None) -> 
             else "Gradients vanish"
         )
         + f", first seen as {lead['pattern']} at {at}{crashed}",
-        DEAD_PIPELINE: f"The loss was flat from the start with ~zero gradients (dead pipeline at {at}): "
-        f"the graph, the data or the loss is miswired",
+        DEAD_PIPELINE: "The loss was flat from the start with ~zero gradients "
+        f"(dead pipeline at {at}): the graph, the data or the loss is miswired",
         GAP: f"Training loss falls while validation loss rises from {at}: overfitting, not an "
         f"optimization failure",
-        DEAD_LAYER: f"Block {lead.get('block')} barely moves from step {lead['step']} while the others "
-        f"train: frozen, left out of the optimizer, or given a zero learning rate",
-        STRAGGLER: f"Rank {lead['evidence'].get('rank', '?')} is a straggler from step {lead['step']}"
+        DEAD_LAYER: f"Block {lead.get('block')} barely moves from step {lead['step']} while the "
+        f"others train: frozen, left out of the optimizer, or given a zero learning rate",
+        STRAGGLER: f"Rank {lead['evidence'].get('rank', '?')} is a straggler from step "
+        f"{lead['step']}"
         + (f" ({lead['evidence']['cause']})" if "cause" in lead["evidence"] else ""),
         REPLICAS: f"The DDP replicas' weights differed at step {lead['step']} (ranks "
         f"{lead['evidence'].get('ranks', '?')}): silent data corruption or a write to one replica",

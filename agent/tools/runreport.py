@@ -23,15 +23,17 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ...protocol import LEDGER_FILE
+from ..detect.verdict import CRITICAL, HOT_LR, INFO, WARNING
+from ..jsonsafe import json_number
 from ..outputs.eventlog import read_events
 from ..recover.ledger import Ledger
-from ..report import json_number
+from ..report import Action, Rollback
 from .diagnose import Diagnosis, diagnose_events
 
 PLOTS = ("loss", "grad_norm", "update_ratio", "activations")
 HEALTHY_BAND = (10**-3.5, 10**-2.5)
 """The shaded update-ratio band: half a decade either side of the rule-of-thumb 1e-3."""
-SEVERITY_COLORS = {"warning": "#e69f00", "critical": "#d62728", "info": "#1f77b4"}
+SEVERITY_COLORS = {WARNING: "#e69f00", CRITICAL: "#d62728", INFO: "#1f77b4"}
 ROLLBACK_COLOR = "#9b30ff"
 
 
@@ -69,8 +71,7 @@ class RunReport:
         ]
         lines += [
             f"rollback at step {r['step']} to step {r['to_step']} ({r['reason']}), "
-            f"lr scale {r['lr_scale']:g}, batches {r['skipped'][0]}..{r['skipped'][1] - 1} "
-            f"skipped"
+            f"lr scale {r['lr_scale']:g}, {_skipped(r['skipped'])}"
             for r in self.rollbacks
         ]
         return "\n".join(lines + ["diagnosis:", self.diagnosis.render()])
@@ -127,12 +128,12 @@ def write_report(
             {
                 "step": e["step"],
                 "reason": ", ".join(
-                    v["pattern"] for v in e["verdicts"] if v.get("severity") == "critical"
+                    v["pattern"] for v in e["verdicts"] if v.get("severity") == CRITICAL
                 ),
                 **e["rollback"],
             }
             for e in steps
-            if e.get("action") == "rollback"
+            if e.get("action") == Action.ROLLBACK
         ]
     )
     report = RunReport(
@@ -148,7 +149,7 @@ def write_report(
         else (rollbacks[-1]["lr_scale"] if rollbacks else 1.0),
         skipped=[list(r) for r in book.skipped]
         if book is not None
-        else [list(r["skipped"]) for r in rollbacks],
+        else [list(r["skipped"]) for r in rollbacks if r["skipped"]],
     )
     report.images = _plots(steps, out)
     report.healthy_at_end = healthy_at_end
@@ -167,7 +168,7 @@ def branches(steps: list[dict[str, Any]]) -> list[tuple[list[dict[str, Any]], li
     segments: list[list[dict[str, Any]]] = [[]]
     for e in steps:
         segments[-1].append(e)
-        if e.get("action") == "rollback":
+        if e.get("action") == Action.ROLLBACK:
             segments.append([])
     segments = [s for s in segments if s]
     out = []
@@ -218,7 +219,7 @@ def _series(
 
 def _rollback_lines(ax: Any, steps: list[dict[str, Any]]) -> None:
     for e in steps:
-        if e.get("action") == "rollback":
+        if e.get("action") == Action.ROLLBACK:
             ax.axvline(e["step"], color=ROLLBACK_COLOR, ls=":", lw=1.2)
 
 
@@ -269,24 +270,23 @@ def _plot_loss(ax: Any, steps: list[dict[str, Any]]) -> None:
     top = max((finite(e) for e in steps if finite(e) is not None), default=1.0)
     for e in steps:
         for v in e.get("verdicts") or []:
-            sev = v.get("severity", "info")
+            sev = v.get("severity", INFO)
             y = finite(e) if finite(e) is not None else top
             label = f"{sev}: {v['pattern']}" if (sev, v["pattern"]) not in seen else None
             seen.add((sev, v["pattern"]))
             ax.scatter(
                 [e["step"]],
                 [y],
-                marker="^" if sev == "warning" else "X",
+                marker="^" if sev == WARNING else "X",
                 s=60,
                 zorder=5,
                 color=SEVERITY_COLORS.get(sev, "gray"),
                 label=label,
             )
-        if e.get("action") == "rollback":
-            rb = e["rollback"]
+        if e.get("action") == Action.ROLLBACK:
+            rb = Rollback.from_dict(e["rollback"])
             ax.annotate(
-                f"rollback to step {rb['to_step']}\nlr x{rb['lr_scale']:g}, batches "
-                f"{rb['skipped'][0]}..{rb['skipped'][1] - 1} skipped",
+                f"rollback to step {rb.to_step}\nlr x{rb.lr_scale:g}, {_skipped(rb.skipped)}",
                 xy=(e["step"], finite(e) or top),
                 xytext=(-150, -10),
                 textcoords="offset points",
@@ -310,7 +310,7 @@ def _plot_update_ratio(ax: Any, steps: list[dict[str, Any]]) -> None:
     ax.set_title("update ratio |dw|/|w| per block (sampled steps)")
     ax.axhspan(*HEALTHY_BAND, color="#2ca02c", alpha=0.12, label="healthy band around 1e-3")
     ax.axhline(1e-3, color="#2ca02c", lw=0.8)
-    ax.axhline(1e-2, color=SEVERITY_COLORS["critical"], lw=0.8, ls="--", label="hot_lr (1e-2)")
+    ax.axhline(1e-2, color=SEVERITY_COLORS[CRITICAL], lw=0.8, ls="--", label=f"{HOT_LR} (1e-2)")
     sampled = [e for e in steps if e.get("update_ratio")]
     for i, b in enumerate(_block_names(sampled, "update_ratio")):
         value = lambda e, b=b: _positive(e["update_ratio"].get(b))  # noqa: E731
@@ -345,7 +345,8 @@ def _positive(x: Any) -> float | None:
 
 # ---------------------------------------------------------------- the page
 
-CSS = """body{font:15px/1.45 system-ui,sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#222}
+CSS = """
+body{font:15px/1.45 system-ui,sans-serif;max-width:980px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 pre{background:#f6f6f6;padding:.8em;white-space:pre-wrap}table{border-collapse:collapse}
 td,th{padding:.2em .8em;border-bottom:1px solid #eee;text-align:left}img{max-width:100%}
@@ -374,17 +375,16 @@ def _page(
     for e in steps:
         for v in e.get("verdicts") or []:
             where = f" in {v['block']}" if v.get("block") else ""
-            sev = v.get("severity", "info")
+            sev = v.get("severity", INFO)
             timeline.append(
                 f"<li class='{esc(sev)}'>step {e['step']}: {esc(sev)} "
                 f"<b>{esc(v['pattern'])}</b>{esc(where)}</li>"
             )
-        if e.get("action") == "rollback":
-            rb = e["rollback"]
+        if e.get("action") == Action.ROLLBACK:
+            rb = Rollback.from_dict(e["rollback"])
             timeline.append(
                 f"<li class='rollback'>step {e['step']}: <b>rollback</b> to step "
-                f"{rb['to_step']}, lr scale {rb['lr_scale']:g}, batches "
-                f"{rb['skipped'][0]}..{rb['skipped'][1] - 1} skipped</li>"
+                f"{rb.to_step}, lr scale {rb.lr_scale:g}, {esc(_skipped(rb.skipped))}</li>"
             )
     ledger_rows = "".join(
         f"<tr><td>{esc(x['event'])}</td><td>{x['step']}</td><td>{esc(_ledger_detail(x))}</td></tr>"
@@ -417,13 +417,20 @@ def _page(
 
 def _ledger_detail(entry: dict[str, Any]) -> str:
     if entry["event"] == "rollback":
-        a, b = entry["skipped"]
         return (
             f"to step {entry['to_step']} ({entry['reason']}), lr scale {entry['lr_scale']:g}, "
-            f"batches {a}..{b - 1} skipped"
+            f"{_skipped(entry['skipped'])}"
         )
     if entry["event"] == "checkpoint":
         return os.path.basename(entry["path"])
     if entry["event"] == "adopt":
         return f"from {entry['source']}, lr scale {entry['lr_scale']:g}"
     return entry.get("reason", "")
+
+
+def _skipped(skipped: Sequence[int] | None) -> str:
+    """What a rollback did about the batches that led to it: skipped them, or (a loop that
+    draws its own) re-seeded the RNGs so the same draws do not come back."""
+    if not skipped:
+        return "the loop's RNGs re-seeded"
+    return f"batches {skipped[0]}..{skipped[1] - 1} skipped"

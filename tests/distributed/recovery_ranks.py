@@ -134,9 +134,7 @@ def compare(
 
 def describe(report: Any) -> dict[str, Any]:
     """The parts of a report the tests look at, as plain data."""
-    rollback = getattr(report, "rollback", None)
-    if isinstance(rollback, dict):
-        rollback = {k: (list(v) if isinstance(v, tuple) else v) for k, v in rollback.items()}
+    rollback = report.rollback.to_dict() if report.rollback is not None else None
     return {
         "step": report.step,
         "action": report.action,

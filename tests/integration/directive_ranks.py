@@ -42,7 +42,7 @@ def obedient_job(rank: int, world: int, url: str, root: str, marker: str, steps:
             {
                 "step": report.step,
                 "action": report.action,
-                "rollback": report.rollback,
+                "rollback": report.rollback.to_dict() if report.rollback else None,
                 "verdicts": [v.pattern for v in report.verdicts],
                 "time": time.time(),
             }

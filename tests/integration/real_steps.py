@@ -63,7 +63,7 @@ def describe(report: Any) -> dict[str, Any]:
         "loss": report.loss,
         "lr": report.lr,
         "grad_norm_total": report.grad_norm_total,
-        "rollback": report.rollback,
+        "rollback": report.rollback.to_dict() if report.rollback else None,
         "verdicts": [v.pattern for v in report.verdicts],
     }
 

@@ -130,7 +130,7 @@ def main() -> None:
                         "action": r.action,
                         "grad_norm_total": r.grad_norm_total,
                         "lr": list(r.lr),
-                        "rollback": r.rollback,
+                        "rollback": r.rollback.to_dict() if r.rollback else None,
                         "titan_step": trainer.step,
                         "scheduled_lr": scheduled,
                     }

@@ -74,7 +74,7 @@ def corrupted_replica(
                     "verdicts": _verdicts(report),
                     "action": report.action,
                     "checked": report.replicas_checked,
-                    "to_step": (report.rollback or {}).get("to_step"),
+                    "to_step": report.rollback.to_step if report.rollback else None,
                     "checksum": _checksum(model),
                 }
             )

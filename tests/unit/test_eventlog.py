@@ -23,7 +23,7 @@ def make_report(step: int, **kw) -> Report:
         step_seconds=0.1,
     )
     fields.update(kw)
-    return Report(**fields)
+    return Report.from_flat(**fields)
 
 
 def test_round_trip_with_nonfinite_values(tmp_path):

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torchvitals.agent.detect import PATTERNS
 from torchvitals.agent.outputs.exporter import (
     BLOCK,
+    CUSTOM,
     GLOBAL,
     GROUP,
     METRICS,
@@ -81,6 +82,7 @@ def make_report(step: int, *, sampled: bool = False, rank: int = 0, **kw) -> Rep
         fields["update_ratio_step"] = step - 1
         fields["activations"] = {b: activation(step + i) for i, b in enumerate(BLOCKS)}
         fields["replicas_checked"] = True
+        fields["custom"] = {"my_signal": float(step)}  # a user's signal, measured when sampled
     # What a CUDA rank's steps carry (the last sample's counters; a CPU rank has none: no series).
     fields["local_accelerator_memory"] = {
         "allocated_bytes": 3e9,
@@ -89,7 +91,7 @@ def make_report(step: int, *, sampled: bool = False, rank: int = 0, **kw) -> Rep
         "fragmentation_bytes": 1e9,
     }
     fields.update(kw)
-    return Report(**fields)
+    return Report.from_flat(**fields)
 
 
 def scrape(url: str) -> dict[str, dict]:
@@ -137,6 +139,19 @@ def served():
     yield start
     for ex in exporters:
         ex.close()
+
+
+def test_a_user_signals_values_are_served_by_name_and_kept_between_samples(served):
+    """``Report.custom`` (``watch(signals=...)``) is one gauge per name on rank 0; a name a
+    step did not measure keeps its last value, as per-block series do, so it has no gaps."""
+    ex, other = served(), served(rank=1)
+    for step, custom in ((1, {"tokens_seen": 10.0, "my_ratio": 0.5}), (2, {"my_ratio": 0.25})):
+        ex.update(make_report(step, custom=custom))
+        other.update(make_report(step, rank=1, custom=custom))
+    got = scrape(ex.url)
+    assert value(got, "torchvitals_custom_value", rank="0", name="tokens_seen") == 10.0
+    assert value(got, "torchvitals_custom_value", rank="0", name="my_ratio") == 0.25
+    assert "torchvitals_custom_value" not in scrape(other.url), "global: rank 0 alone"
 
 
 def test_scrape_matches_report(served):
@@ -266,7 +281,7 @@ def test_names_follow_conventions(served):
         if m.kind == "histogram":  # base unit seconds, +Inf last, bounds ascending
             assert m.name.endswith("_seconds") and m.buckets[-1] == math.inf, m.name
             assert list(m.buckets) == sorted(set(m.buckets)), m.name
-        assert m.scope in (RANK, GLOBAL, BLOCK, PATTERN, GROUP), m.name
+        assert m.scope in (RANK, GLOBAL, BLOCK, PATTERN, GROUP, CUSTOM), m.name
         # _total means "counter" to Prometheus tooling; a gauge with it misleads rate().
         assert m.name.endswith("_total") == (m.kind == "counter"), m.name
         assert m.doc.strip(), m.name
@@ -312,6 +327,7 @@ def test_names_follow_conventions(served):
                 "pattern",
                 "severity",
                 "param_group",
+                "name",
             }
             assert dict(labels)["rank"] == "0"
             if family["type"] == "counter":
@@ -352,12 +368,13 @@ def test_series_count_constant_as_steps_go_by(served):
         if step == 10:
             after_10 = scrape(ex.url)
     after_200 = scrape(ex.url)
-    # Rank and global scalars, each histogram's buckets + _sum + _count, per block, per pattern.
+    # Rank and global scalars, each histogram's buckets + _sum + _count, per block, per pattern,
+    # the one custom name.
     histogram_series = sum(len(m.buckets) + 2 for m in METRICS if m.kind == "histogram")
     assert (
         series_count(after_10)
         == series_count(after_200)
-        == 18 + histogram_series + 5 + 10 * len(BLOCKS) + 2 * len(PATTERNS)
+        == 18 + histogram_series + 5 + 10 * len(BLOCKS) + 2 * len(PATTERNS) + 1
     )
     assert set(after_10) == set(after_200)
     # Step 200 was sampled; check an unsampled last step keeps the sampled values.

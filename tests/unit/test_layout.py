@@ -514,3 +514,149 @@ def test_every_package_folder_is_in_the_distribution():
         if p.relative_to(ROOT).parts[0] not in ("tests", "build", ".git")
     }
     assert found == listed, (sorted(found - listed), sorted(listed - found))
+
+
+# ---------------------------------------------------------------- actions
+
+ACTION_VALUES = {"step", "skip", "rollback", "abort"}
+"""The values of ``report.Action``: the package compares and assigns the members, never these."""
+
+
+def _names_an_action(node: ast.AST) -> bool:
+    """``action``, ``x.action``, ``x["action"]`` or ``x.get("action")``."""
+    if isinstance(node, ast.Name):
+        return node.id == "action"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "action"
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "action"
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value == "action"
+    )
+
+
+def _action_literals(node: ast.AST | None) -> list[str]:
+    """The action values spelled in ``node``: a string, or the strings of a tuple/list/set."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [
+        i.value
+        for i in items
+        if isinstance(i, ast.Constant) and isinstance(i.value, str) and i.value in ACTION_VALUES
+    ]
+
+
+def literal_actions(source: str) -> list[str]:
+    """Each action value written as a string literal in ``source`` where an action is compared
+    (``==``, ``!=``, ``in``, ``match``), assigned (``=``, an annotated default, ``action=`` in a
+    call, ``{"action": ...}``), defaulted (``def f(action="step")``) or given a second name
+    (``SKIP = "skip"``). Docstrings and other strings ("event": "rollback", a ledger's entry
+    kind) are not actions."""
+    tree = ast.parse(source)
+    home = {  # the members' own definitions: ``class Action(str, enum.Enum): STEP = "step"``
+        id(n)
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef) and c.name == "Action"
+        for n in c.body
+    }
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in home:
+            continue
+        pairs: list[tuple[ast.AST | None, ast.AST | None]] = []
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            pairs = [(a, b) for a in operands for b in operands if a is not b]
+        elif isinstance(node, ast.Assign):
+            pairs = [(t, node.value) for t in node.targets]
+            pairs += [
+                (t, v)
+                for t in node.targets
+                if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                for t, v in zip(t.elts, node.value.elts)
+            ]
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            pairs = [(node.target, node.value)]
+        elif isinstance(node, ast.keyword) and node.arg == "action":
+            pairs = [(ast.Name("action"), node.value)]
+        elif isinstance(node, ast.Dict):
+            pairs = [(ast.Subscript(ast.Name("d"), k), v) for k, v in zip(node.keys, node.values)]
+        elif isinstance(node, ast.arguments):
+            params = [*node.posonlyargs, *node.args]
+            defaults = list(zip(params[len(params) - len(node.defaults) :], node.defaults))
+            defaults += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d]
+            pairs = [(ast.Name(a.arg), d) for a, d in defaults]
+        elif isinstance(node, ast.Match):
+            pairs = [
+                (node.subject, p.value)
+                for case in node.cases
+                for p in ast.walk(case.pattern)
+                if isinstance(p, ast.MatchValue)
+            ]
+        found += [
+            (getattr(node, "lineno", 0), literal)
+            for target, value in pairs
+            for literal in _action_literals(value)
+            if _names_an_action(target)
+            or (isinstance(target, ast.Name) and target.id == literal.upper())  # a 2nd spelling
+        ]
+    return [f"{line}: {value!r}" for line, value in sorted(set(found))]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'report.action == "skip"',
+        'if "rollback" != r.action: pass',
+        'report.action in ("rollback", "skip")',
+        'e.get("action") == "rollback"',
+        'e["action"] == "abort"',
+        'action = "step"',
+        'report.action, report.rollback = "rollback", rolled',
+        'class R:\n    action: str = "step"',
+        'Report(step=1, action="skip")',
+        'line = {"action": "rollback"}',
+        'def decide(action="step"): pass',
+        'def decide(*, action="abort"): pass',
+        'match report.action:\n    case "rollback":\n        pass',
+        'STEP, SKIP = "step", "skip"',
+    ],
+)
+def test_the_action_rule_sees_each_literal_action(source):
+    assert literal_actions(source), source
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "report.action == Action.SKIP",
+        "report.action in (Action.ROLLBACK, Action.SKIP)",
+        'e["event"] == "rollback"',
+        'entry.get("event", "step") == "step"',
+        'def f():\n    """action "rollback" or "skip"."""',
+        'AttributePatch(owner, "step", wrap)',
+        'state = {"step": 3}',
+        'ACTIONS = {"rollback": 1.0, "abort": 2.0}',
+    ],
+)
+def test_the_action_rule_leaves_other_strings_alone(source):
+    assert not literal_actions(source), source
+
+
+def test_no_action_is_a_string_literal_in_the_package():
+    """Every action the package compares, assigns or defaults is an ``Action`` member: one
+    spelling, which a type checker follows (users' ``report.action == "rollback"`` still holds,
+    ``Action`` is a ``str``)."""
+    from torchvitals.agent.report import Action
+
+    assert {a.value for a in Action} == ACTION_VALUES
+    wrong = {
+        module: found
+        for module, path in MODULES.items()
+        if (found := literal_actions(path.read_text()))
+    }
+    assert not wrong, wrong

@@ -9,7 +9,7 @@ import torch
 import torchvitals
 from torchvitals.agent.detect import Verdict
 from torchvitals.agent.outputs.live import LiveView, ratio_bar, ratio_state, sparkline
-from torchvitals.agent.report import Report
+from torchvitals.agent.report import Action, Report, Rollback
 from support.models import TinyGPT, random_batches
 
 ANSI = re.compile(r"\x1b\[")
@@ -34,8 +34,8 @@ def test_plain_lines_carry_status_verdicts_and_the_rollback_without_escape_codes
             12,
             loss=9.0,
             verdicts=[crit],
-            action="rollback",
-            rollback={"to_step": 10, "lr_scale": 0.5, "skipped": [10, 14]},
+            action=Action.ROLLBACK,
+            rollback=Rollback(to_step=10, lr_scale=0.5, skipped=(10, 14)),
         ),
         recovery={"lr_scale": 0.5, "rollbacks": 1},
     )
@@ -53,6 +53,20 @@ def test_plain_lines_carry_status_verdicts_and_the_rollback_without_escape_codes
         "batches 10..13 skipped (4)"
     ) in lines
     assert any("lr_scale 0.5  action rollback" in line for line in lines)
+
+
+def test_a_rollback_that_reseeded_the_loops_rngs_is_shown_too():
+    """A loop that draws its own batches skips none: the rollback line says the RNGs were
+    re-seeded instead (``skipped`` is None)."""
+    stream = io.StringIO()
+    view = LiveView(["a", "b"], stream=stream, every=10)
+    rolled = Rollback(to_step=10, lr_scale=0.25, skipped=None)
+    view.update(_report(13, action=Action.ROLLBACK, rollback=rolled))
+    view.close()
+    assert (
+        "  ROLLBACK at step 13: back to the healthy checkpoint of step 10, learning rate x0.25, "
+        "the loop's RNGs re-seeded"
+    ) in stream.getvalue().splitlines()
 
 
 def test_terminal_panel_shows_blocks_bars_and_active_verdicts():
@@ -101,3 +115,14 @@ def test_agent_with_live_on_writes_its_reports_as_lines(capsys):
     assert out.splitlines()[0].startswith("step     1  loss")
     assert f"step    10  loss {report.loss:8.4f}" in out  # the agent's own report
     assert not ANSI.search(out)
+
+
+def test_an_abort_line_names_the_pattern_that_ended_the_run():
+    """The loop guard's abort and a collector's abort order both end the run: the line says
+    which (the critical verdict the abort step carries)."""
+    stream = io.StringIO()
+    view = LiveView(["a", "b"], stream=stream, every=10)
+    ordered = Verdict("collector_directive", "critical", 30, None, {"action": "abort"})
+    view.update(_report(30, action=Action.ABORT, verdicts=[ordered]))
+    view.close()
+    assert "  ABORT at step 30: collector_directive" in stream.getvalue().splitlines()

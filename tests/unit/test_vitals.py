@@ -146,7 +146,7 @@ def test_process_vitals_and_cpu_memory_sample():
 
 
 def report(step: int, **kw) -> Report:
-    return Report(step=step, loss=1.0, grad_norm={}, grad_norm_total=1.0, **kw)
+    return Report.from_flat(step=step, loss=1.0, grad_norm={}, grad_norm_total=1.0, **kw)
 
 
 def test_memory_growth_needs_a_steady_rise_past_warmup():

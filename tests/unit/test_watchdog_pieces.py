@@ -75,11 +75,11 @@ def _rollbacks(**overrides):
 def test_each_rollback_backs_the_learning_rate_off_and_skips_what_led_there():
     policy = _rollbacks(lr_scale=0.5)  # a resumed run: the ledger's scale
     first = policy.take(5, to_step=20, from_position=20, position=31, replayable=True)
-    assert first == Rollback(to_step=20, lr_scale=0.25, skipped=(20, 34), in_window=1)
+    assert first == Rollback(to_step=20, lr_scale=0.25, skipped=(20, 34))
     assert first.to_dict() == {"to_step": 20, "lr_scale": 0.25, "skipped": [20, 34]}
     second = policy.take(9, to_step=20, from_position=20, position=25, replayable=False)
     assert second.skipped is None and second.to_dict()["skipped"] is None
-    assert (second.lr_scale, second.in_window, policy.rollbacks) == (0.125, 2, 2)
+    assert (second.lr_scale, policy.recent(9), policy.rollbacks) == (0.125, 2, 2)
 
 
 def test_the_loop_guard_refuses_one_rollback_too_many_within_the_window():
@@ -228,7 +228,7 @@ def test_the_watchdog_from_pieces_saves_rolls_back_and_trips_the_guard(tmp_path)
     assert dog.maybe_save(2, model, opt, None, detector)
     assert dog.last_healthy == 2 and dog.metrics()["checkpoint_seconds"] > 0
     rolled = dog.rollback(3, 3, "loss_spike", model, opt, None)
-    assert rolled == Rollback(to_step=2, lr_scale=0.5, skipped=None, in_window=1)
+    assert rolled == Rollback(to_step=2, lr_scale=0.5, skipped=None)
     assert dog.lr_scale == 0.5 and dog.rollbacks == 1
     with pytest.raises(TrainingAborted) as aborted:
         dog.rollback(4, 4, "loss_spike", model, opt, None)

@@ -168,7 +168,7 @@ def train(rank: int, world: int, run: DemoRun) -> dict[str, Any]:
         # block stays a dead layer: a rollback cannot fix it, so that run does not end healthy).
         summary["healthy_at_end"] = bool(
             report is not None
-            and report.action == "step"
+            and report.action == torchvitals.Action.STEP
             and agent.watchdog.healthy(agent.step_count, agent.detector)
             and not summary["active_at_end"]
         )
