@@ -29,7 +29,7 @@ class ConfigError(TorchvitalsError, ValueError):
         where = f" (from {source})" if source else ""
         super().__init__(f"{field}={value!r}{where}: {allowed}")
 
-    def from_source(self, source: str) -> "ConfigError":
+    def from_source(self, source: str) -> ConfigError:
         """The same error, saying where the value came from."""
         return type(self)(self.field, self.value, self.allowed, source)
 

@@ -6,7 +6,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {"watch": ".agent", ...}, globals(
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def lazy_exports(

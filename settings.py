@@ -1,7 +1,8 @@
-"""How settings reach a config dataclass: code or a flag > a ``TORCHVITALS_*`` variable > the default.
+"""How settings reach a config dataclass: code or a flag > a ``TORCHVITALS_*`` variable >
+the default.
 
-    config = Config(**settings(Config, None, {"sample_every": 20}, lambda f: "TORCHVITALS_" + f.upper(),
-                               "torchvitals"))
+    config = Config(**settings(Config, None, {"sample_every": 20},
+                               lambda f: "TORCHVITALS_" + f.upper(), "torchvitals"))
 
 Shared by the agent's, the collector's and the supervisor's configs, so every component reads
 its environment and builds its flags the same way. Each field's help text is the docstring
@@ -16,10 +17,12 @@ import ast
 import dataclasses
 import functools
 import inspect
+import itertools
 import json
 import os
 import textwrap
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def settings(
@@ -152,9 +155,10 @@ def field_docs(cls: type) -> dict[str, str]:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):  # no source (a frozen app): help without the words
         return {}
-    body = tree.body[0].body
+    node = tree.body[0]  # the class statement
+    body = node.body if isinstance(node, ast.ClassDef) else []
     docs = {}
-    for node, after in zip(body, body[1:]):
+    for node, after in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)

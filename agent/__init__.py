@@ -25,9 +25,10 @@ from ..lazy import lazy_exports
 _EXPORTS = {"Agent": ".agent", "watch": ".agent", "Config": ".config", "Report": ".report"}
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
-    from .agent import Agent, watch
-    from .config import Config
-    from .report import Report
+if TYPE_CHECKING:  # `import X as X`: re-exported for type checkers (PEP 484)
+    from .agent import Agent as Agent
+    from .agent import watch as watch
+    from .config import Config as Config
+    from .report import Report as Report
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

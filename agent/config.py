@@ -1,4 +1,5 @@
-"""The agent's configuration: five keyword-only sections, also settable flat and from the environment.
+"""The agent's configuration: five keyword-only sections, also settable flat and from the
+environment.
 
     Config(measure=MeasureConfig(sample_every=20), recover=RecoverConfig(checkpoint_dir="ckpt"))
     Config(sample_every=20, checkpoint_dir="ckpt")          # the same: every field flat as well
@@ -21,12 +22,12 @@ section passed whole is an argument for each of its fields; a flat keyword given
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
-from ..protocol import ABORT_EXIT_CODE, ENV_PREFIX
 from ..errors import ConfigError
+from ..protocol import ABORT_EXIT_CODE, ENV_PREFIX
 from ..settings import check_types, settings
 from .detect.thresholds import Thresholds
 
@@ -454,7 +455,7 @@ class Config:
             setattr(self, section, value)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         """Build a Config from defaults, then ``TORCHVITALS_*`` variables, then ``overrides``.
 
         Args:

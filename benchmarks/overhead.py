@@ -71,8 +71,9 @@ import torch.distributed as dist
 from torchvitals.agent.tools.demo.data import random_batches
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from variants import VARIANTS, DESCRIPTIONS, build, wandb_missing  # noqa: E402
-from torchvitals.agent.step import StageTimes  # noqa: E402
+from variants import DESCRIPTIONS, VARIANTS, build, wandb_missing
+
+from torchvitals.agent.step import StageTimes
 
 MODEL = dict(vocab=256, d_model=256, n_layers=6, n_heads=4, seq_len=128)
 SMALL = dict(vocab=64, d_model=32, n_layers=2, n_heads=4, seq_len=16)
@@ -289,7 +290,7 @@ def _ddp_rank(
         finally:
             dist.destroy_process_group()
         queue.put((rank, "ok", result))
-    except BaseException:  # noqa: BLE001 - the parent reports every rank's failure
+    except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
         raise
 
@@ -381,8 +382,8 @@ def print_saves(
         )
         print(
             f"{mode:<7} {v:<9} {len(s['stalls'])} saves, stall per save {stall:.1f} ms = "
-            f"{stall / bare_ms:.3f} steps of {bare_ms:.0f} ms, {100 * stall / (every * bare_ms):.2f}% "
-            f"of training time; rollback {rollback}"
+            f"{stall / bare_ms:.3f} steps of {bare_ms:.0f} ms, "
+            f"{100 * stall / (every * bare_ms):.2f}% of training time; rollback {rollback}"
         )
 
 
@@ -390,7 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     model = SMALL if args.small else MODEL
     print(
-        f"torchvitals overhead: torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"torchvitals overhead: torch {torch.__version__}, "
+        f"{platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cpus; model {model}, batch {SMALL_BATCH if args.small else BATCH}; "
         f"{args.rounds} rounds x {args.steps} steps, warmup {args.warmup}",
         flush=True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -260,7 +261,7 @@ def wandb_missing() -> str | None:
     """Why the wandb variant cannot run here, or None when it can."""
     try:
         import wandb  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means skip, with the reason
+    except Exception as exc:
         return f"wandb is not importable ({type(exc).__name__}: {exc}); pip install wandb"
     return None
 

@@ -10,8 +10,8 @@ a job that crashes or hangs (``torchvitals supervise -- CMD``). Imports no torch
 image carries none.
 """
 
-from .config import CollectorConfig
 from .auth import Principal, Tokens
+from .config import CollectorConfig
 from .directives import Directive, DirectiveStore, StoreFull, StoreLimits
 from .server import CollectorServer, create_app, serve
 from .supervisor import Supervisor, SupervisorConfig, supervise

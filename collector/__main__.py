@@ -12,7 +12,7 @@ jobs' own tokens from ``--job-tokens-file`` or ``TORCHVITALS_COLLECTOR_JOB_TOKEN
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .config import CollectorConfig
 from .server import serve

@@ -80,7 +80,7 @@ def parse_job_tokens(text: str, where: str) -> dict[bytes, str]:
     """
     try:
         mapping = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise TokenError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(mapping, dict):
         raise TokenError(f"{where}: must be a JSON object mapping job name -> token")

@@ -16,8 +16,9 @@ share. A token itself is never a flag (a flag shows in ``ps``).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..protocol import ENV_PREFIX, TOKEN_ENV, TOKEN_FILE_ENV, TokenError, read_token
 from ..settings import add_flags, settings
@@ -146,7 +147,7 @@ class CollectorConfig:
     @classmethod
     def from_env(
         cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> "CollectorConfig":
+    ) -> CollectorConfig:
         """Build a config from defaults, then the variables of ``env_name``, then ``overrides``.
 
         Args:
@@ -161,7 +162,7 @@ class CollectorConfig:
     @classmethod
     def from_args(
         cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
-    ) -> "CollectorConfig":
+    ) -> CollectorConfig:
         """Parse command-line flags over the environment.
 
         Args:

@@ -8,13 +8,13 @@ the directive gauges are read from the store at scrape time, so they survive a r
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from .directives import OUTCOMES, DirectiveStore
 from ..protocol import ACTIONS
+from .directives import OUTCOMES, DirectiveStore
 
 PREFIX = "torchvitals_collector_"
 

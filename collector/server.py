@@ -29,7 +29,8 @@ import logging
 import sqlite3
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -307,7 +308,7 @@ class CollectorServer:
         """Serve until interrupted (SIGINT/SIGTERM stop it gracefully)."""
         self._server.run()
 
-    def start(self, timeout_s: float = 10.0) -> "CollectorServer":
+    def start(self, timeout_s: float = 10.0) -> CollectorServer:
         """Serve in a daemon thread.
 
         Args:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import TorchvitalsError
 from ..protocol import ACTION_LABEL, ACTIONS, JOB_LABEL

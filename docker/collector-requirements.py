@@ -11,6 +11,7 @@ installs the same list into the torch-free venvs of the other Pythons.
 
 import re
 import sys
+
 import tomllib
 
 TRAINING_ONLY = {"torch", "rich", "matplotlib"}

@@ -5,8 +5,9 @@
 
 Helm reads no file outside the chart's folder, so the chart carries copies of
 ``grafana/rules/*.rules.yml`` (not the rules' promtool tests) and ``grafana/dashboards/*.json``;
-the PrometheusRule and the dashboard ConfigMaps are rendered from them. ``tests/deploy/test_helm_chart.py`` fails when a copy differs
-from its canonical file, so edit grafana/ and run this, never the copies.
+the PrometheusRule and the dashboard ConfigMaps are rendered from them.
+``tests/deploy/test_helm_chart.py`` fails when a copy differs from its canonical file, so edit
+grafana/ and run this, never the copies.
 """
 
 from __future__ import annotations

@@ -26,9 +26,14 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
-    from .detector import Detector
-    from .thresholds import Thresholds
-    from .verdict import CRITICAL, INFO, PATTERNS, SEVERITIES, WARNING, Verdict
+if TYPE_CHECKING:  # `import X as X`: re-exported for type checkers (PEP 484)
+    from .detector import Detector as Detector
+    from .thresholds import Thresholds as Thresholds
+    from .verdict import CRITICAL as CRITICAL
+    from .verdict import INFO as INFO
+    from .verdict import PATTERNS as PATTERNS
+    from .verdict import SEVERITIES as SEVERITIES
+    from .verdict import WARNING as WARNING
+    from .verdict import Verdict as Verdict
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -113,7 +113,7 @@ class ActivationStats:
 
 
 def summarize(count: float, sums: list[float], abs_max: float) -> dict[str, float]:
-    """Turn reduced sums into {mean, rms, abs_max, zero_fraction, saturation_fraction, nonfinite}."""
+    """Reduced sums -> {mean, rms, abs_max, zero_fraction, saturation_fraction, nonfinite}."""
     total, sumsq, zeros, saturated, nonfinite = sums
     return {
         "mean": total / count,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 F64 = torch.float64
-_ARMED: list["AttentionStats"] = []
+_ARMED: list[AttentionStats] = []
 
 
 def record_attention(
@@ -42,7 +42,8 @@ def _per_head_entropy(probs: torch.Tensor) -> torch.Tensor:
 
 
 class AttentionStats:
-    """Per block: records count, max of -min-entropy (so a MAX reduction gives the minimum), max logit."""
+    """Per block: records count, max of -min-entropy (a MAX reduction gives the minimum), max
+    logit."""
 
     def __init__(self, root: nn.Module, blocks: Any):
         self._block_of: dict[int, int] = {}
@@ -94,7 +95,7 @@ class AttentionStats:
         self._counts[b] += 1
 
     def take(self, device: torch.device) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """Disarm; return (counts, per-block -min entropy, per-block max logit), -inf where absent."""
+        """Disarm; return (counts, per-block -min entropy, per-block max logit), -inf if absent."""
         if self in _ARMED:
             _ARMED.remove(self)
         for handle in self._handles:

@@ -12,8 +12,9 @@ it a compute (or host) problem.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 
 class DataWait:

@@ -17,8 +17,9 @@ int32 (wrapping: modulo 2**32), the parameters' sums added per block in int64 an
 every rank gets the same number whatever its kernel order or thread count (a float sum would
 not promise that), and any single changed element (every change of fewer than 32 bits) changes
 its block's sum. The int32 sum runs at the speed of a float sum (1.9 ms for the benchmark's
-4.9 M parameters on 2 CPU cores; widening to int64 or float64 while summing took 20-28 ms). The MAX vector carries ``x`` and ``-x``: ``max(x) == -max(-x)`` holds
-exactly when every rank's ``x`` is the same, so the comparison costs ``2 * blocks`` floats on
+4.9 M parameters on 2 CPU cores; widening to int64 or float64 while summing took 20-28 ms).
+The MAX vector carries ``x`` and ``-x``: ``max(x) == -max(-x)`` holds exactly when every rank's
+``x`` is the same, so the comparison costs ``2 * blocks`` floats on
 a collective that sampled steps already run. Only when a block differs do the ranks exchange
 their values once more (every rank sees the mismatch in the same step, so all take part) to name
 the odd rank(s) out.

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..compat import scaler_found_inf, scaler_scale_async, scaler_stage_unscaled
+from ..compat.pytorch import scaler_found_inf, scaler_scale_async, scaler_stage_unscaled
 
 
 def enabled(scaler: Any) -> bool:

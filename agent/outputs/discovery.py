@@ -16,6 +16,7 @@ own series carry it, and a target label of the same name would rename them ``exp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -72,7 +73,6 @@ class TargetFile:
         if not self.written:
             return
         self.written = False
-        try:
+        # Already gone, or a read-only folder: Prometheus drops a dead target.
+        with contextlib.suppress(OSError):
             self.path.unlink()
-        except OSError:
-            pass  # already gone, or a read-only folder: Prometheus drops a dead target

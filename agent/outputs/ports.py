@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 log = logging.getLogger(__name__)
 

@@ -98,10 +98,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.close()
         self.rfile = io.BytesIO(self._head)  # nothing left to read from the socket: no stall
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         self._answer(body=True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._answer(body=False)
 
     def _answer(self, body: bool) -> None:
@@ -123,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             self.wfile.write(data)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass  # a scrape every few seconds is not news
 
 
@@ -236,7 +236,7 @@ class MetricsServer:
                 # not dropped by the cap for a newcomer.
                 accept = True
             elif sock in self._waiting:  # else the wake-up socket, or dropped in this batch
-                self._advance(sock)  # type: ignore[arg-type]
+                self._advance(sock)
         if accept:
             self._accept()
         now = time.monotonic()
@@ -384,10 +384,8 @@ class MetricsServer:
             for conn in self._serving:
                 # Wakes a worker blocked writing to a client that does not read. The plain
                 # socket's shutdown: SSLSocket's would drop its SSL object under that worker.
-                try:
+                with contextlib.suppress(OSError):
                     socket.socket.shutdown(conn, socket.SHUT_RDWR)
-                except OSError:
-                    pass
         self._pool.shutdown(wait=True)
         self._wake_r.close()
         self._wake_w.close()

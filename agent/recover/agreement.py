@@ -15,7 +15,8 @@ the process group's timeout). Without a process group (a single process) each is
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -85,7 +86,7 @@ class Ranks:
         if self.rank == 0:
             try:
                 box[0] = (True, fn())
-            except Exception as e:  # noqa: BLE001 - raised on every rank below
+            except Exception as e:
                 box[0] = (False, describe(e))
         if self.distributed:
             dist.broadcast_object_list(box, group=self.group, group_src=0)

@@ -36,7 +36,7 @@ CLOSE_TIMEOUT_S = 600.0
 that died never finishes, and the folder then stays an uncommitted ``.tmp-*``)."""
 
 
-_writers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+_writers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
 def writing() -> bool:
@@ -90,7 +90,7 @@ class BackgroundSaver:
         try:
             path = self.store.save(snap.step, staged=snap)
             self._result = (True, str(path), None, time.perf_counter() - start)
-        except BaseException as e:  # noqa: BLE001 - reported on every rank at settle()
+        except BaseException as e:
             self._result = (False, None, f"{type(e).__name__}: {e}", time.perf_counter() - start)
 
     def flags(self) -> list[float]:

@@ -18,7 +18,8 @@ a restart reads nothing twice.
 from __future__ import annotations
 
 import base64
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 

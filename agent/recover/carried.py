@@ -80,7 +80,7 @@ class CarriedState:
         return out
 
     @classmethod
-    def from_tensor(cls, tensor: torch.Tensor) -> "CarriedState":
+    def from_tensor(cls, tensor: torch.Tensor) -> CarriedState:
         """The state ``to_tensor`` wrote, checked.
 
         Raises:
@@ -98,7 +98,7 @@ class CarriedState:
         return cls._checked(doc)
 
     @classmethod
-    def _checked(cls, doc: Any) -> "CarriedState":
+    def _checked(cls, doc: Any) -> CarriedState:
         if not isinstance(doc, dict) or doc.get("version") != VERSION:
             raise CarriedStateError(f"not a version-{VERSION} torchvitals state")
 

@@ -1,4 +1,5 @@
-"""Healthy checkpoints: ``torch.distributed.checkpoint`` shards plus JSON state, committed atomically.
+"""Healthy checkpoints: ``torch.distributed.checkpoint`` shards plus JSON state, committed
+atomically.
 
     store = CheckpointStore("checkpoints", keep=3)
     store.save(step, model, optimizer, scheduler, extra={"position": 1234})   # on every rank
@@ -35,8 +36,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist

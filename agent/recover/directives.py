@@ -23,7 +23,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ...protocol import ACTIONS, JOB_ID_ENVS, RUN_PARAM, token_from_env
 from .jobid import job_identity

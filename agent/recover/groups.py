@@ -1,6 +1,6 @@
 """The background writes' gloo groups: made once per process and set of ranks, then reused.
 
-    group = checkpoint_group(parent)        # the first agent of the process creates it; later ones reuse it
+    group = checkpoint_group(parent)    # the process's first agent creates it; later ones reuse it
 
 A background checkpoint write runs its collectives in its own thread, so it needs a process
 group of its own (see ``async_save``). Creating one per agent and destroying it at ``close()``
@@ -22,7 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch.distributed as dist
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ...protocol import TRAIN, heartbeat_path, write_heartbeat
 

@@ -14,8 +14,8 @@ and refused to another job. Torch-free: the supervisor reads the same identity.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from ...protocol import JOB_ID_ENV, JOB_ID_ENVS
 
@@ -93,8 +93,8 @@ def resume_decision(
         refuse=True,
         message=(
             f"{folder} belongs to job {recorded!r}, not to this job {current!r}: a new job would "
-            f"silently inherit another job's weights. Use a new checkpoint_dir for this job, or, to "
-            f'continue job {recorded!r}, run it with {JOB_ID_ENV}={recorded} (or resume="auto", '
+            f"silently inherit another job's weights. Use a new checkpoint_dir for this job, or, "
+            f'to continue job {recorded!r}, run it with {JOB_ID_ENV}={recorded} (or resume="auto", '
             f"TORCHVITALS_RESUME=auto, to take the folder over)."
         ),
     )

@@ -20,8 +20,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from ...errors import TorchvitalsError
 from .durable import replace_json
@@ -132,7 +133,7 @@ class Ledger:
         """The job the folder belongs to (``jobid.job_identity``), written with the next event;
         None in a ledger older than job ids, or of a job without one."""
 
-    def load(self) -> "Ledger":
+    def load(self) -> Ledger:
         """Read the file (a missing one is a fresh ledger) and return this ledger.
 
         Raises:

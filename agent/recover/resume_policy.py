@@ -11,9 +11,10 @@ run's continuation.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ...errors import TorchvitalsError
 from ...protocol import ATTEMPT_ENV

@@ -13,7 +13,7 @@ Pure bookkeeping over verdicts: every rank sees the same ones, so every rank ans
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..detect.verdict import CRITICAL, PROCESS_PATTERNS, WARNING, Verdict
 

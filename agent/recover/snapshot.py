@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..compat import copy_state_dict, create_cpu_state_dict
+from ..compat.pytorch import copy_state_dict, create_cpu_state_dict
 from .rng import rng_state, set_rng_state
 from .state import get_states, set_states
 
@@ -46,7 +47,7 @@ class Snapshot:
 
 @dataclass
 class Restored:
-    """What a restore brought back, from disk (``CheckpointStore.load``) or from RAM (``restore``)."""
+    """What a restore brought back: from disk (``CheckpointStore.load``) or RAM (``restore``)."""
 
     step: int
     """The healthy step the state is from."""
@@ -115,7 +116,7 @@ def stage(
     if into is not None:
         try:
             buffers = copy_state_dict(live, into.tensors, non_blocking=on_device)
-        except Exception:  # noqa: BLE001 - CompanionMismatch & co.: the structure changed
+        except Exception:
             buffers = None  # (a new param group, new optimizer state): allocate anew
     if buffers is None:
         buffers = copy_state_dict(

@@ -1,6 +1,6 @@
 """What makes a checkpoint folder safe to load: a signed manifest, and loading that runs no code.
 
-    key = CheckpointKey.from_env()                   # TORCHVITALS_CHECKPOINT_KEY(_FILE), or ~/.config
+    key = CheckpointKey.from_env()               # TORCHVITALS_CHECKPOINT_KEY(_FILE), or ~/.config
     manifest["signature"] = key.sign(manifest)       # rank 0, when it commits a save
     key.verify(manifest)                             # None, or why the folder must not be loaded
 
@@ -30,15 +30,16 @@ import json
 import os
 import pickle
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from ...errors import TorchvitalsError
-from ..compat import DCP_METADATA_FILE, DCP_METADATA_GLOBALS
+from ..compat.dcp import DCP_METADATA_FILE, DCP_METADATA_GLOBALS
 
 KEY_ENV = "TORCHVITALS_CHECKPOINT_KEY"
 KEY_FILE_ENV = "TORCHVITALS_CHECKPOINT_KEY_FILE"
@@ -47,7 +48,7 @@ SIGNATURE = "signature"
 
 
 class UntrustedCheckpoint(TorchvitalsError, RuntimeError):
-    """A checkpoint holds something torchvitals will not load (an object pickle, a foreign class)."""
+    """A checkpoint holds what torchvitals will not load (an object pickle, a foreign class)."""
 
 
 class CheckpointKey:
@@ -69,7 +70,7 @@ class CheckpointKey:
     @classmethod
     def from_env(
         cls, environ: Mapping[str, str] | None = None, key_file: str | None = None
-    ) -> "CheckpointKey":
+    ) -> CheckpointKey:
         """The key from ``TORCHVITALS_CHECKPOINT_KEY``, else the file ``key_file`` or
         ``TORCHVITALS_CHECKPOINT_KEY_FILE`` names, else the per-user default file (made, mode
         0600, when missing).
@@ -166,7 +167,7 @@ class SafeReader(dcp.FileSystemReader):
                 metadata = _MetadataUnpickler(f).load()
         except UntrustedCheckpoint:
             raise
-        except Exception as exc:  # noqa: BLE001 - any malformed pickle: one clear refusal
+        except Exception as exc:
             raise UntrustedCheckpoint(
                 f"{path} is not DCP metadata ({type(exc).__name__}: {exc})"
             ) from None

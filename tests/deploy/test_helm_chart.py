@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -23,7 +23,6 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from crd_schemas import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +154,10 @@ def test_each_component_sits_behind_its_enabled_flag(chart):
                 values[key][k] = {**values[key].get(k, {}), **v} if isinstance(v, dict) else v
         left = {d["kind"] for d in render(chart, values)}
         assert not (left & gone), f"{name} off still renders {left & gone}"
-    config_maps = lambda docs: {d["metadata"]["name"] for d in by_kind(docs, "ConfigMap")}
+
+    def config_maps(docs):
+        return {d["metadata"]["name"] for d in by_kind(docs, "ConfigMap")}
+
     full = config_maps(everything)
     for off, suffix in [
         ({"scraping": {"scrapeConfig": {"enabled": False}}}, "-scrape-config"),
@@ -434,7 +436,10 @@ def test_the_chart_routes_to_the_collector_as_the_canonical_alertmanager_config_
         if d["metadata"]["name"].endswith("-alertmanager-snippet")
     )
     (ours,) = yaml.safe_load(cm["data"]["torchvitals-receiver.yml"])["route"]["routes"]
-    no_spaces = lambda matchers: [re.sub(r"\s*(=~|!~|!=|=)\s*", r"\1", m) for m in matchers]
+
+    def no_spaces(matchers):
+        return [re.sub(r"\s*(=~|!~|!=|=)\s*", r"\1", m) for m in matchers]
+
     assert no_spaces(ours["matchers"]) == no_spaces(route["matchers"])
     for key in ("group_by", "group_wait", "group_interval", "repeat_interval", "continue"):
         assert ours[key] == route[key], key

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from recovery_ranks import WATCH, build, dataset, describe, forward_loss, params
 
 import torchvitals
-from recovery_ranks import WATCH, build, dataset, describe, forward_loss, params
 
 
 def _count_disk_loads() -> list[int]:

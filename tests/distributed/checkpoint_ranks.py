@@ -11,11 +11,11 @@ import signal
 from typing import Any
 
 import torch
-
-from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
 from support.models import TINY, TinyGPT, random_batches
 from support.reference import full
 from support.world import wrap
+
+from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
 
 
 def _setup(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:

@@ -8,9 +8,6 @@ import copy
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-import torchvitals
 from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
 from support.reference import (
     OutputRecorder,
@@ -21,6 +18,9 @@ from support.reference import (
     snapshot,
 )
 from support.world import wrap
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import torchvitals
 
 GLOBAL_FIELDS = (
     "step",
@@ -161,6 +161,7 @@ def nonfinite_on_one_rank(rank: int, world: int, kind: str, where: str, config: 
 def serve_metrics(rank: int, world: int, base_port: int) -> dict:
     """Each rank serves /metrics on base + LOCAL_RANK; return what its own endpoint shows."""
     import urllib.request
+
     from prometheus_client.parser import text_string_to_metric_families
 
     torch.manual_seed(0)

@@ -12,11 +12,10 @@ import sys
 from typing import Any
 
 import torch
+from support.models import TINY, TinyGPT, random_batches
 from torch.nn.parallel import DistributedDataParallel
 
 import torchvitals
-from support.models import TinyGPT, random_batches
-from support.models import TINY
 
 
 def cycles(rank: int, world: int, root: str, n: int, steps: int) -> list[dict[str, Any]]:

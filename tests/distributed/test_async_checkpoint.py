@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from async_ranks import decisions_at_scale, write_fails_on_rank1
 from dist_scenarios import exact
 from support.world import run_world

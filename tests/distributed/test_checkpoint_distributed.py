@@ -1,7 +1,6 @@
-"""Checkpoints under DDP and FSDP2, world size 2 on gloo: exact round trips, failures on one rank."""
+"""Checkpoints under DDP and FSDP2, world size 2 on gloo: exact round trips, one rank failing."""
 
 import pytest
-
 from checkpoint_ranks import fail_on_rank1, save_train_load
 from support.world import run_world
 

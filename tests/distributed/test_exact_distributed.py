@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from dist_scenarios import exact, nonfinite_on_one_rank, serve_metrics
 from support.world import run_world
 
@@ -50,8 +49,9 @@ def test_nan_on_one_rank_skips_the_step_on_every_rank(kind, where, config):
 
 
 def test_each_rank_serves_its_scalars_and_rank0_the_blocks():
-    from support.world import free_port
     import socket
+
+    from support.world import free_port
 
     while True:
         base = free_port()
@@ -71,7 +71,7 @@ def test_each_rank_serves_its_scalars_and_rank0_the_blocks():
         for n in rank1["names"]
     )
     assert "torchvitals_step_duration_seconds_count" in rank1["names"]
-    for rank, r in enumerate((rank0, rank1)):
+    for _rank, r in enumerate((rank0, rank1)):
         assert r["local_loss"] == r["report_local_loss"]
         # Each rank's compute-time histogram sums its own steps' compute times.
         assert r["compute"] == pytest.approx(r["report_compute"], rel=1e-12) and r["compute"] > 0

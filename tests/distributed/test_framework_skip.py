@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from skip_ranks import FAULT, loop_that_skips_by_itself, loop_with_a_scaler
 from support.world import run_world
 

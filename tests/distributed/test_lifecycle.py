@@ -9,7 +9,6 @@ group is now made once per process (``agent/recover/groups.py``) and reused.
 from __future__ import annotations
 
 import pytest
-
 from lifecycle_ranks import cycles
 from support.world import run_world
 

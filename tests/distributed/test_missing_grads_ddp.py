@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from support.bypass import LAYER, block_norm, ddp_bypass
 from support.world import run_world
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from stage_ranks import STEPS, two_stages
 from support.world import run_world
 

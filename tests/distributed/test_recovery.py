@@ -13,7 +13,6 @@ import os
 import pickle
 
 import pytest
-
 from recovery_ranks import (
     FAULT_STEP,
     WATCH,
@@ -165,7 +164,7 @@ def test_lr_times_50_is_rolled_back_and_the_run_ends_near_a_clean_one(kind, tmp_
     ) == _actions(results[1]["reports"])
 
 
-# ---------------------------------------------------------------- 3. SIGKILL during a checkpoint write
+# ------------------------------------------------------------ 3. SIGKILL during a checkpoint write
 
 # Each launch of the job: (what kills it, the checkpoint it must resume from).
 # The NaN at step 25 rolls back to 20 and skips [20, 28) in the first launch; then:
@@ -242,7 +241,8 @@ def test_sigkill_during_checkpoint_writes_resumes_from_the_last_complete_checkpo
             assert codes == [0, 0], f"launch {run}: exit codes {codes}\n{tracebacks}"
         else:
             assert codes[0] == -9 and not outcome[0]["killed_by_parent"], (
-                f"launch {run}: rank 0 was to kill itself at {kill}, exit codes {codes}\n{tracebacks}"
+                f"launch {run}: rank 0 was to kill itself at {kill}, exit codes {codes}\n"
+                f"{tracebacks}"
             )
             assert codes[1] != 0, f"launch {run}: rank 1 finished although rank 0 died"
             assert not any(o["hung"] for o in outcome), f"launch {run}: hung"
@@ -264,7 +264,8 @@ def test_sigkill_during_checkpoint_writes_resumes_from_the_last_complete_checkpo
         for run, _, resumed in LAUNCHES:
             start = starts[run]
             assert start["resumed_from"] == resumed, (
-                f"rank {rank} launch {run}: resumed from {start['resumed_from']}, expected {resumed}"
+                f"rank {rank} launch {run}: resumed from {start['resumed_from']}, "
+                f"expected {resumed}"
             )
             if resumed is not None:
                 assert start["step_count"] == resumed, start

@@ -18,6 +18,7 @@ The helpers (``self_signed``, ``client_hello``, ``reset``, ``REQUEST``) serve th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import ipaddress
 import json
@@ -30,8 +31,9 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import ClassVar
 
 HOST = "127.0.0.1"
 REQUEST = b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\n\r\n"
@@ -114,19 +116,15 @@ def client_hello() -> bytes:
     """The bytes a real TLS client sends first (made in memory: no connection)."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = trusting().wrap_bio(incoming, outgoing, server_side=False)
-    try:
+    with contextlib.suppress(ssl.SSLWantReadError):
         tls.do_handshake()
-    except ssl.SSLWantReadError:
-        pass
     return outgoing.read()
 
 
 def reset(sock: socket.socket) -> None:
     """Close with an RST, not a FIN (SO_LINGER 0): what a crashed or impatient client does."""
-    try:
+    with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass
     sock.close()
 
 
@@ -215,17 +213,15 @@ class Attacker:
                 _read_all(sock)
             else:  # a TLS client on the plain port, soon impatient
                 sock.settimeout(0.3)
-                try:
+                with contextlib.suppress(OSError, ssl.SSLError):
                     self.ctx.wrap_socket(sock).close()
-                except (OSError, ssl.SSLError):
-                    pass
 
     def half_hello(self, port: int, tls: bool) -> None:
         sock = connect(port)
         sock.sendall(self.hello[: self.rng.randrange(1, len(self.hello))])
         self._keep(sock)
 
-    KINDS: dict[str, tuple[float, Callable[..., None]]] = {
+    KINDS: ClassVar[dict[str, tuple[float, Callable[..., None]]]] = {
         "good": (3.0, good),
         "half_request": (1.0, half_request),
         "connect_reset": (1.5, connect_reset),

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from support.world import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +54,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         self.name = name
         self.log = workdir / f"{name}.log"
-        self._log_file = open(self.log, "wb")
+        self._log_file = open(self.log, "wb")  # noqa: SIM115 (the server's output; stop() closes it)
         self.proc = subprocess.Popen(
             argv, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=workdir
         )

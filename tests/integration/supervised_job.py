@@ -33,8 +33,9 @@ FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
 def rank_main(rank: int, port: int, args: argparse.Namespace) -> None:
-    import torchvitals
     from support.models import TINY, TinyGPT, random_batches
+
+    import torchvitals
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1",

@@ -6,12 +6,12 @@ import urllib.request
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
+from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
+from support.world import free_port
 
 import torchvitals
 from torchvitals.agent.outputs.eventlog import read_events
 from torchvitals.agent.outputs.exporter import MetricsPortError
-from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
-from support.world import free_port
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:

@@ -72,6 +72,6 @@ def test_payload_benchmark_shows_a_payload_that_does_not_grow_with_the_world():
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()[1:]]
-    (w2, new2, _, old2, _), (w512, new512, _, old512, _) = rows
+    (_w2, new2, _, old2, _), (_w512, new512, _, old512, _) = rows
     assert new2 == new512, "the SUM payload grew with the world"
     assert int(old512) - int(old2) == 2 * (512 - 2)  # the old one-hot vectors: 2 per rank

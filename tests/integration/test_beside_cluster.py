@@ -21,16 +21,17 @@ import sys
 import textwrap
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
+from promstack import Prometheus
+from support.models import TINY, TinyGPT, random_batches
+from support.world import free_port
 
 import torchvitals
 from torchvitals.agent.outputs.ports import DEFAULT_PORT
-from support.models import TINY, TinyGPT, random_batches
 from torchvitals.agent.tools.demo.launch import free_ports, port_is_free
-from support.world import free_port
-from promstack import Prometheus
 
 HOLDER = textwrap.dedent("""
     import socket, sys, time
@@ -153,7 +154,7 @@ def test_two_srun_ranks_on_one_host_serve_on_distinct_ports(tmp_path):
             p.kill()
             pytest.fail("an srun-style rank hung")
     assert [p.exitcode for p in procs] == [0, 0]
-    got = [json.loads(open(o).read()) for o in outs]
+    got = [json.loads(Path(o).read_text()) for o in outs]
     assert [g["url"] for g in got] == [f"http://127.0.0.1:{base + r}/metrics" for r in range(2)]
     assert all(g["served"] for g in got)
 

@@ -13,7 +13,6 @@ import logging
 import time
 
 import pytest
-
 from test_collector_webhook import (
     AUTH,
     JOB_TOKENS,
@@ -26,6 +25,7 @@ from test_collector_webhook import (
     request,
     running,
 )
+
 from torchvitals.agent.recover.directives import DirectivePoller, run_identity
 from torchvitals.collector import CollectorConfig, CollectorServer
 from torchvitals.protocol import TokenError

@@ -8,11 +8,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pytest
-
 import deepspeed  # noqa: F401  (a missing DeepSpeed fails here, never skips)
-
-from real_steps import read_ranks as _ranks, torchrun as _torchrun  # noqa: E402
+import pytest
+from real_steps import read_ranks as _ranks
+from real_steps import torchrun as _torchrun
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "deepspeed_job.py"

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,8 +27,7 @@ def _demo(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "torchvitals", "demo", "--out", out, *args],
         cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         text=True,
         timeout=240,
     )
@@ -63,7 +63,7 @@ def test_lr_spike_is_warned_then_rolled_back_and_the_run_ends_healthy(lr_spike):
     # The early warning comes before the critical verdict, and the rollback right after it.
     assert first["WARNING"] < first["CRITICAL"] < first["ROLLBACK"], first
 
-    ledger = json.loads(open(os.path.join(out, "checkpoints", "ledger.json")).read())
+    ledger = json.loads(Path(os.path.join(out, "checkpoints", "ledger.json")).read_text())
     rollbacks = [e for e in ledger["entries"] if e["event"] == "rollback"]
     assert len(rollbacks) == 1, ledger
     rb = rollbacks[0]
@@ -73,7 +73,7 @@ def test_lr_spike_is_warned_then_rolled_back_and_the_run_ends_healthy(lr_spike):
     checkpoints = [e["step"] for e in ledger["entries"] if e["event"] == "checkpoint"]
     assert rb["to_step"] in checkpoints and rb["to_step"] < rb["step"]
 
-    summary = json.loads(open(os.path.join(out, "summary.json")).read())
+    summary = json.loads(Path(os.path.join(out, "summary.json")).read_text())
     assert summary["steps"] == 80 and summary["rollbacks"] == 1 and summary["healthy_at_end"], (
         summary
     )
@@ -87,7 +87,7 @@ def test_report_of_the_recorded_run_has_plots_and_names_the_fault(lr_spike):
     import matplotlib.image
 
     _, out = lr_spike
-    html = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    html = Path(os.path.join(out, "report.html")).read_text(encoding="utf-8")
     for name in PLOTS:
         path = os.path.join(out, f"{name}.png")
         pixels = matplotlib.image.imread(path)
@@ -116,11 +116,11 @@ def test_report_command_renders_a_run_folder_again(lr_spike, tmp_path, capsys):
 def test_nan_on_one_rank_is_rolled_back_and_diagnosed_as_numerical(tmp_path):
     proc, out = _demo(tmp_path, "--fault", "nan", "--steps", "40")
     assert "CRITICAL step 23: nonfinite_loss" in proc.stdout, proc.stdout
-    ledger = json.loads(open(os.path.join(out, "checkpoints", "ledger.json")).read())
+    ledger = json.loads(Path(os.path.join(out, "checkpoints", "ledger.json")).read_text())
     assert [(e["step"], e["to_step"]) for e in ledger["entries"] if e["event"] == "rollback"] == [
         (23, 20)
     ], ledger
-    html = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    html = Path(os.path.join(out, "report.html")).read_text(encoding="utf-8")
     assert "cause: numerical instability" in html and "nonfinite_loss" in html
 
 

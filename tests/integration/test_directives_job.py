@@ -9,10 +9,10 @@ import time
 import urllib.request
 
 import pytest
-
 from directive_ranks import obedient_job
-from torchvitals.collector import CollectorConfig, CollectorServer
 from support.world import run_world
+
+from torchvitals.collector import CollectorConfig, CollectorServer
 
 TOKEN = "job-token-123"
 """The job's own token (its ranks hold it); Alertmanager posts with ``WEBHOOK_TOKEN``."""
@@ -109,9 +109,10 @@ def test_rollback_directive_rolls_both_ranks_back_in_the_same_step(tmp_path, mon
 
 def test_a_collector_that_is_down_is_counted_not_a_training_failure(caplog):
     import torch
-    import torchvitals
     from support.models import TINY, TinyGPT, random_batches
     from support.world import free_port
+
+    import torchvitals
 
     model = TinyGPT(**TINY)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -132,8 +133,9 @@ def test_a_collector_that_is_down_is_counted_not_a_training_failure(caplog):
 
 def test_the_job_reads_its_token_from_a_mounted_secret_file(tmp_path, monkeypatch):
     import torch
-    import torchvitals
     from support.models import TINY, TinyGPT, random_batches
+
+    import torchvitals
 
     (tmp_path / "token").write_text(TOKEN + "\n")  # as a Kubernetes secret mounts it
     monkeypatch.delenv("TORCHVITALS_WEBHOOK_TOKEN", raising=False)
@@ -166,6 +168,7 @@ def test_the_job_reads_its_token_from_a_mounted_secret_file(tmp_path, monkeypatc
 def test_an_unreadable_token_file_is_a_clear_error_at_watch(tmp_path, monkeypatch):
     import pytest
     import torch
+
     import torchvitals
 
     monkeypatch.delenv("TORCHVITALS_WEBHOOK_TOKEN", raising=False)

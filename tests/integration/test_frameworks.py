@@ -5,12 +5,14 @@ acting, and the learning rate after the rollback is the backed-off one."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -191,7 +193,7 @@ def _lightning_fp16(callbacks: list, tmp_path: Path, tag: str) -> tuple[list, li
     from torchvitals.agent.tools.examples.lightning_gpt import GPTModule, loader
 
     class Recorded(GPTModule):
-        losses: list = []
+        losses: ClassVar[list] = []
 
         def training_step(self, batch, batch_idx):
             loss = super().training_step(batch, batch_idx)
@@ -251,7 +253,7 @@ def test_lightning_16_mixed_overflow_steps_reach_the_agent_and_training_is_uncha
     # The loss Lightning's hook hands over is the scaled one; the report holds the real loss.
     for report, loss in zip(seen, losses):
         assert report.loss == pytest.approx(loss, rel=1e-3)
-    for report, after in zip(seen, seen[1:]):  # each overflow halved the scale, nothing else
+    for report, after in itertools.pairwise(seen):  # each overflow halved the scale, nothing else
         assert after.loss_scale == report.loss_scale / (2 if report.overflow else 1)
 
 
@@ -260,10 +262,10 @@ def test_a_restart_under_lightning_continues_the_schedule_where_it_stopped(tmp_p
     scheduler for that step; a restart from it must run the rest of the schedule at the same
     learning rates as the run that never stopped, not one step behind."""
     import lightning.pytorch as pl
+    from real_steps import record_real_steps
 
     import torchvitals
     from torchvitals.agent.tools.examples.lightning_gpt import GPTModule, loader
-    from real_steps import record_real_steps
 
     def fit(steps: int, callbacks: list) -> list[float]:
         real: list[dict] = []
@@ -305,11 +307,11 @@ def test_a_restart_under_lightning_continues_the_schedule_where_it_stopped(tmp_p
 def test_a_restart_under_the_hf_trainer_continues_the_schedule_where_it_stopped(tmp_path):
     """As for Lightning: the same command run again after 20 steps (the Trainer's own step count
     starts over, torchvitals' model step does not) steps at the uninterrupted run's rates."""
+    from real_steps import record_real_steps
     from transformers import Trainer, TrainerCallback
 
     import torchvitals
     from torchvitals.agent.tools.examples.hf_gpt2 import Arithmetic, arguments, tiny_gpt2
-    from real_steps import record_real_steps
 
     def fit(stop_after: int, callbacks: list) -> list[float]:
         real: list[dict] = []

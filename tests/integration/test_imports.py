@@ -7,11 +7,11 @@ there on first use.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "starlette", "uvicorn", "matplotlib", "rich")
@@ -99,7 +99,8 @@ for _ in range(3):
     report = agent.step(loss)
 agent.close()
 print(report.step)
-print(sorted({m.split('.')[0] for m in sys.modules} & {"starlette", "uvicorn", "matplotlib", "rich"}))
+heavy = {"starlette", "uvicorn", "matplotlib", "rich"}
+print(sorted({m.split('.')[0] for m in sys.modules} & heavy))
 """)
     assert out.stdout.split("\n")[-3:-1] == ["3", "[]"], out.stdout
 
@@ -170,7 +171,7 @@ def test_the_public_names_load_on_first_use():
         == "torchvitals.agent.agent"
     )
     try:
-        torchvitals.no_such_name
+        _ = torchvitals.no_such_name
     except AttributeError as exc:
         assert "no_such_name" in str(exc)
     else:

@@ -16,13 +16,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import venv
 import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

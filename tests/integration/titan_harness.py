@@ -34,8 +34,8 @@ import torch
 import torch.utils._triton as _triton
 
 _triton.has_triton_package()  # cached False before the stand-in is importable
-import torch._inductor.runtime.hints  # noqa: E402,F401
-import torch._inductor.runtime.triton_compat  # noqa: E402,F401
+import torch._inductor.runtime.hints  # noqa: E402
+import torch._inductor.runtime.triton_compat  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "titan_stubs"))
 
@@ -168,7 +168,7 @@ class SyntheticTokens(BaseDataLoader):
 
     def __init__(
         self,
-        config: "SyntheticTokens.Config",
+        config: SyntheticTokens.Config,
         *,
         dp_world_size: int,
         dp_rank: int,

@@ -11,10 +11,10 @@ import math
 import time
 
 import torch
+from support.models import TINY, TinyGPT, random_batches
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchvitals
-from support.models import TINY, TinyGPT, random_batches
 
 
 def _poison(grad: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,6 @@ python -m pytest tests/scenarios/test_scenarios_distributed.py -q
 from __future__ import annotations
 
 import pytest
-
 from scenarios_more_ranks import nan_grad_on_one_rank, slow_rank
 from support.world import run_world
 

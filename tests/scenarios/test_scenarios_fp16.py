@@ -11,10 +11,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-import torchvitals
 from test_scenarios_more import fired, mlp, regression, train
 
+import torchvitals
 
 # ---------------------------------------------------------------- fp16 overflow
 
@@ -42,7 +41,7 @@ def test_fp16_scaler_overflow_skips_and_halves(init_scale):
         verdicts = [v for v in agent.detector.history if v.pattern == "fp16_overflow"]
         history = fired(agent)
     overflowed = [r.step for r in reports if r.overflow]
-    for r, nxt, moved in zip(reports, reports[1:] + [None], changed):
+    for r, nxt, moved in zip(reports, [*reports[1:], None], changed):
         assert r.loss_scale is not None and not r.nonfinite_loss
         if r.overflow:
             assert r.action == "skip" and not moved and r.nonfinite_grad

@@ -9,6 +9,7 @@ LayerNorm) and the fix text opened with the init scale.
 from __future__ import annotations
 
 from test_scenarios_training import RAMP, RAMP_FROM, default_config, train_gpt  # noqa: F401
+
 from torchvitals.agent.tools.diagnose import diagnose
 
 

@@ -10,16 +10,16 @@ test_scenarios_distributed.py.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from support.models import TINY, TinyGPT, random_batches
 from torch import nn
 
 import torchvitals
-from support.models import TINY, TinyGPT, random_batches
-
 
 # ---------------------------------------------------------------- models, data, the loop
 
@@ -28,7 +28,7 @@ def mlp(d_in: int = 16, hidden: int = 32, depth: int = 4, d_out: int = 1) -> nn.
     """Linear/ReLU pairs then a Linear head: blocks "0", "2", ... (ReLU joins its Linear)."""
     dims = [d_in] + [hidden] * (depth - 1)
     layers: list[nn.Module] = []
-    for a, b in zip(dims, dims[1:]):
+    for a, b in itertools.pairwise(dims):
         layers += [nn.Linear(a, b), nn.ReLU()]
     layers.append(nn.Linear(hidden, d_out))
     return nn.Sequential(*layers)
@@ -302,7 +302,7 @@ def test_scaled_attention_logits_saturate_that_block(kind, factor):
 
 
 def _overfit(n_train: int, steps: int, seed: int, every: int = 10):
-    """Full-batch training of a wide MLP on ``n_train`` noisy samples; validation every ``every``."""
+    """Full-batch training of a wide MLP on ``n_train`` noisy samples; validates every ``every``."""
     x, y = regression(512 + n_train, d=8, noise=0.5, seed=seed)
     (xv, xt), (yv, yt) = x.split([512, n_train]), y.split([512, n_train])
     torch.manual_seed(seed)
@@ -344,7 +344,7 @@ def test_validation_rising_while_training_falls_is_a_generalization_gap():
 
 
 def test_no_generalization_gap_while_validation_follows_training():
-    agent, reports, validation = _overfit(n_train=4096, steps=120, seed=1)
+    agent, _reports, validation = _overfit(n_train=4096, steps=120, seed=1)
     assert validation[-1][1] < 0.7 * validation[0][1]
     assert fired(agent) == []
 
@@ -356,7 +356,7 @@ def test_no_second_generalization_gap_on_a_converged_plateau():
     within its window: today it re-fires at step 271 on validation losses
     [1.54257, 1.54257, 1.54257, 1.54257] that rise in the 7th digit, because "rising" has no
     minimum step and the 2% is measured against the best of the whole run.)"""
-    agent, reports, validation = _overfit(n_train=32, steps=300, seed=1)
+    agent, _reports, validation = _overfit(n_train=32, steps=300, seed=1)
     late = [v for s, v in validation if s >= 200]
     assert max(late) - min(late) < 2e-4 * min(late), "the plateau is flat"
     assert fired(agent) == [("generalization_gap", None, 41)], [

@@ -14,12 +14,12 @@ import statistics
 import pytest
 import torch
 import torch.nn.functional as F
+from support.models import TinyGPT, random_batches
 from torch import nn
 
 import torchvitals
 from torchvitals.agent.detect import CRITICAL, WARNING, Thresholds
 from torchvitals.agent.tools.diagnose import diagnose
-from support.models import TinyGPT, random_batches
 
 VOCAB, D_MODEL, HEADS, SEQ, BATCH = 64, 32, 4, 16, 8
 EARLY_WARNINGS = {"hot_lr", "layer_divergence", "grad_explosion", "activation_explosion"}

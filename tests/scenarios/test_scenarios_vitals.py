@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-
-import torchvitals
+from scenarios_vitals_ranks import corrupted_replica, loader_stall_on_one_rank
 from support.models import TINY, TinyGPT, random_batches
 from support.world import run_world
-from scenarios_vitals_ranks import corrupted_replica, loader_stall_on_one_rank
+
+import torchvitals
 
 PARAM = "blocks.1.mlp.0.weight"
 

@@ -1,8 +1,8 @@
 import pytest
+from support.models import TINY, TINY_BLOCKS, TinyGPT
 from torch import nn
 
 from torchvitals.agent.measure.blocks import discover
-from support.models import TINY, TINY_BLOCKS, TinyGPT
 
 
 def test_transformer_blocks_embeddings_head_and_other():

@@ -1,8 +1,8 @@
 """Block discovery under an ``nn.ModuleDict`` (torchtitan keeps its layers in one)."""
 
+from support.llamalike import LlamaLike
 from torch import nn
 
-from support.llamalike import LlamaLike
 from torchvitals.agent.measure.blocks import EMBEDDING, HEAD, LAYER, OTHER, discover
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from torchvitals.agent.config import Config
 from torchvitals.agent.recover.carried import (
     CAPACITY,
     CarriedState,
@@ -19,7 +20,6 @@ from torchvitals.agent.recover.carried import (
 )
 from torchvitals.agent.recover.ledger import Ledger
 from torchvitals.agent.recover.watchdog import Watchdog
-from torchvitals.agent.config import Config
 
 
 def _watchdog(tmp_path) -> Watchdog:

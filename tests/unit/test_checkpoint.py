@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 import logging
 import random
+import re
 import resource
 import shutil
 import signal
@@ -186,7 +186,7 @@ def test_no_checkpoint_that_verifies_raises(saved):
         (folder / "manifest.json").unlink()
     with pytest.raises(
         CheckpointError,
-        match="no checkpoint under .* verifies and loads .*step-00000002: no manifest",
+        match=r"no checkpoint under .* verifies and loads .*step-00000002: no manifest",
     ):
         store.load(*_setup())
     with pytest.raises(CheckpointError, match="none was saved"):
@@ -194,7 +194,7 @@ def test_no_checkpoint_that_verifies_raises(saved):
 
 
 def test_a_save_interrupted_before_its_commit_is_ignored_then_cleaned(saved, caplog):
-    store, step1 = saved
+    store, _step1 = saved
     # What a crash between the manifest and the rename leaves: complete, but never committed.
     shutil.copytree(store.root / "step-00000001", store.root / ".tmp-step-00000003")
     model, opt, sched = _setup(seed=1)
@@ -211,7 +211,7 @@ def test_a_full_disk_fails_the_save_and_keeps_the_previous_checkpoint(saved):
     # RLIMIT_FSIZE makes writes past 40 kB fail with EFBIG, like ENOSPC on a full disk, and
     # unlike chmod it also stops root (CI runs as root). 40 kB lets the JSON files through and
     # stops the model shards inside DCP.
-    store, step1 = saved
+    store, _step1 = saved
     model, opt, sched = _setup(seed=1)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -328,23 +328,27 @@ def test_ledger_round_trip(tmp_path):
         (
             '{"version": 1, "lr_scale": 1, "skipped": [], "entries": [{"event": "checkpoint", '
             '"step": 1000000000000, "path": "ckpt/step-00000040", "time": 0}]}',
-            "entry 0 (checkpoint): path 'ckpt/step-00000040' is not the folder of step 1000000000000",
+            "entry 0 (checkpoint): path 'ckpt/step-00000040' is not the folder of step "
+            "1000000000000",
         ),
         (
-            '{"version": 1, "lr_scale": 0.5, "skipped": [], "entries": [{"event": "rollback", "step": 30, '
-            '"to_step": 20, "reason": "x", "lr_scale": 0.5, "skipped": null, "time": 0}]}',
+            '{"version": 1, "lr_scale": 0.5, "skipped": [], "entries": [{"event": "rollback", '
+            '"step": 30, "to_step": 20, "reason": "x", "lr_scale": 0.5, "skipped": null, '
+            '"time": 0}]}',
             "entry 0 (rollback): to_step 20 is not a checkpoint recorded before it",
         ),
         (
             '{"version": 1, "lr_scale": 0.5, "skipped": [[20, 1000000000]], "entries": ['
             '{"event": "checkpoint", "step": 20, "path": "c/step-00000020", "time": 0}, '
             '{"event": "rollback", "step": 27, "to_step": 20, "reason": "x", "lr_scale": 0.5, '
-            '"skipped": [20, 1000000000], "from_position": 20, "position": 27, "margin": 2, "time": 1}]}',
+            '"skipped": [20, 1000000000], "from_position": 20, "position": 27, "margin": 2, '
+            '"time": 1}]}',
             "skipped [20, 1000000000] is not what the rollback made of its positions",
         ),
         ('{"version": 1, "lr_scale": 1, "skipped": [[5, 2]], "entries": []}', "batch ranges"),
         (
-            '{"version": 1, "lr_scale": 1, "skipped": [], "entries": [{"event": "rollback", "step": 3}]}',
+            '{"version": 1, "lr_scale": 1, "skipped": [], '
+            '"entries": [{"event": "rollback", "step": 3}]}',
             "entry 0 (rollback) has no valid 'to_step'",
         ),
     ],

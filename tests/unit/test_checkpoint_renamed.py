@@ -5,8 +5,8 @@ from the in-memory snapshot, alone and under an optimizer container."""
 from __future__ import annotations
 
 import torch
-
 from support.llamalike import LlamaLike
+
 from torchvitals.agent.recover.checkpoint import CheckpointStore
 from torchvitals.agent.recover.snapshot import restore, stage
 

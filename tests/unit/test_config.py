@@ -29,7 +29,7 @@ def test_bad_environment_value_names_the_variable():
 
 
 def test_unknown_setting_lists_the_known_ones():
-    with pytest.raises(TypeError, match="sample_evry.*known: .*sample_every"):
+    with pytest.raises(TypeError, match=r"sample_evry.*known: .*sample_every"):
         Config.from_env({}, sample_evry=3)
 
 

@@ -145,16 +145,16 @@ def test_non_finite_numbers_are_refused(value):
     for name in ("saturation_level", "lr_backoff", "collector_poll_seconds"):
         with pytest.raises(ConfigError, match=name):
             Config.from_env({}, **{name: value})
-    with pytest.raises(ConfigError, match="detect.loss_spike_mads"):
+    with pytest.raises(ConfigError, match=r"detect.loss_spike_mads"):
         Config.from_env({}, detect={"loss_spike_mads": value})
 
 
 def test_thresholds_are_checked_by_name_type_and_range():
-    with pytest.raises(ConfigTypeError, match="unknown detection threshold.*'loss_spike_madz'"):
+    with pytest.raises(ConfigTypeError, match=r"unknown detection threshold.*'loss_spike_madz'"):
         Config.from_env({}, detect={"loss_spike_madz": 8})
-    with pytest.raises(ConfigTypeError, match="detect.loss_spike_mads='x'.*must be float"):
+    with pytest.raises(ConfigTypeError, match=r"detect.loss_spike_mads='x'.*must be float"):
         Config.from_env({}, detect={"loss_spike_mads": "x"})
-    with pytest.raises(ConfigTypeError, match="TORCHVITALS_DETECT.*must be Mapping"):
+    with pytest.raises(ConfigTypeError, match=r"TORCHVITALS_DETECT.*must be Mapping"):
         Config.from_env({"TORCHVITALS_DETECT": "[1, 2]"})
     assert Config.from_env({"TORCHVITALS_DETECT": '{"loss_spike_mads": 8}'}).detect == {
         "loss_spike_mads": 8
@@ -170,7 +170,7 @@ def test_unusable_folders_and_hosts_fail_at_watch(tmp_path):
         torchvitals.TorchvitalsError, match=f"checkpoint_dir {a_file} is not a folder"
     ):
         torchvitals.watch(model, opt, checkpoint_dir=str(a_file), log_dir="")
-    with pytest.raises(ConfigError, match="metrics_host='no.such.host.invalid'.*resolves"):
+    with pytest.raises(ConfigError, match=r"metrics_host='no.such.host.invalid'.*resolves"):
         torchvitals.watch(
             model, opt, metrics_host="no.such.host.invalid", metrics_port=19999, log_dir=""
         )

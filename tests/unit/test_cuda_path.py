@@ -9,10 +9,10 @@ import warnings
 
 import pytest
 import torch
-
-import torchvitals
 from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
 from support.reference import OutputRecorder, assert_close, ref_grad_norms
+
+import torchvitals
 
 pytestmark = pytest.mark.cuda
 

@@ -8,10 +8,10 @@ import warnings
 
 import pytest
 import torch
+from support.models import TINY, TinyGPT, random_batches
 
 import torchvitals
 from torchvitals.agent.measure.host import accelerator_memory
-from support.models import TINY, TinyGPT, random_batches
 
 pytestmark = pytest.mark.cuda
 

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from torchvitals.agent.measure.blocks import EMBEDDING, HEAD, LAYER, OTHER
 from torchvitals.agent.detect import PATTERNS, Detector, Thresholds
 from torchvitals.agent.detect.observed import Observed
 from torchvitals.agent.detect.straggler import RankTiming, slow_ranks
+from torchvitals.agent.measure.blocks import EMBEDDING, HEAD, LAYER, OTHER
 from torchvitals.agent.report import Report
 
 NAMES = ["emb", "layers.0", "layers.1", "layers.2", "head", "other"]
@@ -33,7 +33,7 @@ def report(step, loss=2.0, norms=None, **kw):
 def run(stream, detector=None, extras=None):
     detector = detector or Detector(NAMES, KINDS)
     fired = []
-    for i, r in enumerate(stream):
+    for _i, r in enumerate(stream):
         fired += detector.observe(r, (extras or {}).get(r.step))
     return detector, fired
 

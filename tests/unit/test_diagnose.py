@@ -10,9 +10,9 @@ import pytest
 
 from torchvitals.__main__ import main
 from torchvitals.agent.detect import CRITICAL, WARNING, Verdict
-from torchvitals.agent.tools.diagnose import CAUSES, diagnose, diagnose_events
 from torchvitals.agent.outputs.eventlog import EventLog
 from torchvitals.agent.report import Report
+from torchvitals.agent.tools.diagnose import CAUSES, diagnose, diagnose_events
 
 NAN = math.nan
 
@@ -47,19 +47,19 @@ def test_no_anomaly_on_a_healthy_run():
 
 def test_nan_without_precursor_is_numerical_instability():
     verdicts = [Verdict("nonfinite_loss", CRITICAL, 33, None, {"loss": NAN})]
-    d = diagnose(verdicts, healthy_losses(32) + [(33, NAN)])
+    d = diagnose(verdicts, [*healthy_losses(32), (33, NAN)])
     assert (d.cause, d.first_step) == ("numerical instability", 33)
     assert d.evidence == ["step 33: nonfinite_loss (loss=nan)"]
     assert "log" in d.fix and "bf16" in d.fix
 
 
 def test_nan_loss_alone_is_caught_from_the_curve():
-    d = diagnose([], healthy_losses(20) + [(21, math.inf), (22, NAN)])
+    d = diagnose([], [*healthy_losses(20), (21, math.inf), (22, NAN)])
     assert (d.cause, d.first_step) == ("numerical instability", 21)
 
 
 def test_saturation_before_the_nan_is_the_root_cause():
-    d = diagnose(tanh_mlp_verdicts(), healthy_losses(39) + [(40, NAN)])
+    d = diagnose(tanh_mlp_verdicts(), [*healthy_losses(39), (40, NAN)])
     assert d.cause == "vanishing gradients"
     assert (d.first_step, d.block) == (10, "layers.5")
     assert "Saturation-driven" in d.summary and "step 40" in d.summary and "far apart" in d.summary

@@ -3,9 +3,6 @@
 import copy
 
 import torch
-from torch import nn
-
-import torchvitals
 from support.models import TINY, TINY_BLOCKS, TinyGPT, random_batches
 from support.reference import (
     OutputRecorder,
@@ -15,6 +12,9 @@ from support.reference import (
     ref_update_ratios,
     snapshot,
 )
+from torch import nn
+
+import torchvitals
 
 ACT_BLOCKS = [b for b in TINY_BLOCKS if b != "other"]
 
@@ -89,7 +89,7 @@ def test_gradient_accumulation_counts_every_micro_batch():
     for x, y in micro:
         (reference.loss(x, y) / 3).backward()
         (model.loss(x, y) / 3).backward()
-    expected_norms, total = ref_grad_norms(reference, TINY_BLOCKS[:-1])
+    _expected_norms, total = ref_grad_norms(reference, TINY_BLOCKS[:-1])
     report = agent.step(torch.tensor(1.0))
     assert_close(report.grad_norm_total, total, what="total")
     for block in ACT_BLOCKS:

@@ -52,7 +52,7 @@ def test_optimizer_step_with_a_closure_is_measured_and_steps_once():
     opt.register_step_post_hook(lambda *a: steps.append(1))
     for s in range(3):
 
-        def closure():
+        def closure(s=s):
             opt.zero_grad()
             loss = loss_of(model, s)
             loss.backward()
@@ -393,11 +393,12 @@ def test_the_abort_says_why_and_no_step_follows_it(tmp_path, caplog):
 
 
 def test_healthy_means_no_warning_active_not_only_none_recent():
+    import tempfile
+
     from torchvitals.agent.config import Config
     from torchvitals.agent.detect.detector import Detector
     from torchvitals.agent.detect.verdict import HOT_LR, WARNING, Verdict
     from torchvitals.agent.recover.watchdog import Watchdog
-    import tempfile
 
     with tempfile.TemporaryDirectory() as root:
         dog = Watchdog.open(Config(checkpoint_dir=root, healthy_window=5))

@@ -13,11 +13,11 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from support.llamalike import LlamaLike
+from support.models import TinyGPT, random_batches
 from torch import nn
 
 import torchvitals
-from support.llamalike import LlamaLike
-from support.models import TinyGPT, random_batches
 from torchvitals.agent.detect import CRITICAL, WARNING
 
 VOCAB, SEQ, BATCH, STEPS = 64, 16, 8, 60

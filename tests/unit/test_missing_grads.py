@@ -10,11 +10,12 @@ import math
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
+from support.bypass import LAYER, Bypass, block_norm, train
 
 import torchvitals
-from support.bypass import LAYER, Bypass, block_norm, train
 from torchvitals.agent.detect import Detector
-from torchvitals.agent.measure.blocks import HEAD, LAYER as LAYER_KIND, OTHER
+from torchvitals.agent.measure.blocks import HEAD, OTHER
+from torchvitals.agent.measure.blocks import LAYER as LAYER_KIND
 from torchvitals.agent.outputs.exporter import Exporter
 from torchvitals.agent.outputs.live import LiveView
 from torchvitals.agent.report import Report

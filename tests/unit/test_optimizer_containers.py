@@ -150,7 +150,7 @@ def test_a_rollback_backs_off_every_inner_optimizer_and_restores_their_state(tmp
 
 
 def test_anything_else_is_refused_naming_what_to_pass():
-    model, opt = two_parts()
+    model, _opt = two_parts()
     with pytest.raises(TorchvitalsError, match="OptimizersContainer"):
         watch(model, object())
     bare = torch.optim.Optimizer(model.parameters(), {})  # no lr, nothing inside

@@ -12,6 +12,7 @@ import json
 import logging
 import socket
 import urllib.request
+from typing import ClassVar
 
 import pytest
 import torch
@@ -266,7 +267,7 @@ class Broken:
 
 
 class NoVerdicts:
-    active: dict = {}
+    active: ClassVar[dict] = {}
 
     def active_counts(self) -> dict:
         return {}

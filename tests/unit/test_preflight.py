@@ -1,4 +1,7 @@
-"""Unit tests for the preflight checks on real small models: python -m pytest tests/unit/test_preflight.py"""
+"""Unit tests for the preflight checks on real small models.
+
+python -m pytest tests/unit/test_preflight.py
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ import copy
 
 import pytest
 import torch
+from support import preflight_factories as factories
+from support.models import TinyGPT
 from torch import nn
 
 from torchvitals.__main__ import main
@@ -17,8 +22,6 @@ from torchvitals.agent.tools.preflight import (
     preflight,
     wiring_checks,
 )
-from support import preflight_factories as factories
-from support.models import TinyGPT
 
 
 def bn_dropout_model() -> nn.Sequential:

@@ -5,10 +5,10 @@ import threading
 
 import torch
 import torch.distributed.checkpoint as dcp
+from support.models import TINY, TinyGPT, random_batches
 
 import torchvitals
 from torchvitals.agent.recover.snapshot import restore, stage
-from support.models import TINY, TinyGPT, random_batches
 
 BATCHES = list(random_batches(60, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 

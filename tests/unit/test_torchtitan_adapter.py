@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from support.llamalike import LlamaLike
 
 import torchvitals
-from support.llamalike import LlamaLike
 from torchvitals.errors import TorchvitalsError
 
 VOCAB = 64

@@ -8,13 +8,12 @@ import shutil
 
 import pytest
 import torch
+from support.models import TINY, TinyGPT, random_batches
 
 import torchvitals
-from support.models import TinyGPT, random_batches
 from torchvitals.agent.recover.checkpoint import CheckpointError
 from torchvitals.agent.recover.durable import sha256_file
 from torchvitals.agent.recover.trust import CheckpointKey, SafeReader, UntrustedCheckpoint
-from support.models import TINY
 
 BATCHES = list(random_batches(8, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 
@@ -159,7 +158,7 @@ def test_the_restricted_unpickler_builds_dcp_metadata_only(two_checkpoints, tmp_
     evil = tmp_path / "evil"
     evil.mkdir()
     (evil / ".metadata").write_bytes(pickle.dumps(Planted(str(tmp_path / "pwned"))))
-    with pytest.raises(UntrustedCheckpoint, match="io.open.*refused, not unpickled"):
+    with pytest.raises(UntrustedCheckpoint, match=r"io.open.*refused, not unpickled"):
         SafeReader(evil).read_metadata()
     assert not (tmp_path / "pwned").exists()
 
@@ -172,7 +171,7 @@ def test_the_default_key_is_made_once_per_user_private(tmp_path, monkeypatch):
     path = tmp_path / ".config" / "torchvitals" / "checkpoint.key"
     assert path.exists() and (path.stat().st_mode & 0o777) == 0o600
     assert CheckpointKey.from_env().sign({"step": 1}) == first.sign({"step": 1})
-    with pytest.raises(ValueError, match="checkpoint_key_file .*cannot be read"):
+    with pytest.raises(ValueError, match=r"checkpoint_key_file .*cannot be read"):
         CheckpointKey.from_env(key_file=str(tmp_path / "missing.key"))
     short = tmp_path / "short.key"
     short.write_text("abc")

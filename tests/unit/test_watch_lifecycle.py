@@ -6,14 +6,13 @@ import socket
 import psutil
 import pytest
 import torch
+from support.models import TINY, TinyGPT, random_batches
 from torch.amp.grad_scaler import GradScaler
 from torch.nn.utils import clip_grad
 
 import torchvitals
-from support.models import TinyGPT, random_batches
 from torchvitals.agent.recover.watchdog import ResumeRefused
 from torchvitals.agent.tools.demo.launch import free_ports
-from support.models import TINY
 
 ORIGINAL = (GradScaler.step, clip_grad._clip_grads_with_norm_, torch.nn.utils.clip_grads_with_norm_)
 BATCHES = list(random_batches(8, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))

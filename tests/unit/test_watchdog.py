@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
+from support.models import TINY, TinyGPT, random_batches
 
 import torchvitals
-from support.models import TINY, TinyGPT, random_batches
 
 BATCHES = list(random_batches(80, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 
@@ -73,13 +73,13 @@ def test_nan_rolls_back_to_the_last_healthy_checkpoint(tmp_path):
 
 
 def test_restart_resumes_position_lr_scale_and_skips(tmp_path):
-    model, opt, sched, agent = setup(tmp_path)
+    model, opt, _sched, agent = setup(tmp_path)
     train(model, opt, agent, 35, inject=nan_once_at(27))
     agent.close()
     expected = {n: p.detach().clone() for n, p in model.state_dict().items()}
     position = agent.data_position
     # A restarted process (resume="auto"): same folder -> resumes from step 30's checkpoint.
-    model2, opt2, sched2, agent2 = setup(tmp_path, resume="auto")
+    model2, opt2, _sched2, agent2 = setup(tmp_path, resume="auto")
     assert agent2.resumed_from == 30 and agent2.step_count == 30
     assert agent2.lr_scale == 0.5 and agent2.skipped_batches == [(20, 29)]
     assert opt2.param_groups[0]["lr"] == pytest.approx(3e-3)
@@ -104,7 +104,7 @@ def test_a_fault_after_every_rollback_aborts_with_the_exit_code(tmp_path, fault)
     persists: the detector must judge it against the healthy level it had learnt before the
     rollback; one that starts afresh accepts x 100 as the new normal and trains on."""
     at, inject = RETURNING[fault]
-    model, opt, sched, agent = setup(tmp_path, max_rollbacks=3, abort_exit_code=79)
+    model, opt, _sched, agent = setup(tmp_path, max_rollbacks=3, abort_exit_code=79)
     reports = []
     with pytest.raises(torchvitals.TrainingAborted) as info:
         train(model, opt, agent, 60, inject=inject, reports=reports)
@@ -129,8 +129,8 @@ def test_a_fault_after_every_rollback_aborts_with_the_exit_code(tmp_path, fault)
 
 
 def test_without_a_checkpoint_yet_a_critical_step_is_skipped(tmp_path):
-    model, opt, sched, agent = setup(tmp_path)
-    reports = train(model, opt, agent, 5, inject=lambda s, l: l * float("nan") if s == 3 else l)
+    model, opt, _sched, agent = setup(tmp_path)
+    reports = train(model, opt, agent, 5, inject=lambda s, v: v * float("nan") if s == 3 else v)
     assert [r.action for r in reports] == ["step", "step", "skip", "step", "step"]
     agent.close()
 
@@ -163,7 +163,7 @@ def test_stateful_loader_resumes_without_reading_anything_twice(tmp_path):
         loader = StatefulDataLoader(
             data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7)
         )
-        model, opt, sched, agent = setup(tmp_path, resume="auto")
+        model, opt, _sched, agent = setup(tmp_path, resume="auto")
         start = agent.step_count
         while agent.step_count < steps:
             for x, y in agent.batches(loader):
@@ -176,7 +176,7 @@ def test_stateful_loader_resumes_without_reading_anything_twice(tmp_path):
         agent.close()
         return model, data.reads, start
 
-    first, reads, _ = run(35)  # checkpoints at 10, 20, 30
+    _first, reads, _ = run(35)  # checkpoints at 10, 20, 30
     assert reads == 35 * 4
     resumed, reads, start = run(45)  # a new process: resumes at step 30
     assert start == 30 and reads == (45 - 30) * 4, "the resume read batches again"

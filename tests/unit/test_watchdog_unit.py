@@ -5,9 +5,9 @@ test_watchdog.py.)"""
 from __future__ import annotations
 
 import torch
+from support.models import TINY, TinyGPT, random_batches
 
 import torchvitals
-from support.models import TINY, TinyGPT, random_batches
 
 BATCHES = list(random_batches(60, batch=8, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 
@@ -32,7 +32,7 @@ def test_training_aborted_is_exported_and_a_system_exit():
 
 
 def test_without_checkpoint_dir_there_is_no_watchdog():
-    model, opt, sched, agent = _setup()
+    model, opt, _sched, agent = _setup()
     seen, actions = [], []
     for step, (x, y) in enumerate(agent.batches(BATCHES[:12]), start=1):
         seen.append(step)
@@ -50,6 +50,7 @@ def test_without_checkpoint_dir_there_is_no_watchdog():
 
 def test_heartbeat_reports_progress_and_checkpoint_phases(tmp_path):
     import json as _json
+
     from torchvitals.agent.recover.heartbeat import Heartbeat
 
     clock = [100.0]
