@@ -18,11 +18,13 @@ from __future__ import annotations
 import functools
 import types
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ..compat import mark_step_wrapped, wrapped_module
+from ..compat.pytorch import mark_step_wrapped
+from ..compat.wrapped import wrapped_module
 from .base import LOCK, AttributePatch, WeakBound
 from .shared import CLIPPING, MAX_WRAPPERS, SCALER_STEP, ZERO_GRAD, Lease
 

@@ -1,8 +1,9 @@
-"""examples/hf_trainer.py's model under the Hugging Face Trainer with a ``deepspeed=`` config
+r"""examples/hf_trainer.py's model under the Hugging Face Trainer with a ``deepspeed=`` config
 (ZeRO stage from the command line) and ``TransformersCallback``, with a NaN loss on one rank at
 one micro-batch, for tests/integration/test_deepspeed.py.
 
-    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 tests/integration/hf_deepspeed_job.py OUT --stage 2
+    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 \
+        tests/integration/hf_deepspeed_job.py OUT --stage 2
 
 Each rank writes ``OUT/rank<r>.json``: every report, the engine's own global norm at each step.
 """

@@ -175,7 +175,7 @@ def test_a_wrapper_installed_on_the_scaler_after_watch_survives_close_and_still_
 
 
 def test_a_wrapper_installed_on_clipping_after_watch_survives_close_and_still_clips():
-    model, opt, agent = watched()
+    model, _, agent = watched()
     patched, calls = clip_grad._clip_grads_with_norm_, []
 
     def traced(parameters, *args, **kwargs):
@@ -195,7 +195,7 @@ def test_a_wrapper_installed_on_clipping_after_watch_survives_close_and_still_cl
 
 def test_an_optimizer_step_put_back_by_someone_else_is_accepted_quietly():
     """accelerate sets ``optimizer.step`` back to the method it saw before ``watch``."""
-    model, opt, agent = watched()
+    _, opt, agent = watched()
     opt.step = torch.optim.SGD.step.__get__(opt)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ForeignPatchWarning)

@@ -12,6 +12,7 @@ arguments clip at 1.0, accumulate two micro-batches and run a warmup + cosine sc
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -57,8 +58,8 @@ def tiny_gpt2(seed: int = 0, layers: int = 2, dropout: float = 0.0) -> GPT2LMHea
     )
 
 
-def arguments(out: str, steps: int, seed: int = 0, **overrides) -> TrainingArguments:
-    settings = dict(
+def arguments(out: str, steps: int, seed: int = 0, **overrides: Any) -> TrainingArguments:
+    settings: dict[str, Any] = dict(
         output_dir=out,
         max_steps=steps,
         per_device_train_batch_size=8,

@@ -15,6 +15,7 @@ import math
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..demo.data import random_batches
@@ -37,7 +38,7 @@ class GPTModule(pl.LightningModule):
         x, y = batch
         return self.model.loss(x, y)
 
-    def configure_optimizers(self) -> dict:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.01)
         warmup = 10
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -109,7 +110,8 @@ def train(
     torch.manual_seed(s.seed + rank)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     data = corpus().to(device)
-    model = TinyGPT(vocab=64, d_model=64, n_layers=2, seq_len=s.block_size).to(device)
+    model: torch.nn.Module = TinyGPT(vocab=64, d_model=64, n_layers=2, seq_len=s.block_size)
+    model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.learning_rate, weight_decay=0.1)
     scaler = torch.amp.GradScaler(device, enabled=(s.dtype == "float16"))
     ctx = torch.autocast(device, dtype=torch.float16) if s.dtype == "float16" else nullcontext()
@@ -134,13 +136,14 @@ def train(
             seen.append(x.clone())
         return x, y
 
-    iter_num, reports = 0, []
+    iter_num = 0
+    reports: list[Report] = []
     while iter_num < s.max_iters:
         lr = get_lr(iter_num, s)
         for group in optimizer.param_groups:  # the loop owns the LR, as nanoGPT does
             group["lr"] = lr
         for micro_step in range(s.grad_accum):
-            if ddp:
+            if isinstance(model, DistributedDataParallel):  # sync on the last micro-step only
                 model.require_backward_grad_sync = micro_step == s.grad_accum - 1
             x, y = get_batch()
             with ctx:
@@ -158,6 +161,7 @@ def train(
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
+        assert agent.last_report is not None  # every iteration stepped through the agent
         reports.append(agent.last_report)
     agent.close()
     summary = Summary(
