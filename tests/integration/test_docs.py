@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import yaml
+
 from torchvitals.agent.config import _RENAMED, SECTIONS
 
 REPO = Path(__file__).resolve().parents[2]
