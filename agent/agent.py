@@ -26,6 +26,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..protocol import CHECKPOINT, REFUSED, TRAIN, token_from_env
+from .backends import OptimizerBackend, choose
+from .backends.wrappers import unwrap_scheduler
 from .config import Config
 from .detect.detector import Detector
 from .detect.straggler import RankTiming
@@ -62,17 +64,7 @@ from .signals.replicas import Replicas
 from .signals.scaler import Scaler
 from .signals.timing import Timing
 from .signals.update import UpdateRatios
-from .optimizers import resolve
 from .step import StepInput, Steps
-from .wrappers import (
-    check_checkpointable,
-    grad_source,
-    param_source,
-    state_holder,
-    step_owner,
-    stepped_params,
-    unwrap_all,
-)
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -92,14 +84,16 @@ class Agent:
         registry: Any = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        self._stepper = step_owner(optimizer)  # what the guard steps: see wrappers.py
-        optimizer, scheduler = unwrap_all(optimizer, scheduler, log)  # accelerate, DeepSpeed
+        self.backend: OptimizerBackend = choose(
+            optimizer, log
+        )  # the optimizer's kind, once: see backends/
+        self.optimizers = self.backend.optimizers  # a container's real optimizers
+        optimizer, scheduler = self.optimizers.stepped, unwrap_scheduler(scheduler).logged(log)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.optimizers = resolve(optimizer)  # a container's real optimizers (or a clear error)
-        self.state_holder = state_holder(self._stepper, optimizer)
+        self.state_holder = self.backend.state_holder
         """What checkpoints and rollbacks save and restore the optimizer state of."""
         self.config = config or Config.from_env()
-        check_checkpointable(self._stepper, self.config.checkpoint_dir)
+        self.backend.check_checkpointable(self.config.checkpoint_dir)
         self.clock = clock
         distributed = dist.is_available() and dist.is_initialized()
         if group is None and isinstance(model, DistributedDataParallel):
@@ -133,7 +127,7 @@ class Agent:
     def _discover(self, model: nn.Module) -> tuple[Blocks, list[Any]]:
         """This rank's blocks and their wiring verdicts (before the ranks agree on them)."""
         blocks = discover(model, self.config.blocks)
-        return blocks, wiring_verdicts(blocks, stepped_params(self._stepper, self.optimizers))
+        return blocks, wiring_verdicts(blocks, self.backend.stepped_params)
 
     def _build(
         self, optimizer: torch.optim.Optimizer, registry: Any, built: contextlib.ExitStack
@@ -205,7 +199,11 @@ class Agent:
         built.callback(self._patches.close)
         self._patches.close_when_collected(self)
         self.guard = StepGuard(
-            self.optimizers, self._guarded_step, self.params, self._patches, stepper=self._stepper
+            self.optimizers,
+            self._guarded_step,
+            self.params,
+            self._patches,
+            stepper=self.backend.stepper,
         )
         built.callback(self.guard.close)
         self.signals = self._signals()
@@ -228,9 +226,9 @@ class Agent:
             bool(h) and h[b % len(h)] == self.rank if split else True
             for b, h in enumerate(blocks.holders)
         ]
-        stepped = stepped_params(self._stepper, self.optimizers)
+        stepped = self.backend.stepped_params
         self.grads = GradNorms(
-            GradStats(blocks, owned, self.world_size, split, grad_source(self._stepper)),
+            GradStats(blocks, owned, self.world_size, split, self.backend.grad_source),
             blocks.names,
             self.device,
             self.guard.probe_grads,
@@ -246,7 +244,7 @@ class Agent:
                     self.world_size,
                     split,
                     config.update_ratio_max_bytes,
-                    param_source(self._stepper),
+                    self.backend.param_source,
                 ),
                 blocks.names,
             )
@@ -494,9 +492,9 @@ def watch(
             DeepSpeed engine.
         optimizer: the optimizer ``agent.step`` steps: a torch optimizer, a wrapper holding
             one as ``.optimizer`` (accelerate's ``AcceleratedOptimizer``, DeepSpeed's
-            ``engine.optimizer``; see ``wrappers``), or a container of optimizers shaped like
+            ``engine.optimizer``; see ``backends``), or a container of optimizers shaped like
             torchtitan's ``OptimizersContainer`` (its ``step`` is guarded, the back-off applies
-            to every optimizer inside it, their state is checkpointed; see ``optimizers``).
+            to every optimizer inside it, their state is checkpointed; see ``backends``).
         scheduler: an LR scheduler stepped after each optimizer step (accelerate's
             ``AcceleratedScheduler``, or a container like torchtitan's
             ``LRSchedulersContainer``), or None.

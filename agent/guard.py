@@ -31,8 +31,8 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from ..errors import TorchvitalsError
-from .compat import mark_optimizer_stepped, tensor_version
-from .optimizers import Optimizers, resolve
+from .backends.optimizers import Optimizers, resolve
+from .compat.pytorch import mark_optimizer_stepped, tensor_version
 from .patches import PatchSet
 
 T = TypeVar("T")

@@ -21,7 +21,7 @@ from typing import Any, Callable, NoReturn
 import torch
 
 from ..protocol import ABORTED, CODES
-from .compat import foreach_mul_
+from .compat.pytorch import foreach_mul_
 from .detect.observed import Observed
 from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
 from .measure import scaler as amp

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..compat import BatchNorm, DropoutNd
+from ..compat.pytorch import BatchNorm, DropoutNd
 from .verdict import CRITICAL, DEAD_LAYER, INFO, WARNING, Verdict
 
 

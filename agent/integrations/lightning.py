@@ -20,7 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from ...errors import TorchvitalsError
-from ..compat import scaler_scale_async
+from ..compat.pytorch import scaler_scale_async
 from ..agent import Agent, watch
 from ..config import Config
 from ..detect.verdict import Verdict

@@ -48,7 +48,7 @@ from typing import Any
 
 from ...errors import TorchvitalsError
 from ..agent import Agent, watch
-from ..compat import PIPELINE_LOSS
+from ..compat.pytorch import PIPELINE_LOSS
 from ..patches import AttributePatch
 from ..report import Action
 from .torchtitan_checkpoint import TitanCheckpoints

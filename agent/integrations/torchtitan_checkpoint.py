@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from torch.distributed.checkpoint.stateful import Stateful
 
-from .. import compat
+from ..compat.torchtitan import titan_checkpoint_to_load
 from ..agent import Agent
 from ..patches import AttributePatch
 from ..recover.carried import CarriedState, adopt, carried_state
@@ -82,7 +82,7 @@ class TitanCheckpoints(Stateful):
         Returns:
             Whether a checkpoint was loaded (torchtitan's, or torchvitals' at ``watch``).
         """
-        target, folder = compat.titan_checkpoint_to_load(self.checkpointer, step)
+        target, folder = titan_checkpoint_to_load(self.checkpointer, step)
         ours = self.agent.resumed_from
         if ours is not None and ours > target:
             self.agent.watchdog.say(

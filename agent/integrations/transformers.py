@@ -34,7 +34,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..compat import accelerate_overflow, clear_accelerate_overflow
+from ..compat.accelerate import accelerate_overflow, clear_accelerate_overflow
 from ..agent import Agent, watch
 from ..config import Config
 from ..detect.verdict import Verdict

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from ..compat import WRAPPER_PREFIXES, full_numel, wrapped_module
+from ..compat.wrapped import WRAPPER_PREFIXES, full_numel, wrapped_module
 
 OTHER = "other"
 LAYER, EMBEDDING, HEAD, NAMED = "layer", "embedding", "head", "named"

@@ -13,13 +13,12 @@ SUM all-reduce turns into exact global values:
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from ..compat import foreach_mul, foreach_norm, foreach_sub_
+from ..backends.base import GradSource, ParamSource
+from ..compat.pytorch import foreach_mul, foreach_norm, foreach_sub_
 from .blocks import Blocks
 
 F64 = torch.float64
@@ -109,10 +108,10 @@ class _Measured:
 class GradStats:
     """Per-block sums of squared gradient norms over this rank's share of the gradients.
 
-    ``source``: where a parameter's gradient lives when not in ``.grad`` (DeepSpeed ZeRO-1/2
-    keeps this rank's disjoint fragment of it in its partitions, ZeRO-3 its partition: every
-    block is measured, and the SUM of the fragments' squares is the whole's, as for FSDP2's
-    shards).
+    ``source``: where a parameter's gradient lives when not in ``.grad`` (the optimizer
+    backend's ``grad_source``: a partitioned optimizer keeps this rank's disjoint fragment of
+    it: every block is measured, and the SUM of the fragments' squares is the whole's, as for
+    FSDP2's shards).
     """
 
     def __init__(
@@ -121,7 +120,7 @@ class GradStats:
         owned: list[bool],
         world_size: int,
         split: bool,
-        source: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+        source: GradSource | None = None,
     ):
         if source is not None:
             owned, split = [True] * len(blocks), True  # disjoint fragments: weight 1
@@ -164,7 +163,8 @@ class UpdateRatio:
     the blocks do not fit, successive sampled steps take turns over them.
 
     ``source``: where this rank's values of a parameter are when the parameter is partitioned
-    outside forward (DeepSpeed ZeRO-3: disjoint partitions, every block measured, weight 1).
+    outside forward (the optimizer backend's ``param_source``: disjoint partitions, every block
+    measured, weight 1).
     """
 
     def __init__(
@@ -174,7 +174,7 @@ class UpdateRatio:
         world_size: int,
         split: bool,
         max_bytes: int,
-        source: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        source: ParamSource | None = None,
     ):
         if source is not None:
             owned, split = [True] * len(blocks), True  # disjoint partitions: weight 1

@@ -35,14 +35,13 @@ The package's modules, one scope each:
     patch_set.py  one agent's patches (``PatchSet``): its optimizer's ``step`` and ``zero_grad``,
                   its leases of the shared ones, undone together
 
-Private torch names come from ``compat``.
+Private torch and framework names come from ``compat``.
 """
 
 from .base import AttributePatch, ForeignPatchWarning
 from .patch_set import PatchSet
 from .shared import (
     CLIPPING,
-    DEEPSPEED_ENGINE,
     MAX_WRAPPERS,
     SCALER_STEP,
     ZERO_GRAD,
@@ -67,6 +66,5 @@ __all__ = [
     "SCALER_STEP",
     "CLIPPING",
     "ZERO_GRAD",
-    "DEEPSPEED_ENGINE",
     "MAX_WRAPPERS",
 ]

@@ -14,7 +14,6 @@ own path. Private torch names come from ``compat``.
 from __future__ import annotations
 
 import functools
-import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,11 +21,11 @@ from typing import Any, Callable
 import torch
 
 from ...errors import TorchvitalsError
-from ..compat import CLIP_SCALE, GradScaler, clip_grad, wrapped_module
+from ..compat.deepspeed import ENGINE_CLIP, loaded_engine_module
+from ..compat.pytorch import CLIP_SCALE, GradScaler, clip_grad
+from ..compat.wrapped import wrapped_module
 from .base import LOCK, AttributePatch, WeakBound
 
-DEEPSPEED_ENGINE = "deepspeed.runtime.engine"
-"""The module whose ``clip_grad_norm_`` global DeepSpeed's engine clips through (ZeRO off)."""
 MAX_WRAPPERS = 4
 """Module wrappers looked through from a ``zero_grad()`` call (accelerate's DDP around a
 compiled model is two)."""
@@ -241,9 +240,9 @@ class ClippingPatch(SharedPatch):
         ]
         # DeepSpeed's engine clips with its own clip_grad_norm_ (ZeRO off), imported by name
         # into its module: measured before it too, when DeepSpeed is loaded (watch(engine, ...)).
-        engine = sys.modules.get(DEEPSPEED_ENGINE)
-        if engine is not None and callable(getattr(engine, "clip_grad_norm_", None)):
-            patches.append(AttributePatch(engine, "clip_grad_norm_", wrap))
+        engine = loaded_engine_module()
+        if engine is not None:
+            patches.append(AttributePatch(engine, ENGINE_CLIP, wrap))
         return patches
 
 

@@ -9,9 +9,9 @@ saved as separate ``wq``/``wk``/``wv``: "object has no attribute 'wq'"). Such a 
 ``state_dict()``/``load_state_dict()`` run its hooks both ways, which is how torchtitan's own
 checkpointer saves it; the optimizer state is keyed by parameter name and does not care.
 Every other model keeps the DCP path (wrapper prefixes stripped, FSDP2 shards as DTensors).
-DeepSpeed's ZeRO-1/2 optimizer (passed as the optimizer) holds flat partitions no parameter name
-maps to: ``zero_state`` keeps its state per partition; under ZeRO-3 the parameters are
-partitioned too, and ``zero3_state`` keeps both per partition.
+A partitioned optimizer's state maps to no parameter name (DeepSpeed ZeRO's flat partitions):
+its backend hands over a ``PartitionedState`` as the optimizer, which says itself what to save
+and loads it back (``agent/backends``).
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from ..compat import WRAPPER_PREFIXES, is_zero3_optimizer, is_zero_optimizer
+from ..backends.base import PartitionedState
+from ..backends.optimizers import resolve
+from ..compat.wrapped import WRAPPER_PREFIXES
 from ..measure.blocks import unwrap
-from ..optimizers import resolve
-from .zero3_state import set_zero3_states, zero3_states
-from .zero_state import set_zero_states, zero_states
 
 
 def get_states(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -40,15 +39,13 @@ def get_states(model: torch.nn.Module, optimizer: Any) -> tuple[dict[str, Any], 
     Args:
         model: the (possibly wrapped or sharded) model.
         optimizer: its optimizer, a container of optimizers (see ``optimizers.resolve``), or
-            DeepSpeed's ZeRO-1/2/3 optimizer.
+            a backend's ``PartitionedState``.
 
     Returns:
         (model state dict, optimizer state dict).
     """
-    if is_zero_optimizer(optimizer):
-        return zero_states(model, optimizer)
-    if is_zero3_optimizer(optimizer):
-        return zero3_states(model, optimizer)
+    if isinstance(optimizer, PartitionedState):
+        return optimizer.states(model)
     optims, options = _target(optimizer)
     inner = unwrap(model)
     own = inner.state_dict()
@@ -61,11 +58,8 @@ def set_states(
     model: torch.nn.Module, optimizer: Any, model_sd: dict[str, Any], optim_sd: dict[str, Any]
 ) -> None:
     """Load ``model_sd`` and ``optim_sd`` (shaped as ``get_states`` returns them) in place."""
-    if is_zero_optimizer(optimizer):
-        set_zero_states(model, optimizer, model_sd, optim_sd)
-        return
-    if is_zero3_optimizer(optimizer):
-        set_zero3_states(model, optimizer, model_sd, optim_sd)
+    if isinstance(optimizer, PartitionedState):
+        optimizer.load_states(model, model_sd, optim_sd)
         return
     optims, options = _target(optimizer)
     inner = unwrap(model)

@@ -1,5 +1,5 @@
-"""The torch versions torchvitals accepts: pyproject's range, compat's refusal, CI's pins, one
-truth.
+"""The private names of torch and the frameworks, one compat module each, and the torch
+versions torchvitals accepts: pyproject's range, compat's refusal, CI's pins, one truth.
 
     python -m pytest tests/unit/test_compat.py
 """
@@ -7,10 +7,10 @@ truth.
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from torchvitals.agent import compat
@@ -61,3 +61,83 @@ def test_the_range_is_pyprojects_and_ci_pins_every_tested_series():
     assert compat.torch_series(compat.MIN_TORCH) == compat.SUPPORTED_TORCH == compat.TESTED_TORCH[0]
     pins = set(re.findall(r"torch==(\d+\.\d+)\.\d+", (ROOT / ".ci" / "run").read_text()))
     assert pins == set(compat.TESTED_TORCH)
+
+
+# ---------------------------------------------------------------- one module per framework
+
+
+@pytest.mark.parametrize("module", compat.MODULES, ids=lambda m: m.__name__.rpartition(".")[2])
+def test_each_modules_private_names_hold_on_this_install(module):
+    """What CI runs against: a torch (or installed framework) that renamed one fails here."""
+    assert module.problems() == []
+
+
+def test_check_names_a_problem_of_any_module(monkeypatch):
+    monkeypatch.setattr(compat.deepspeed, "problems", lambda: ["deepspeed.x is gone"])
+    monkeypatch.setattr(compat.dcp, "problems", lambda: ["dcp.y is gone"])
+    with pytest.raises(compat.CompatError) as info:
+        compat.check()
+    assert str(info.value).endswith(":\n  dcp.y is gone\n  deepspeed.x is gone")
+
+
+def test_a_dcp_metadata_global_missing_from_the_table_is_named(monkeypatch):
+    key = ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata")
+    monkeypatch.delitem(compat.dcp.DCP_METADATA_GLOBALS, key)
+    [problem] = compat.dcp.problems()
+    assert "torch.distributed.checkpoint.metadata.TensorStorageMetadata" in problem
+    assert "recover/trust.py" in problem
+
+
+def test_the_wrapped_module_and_the_whole_size_of_a_parameter():
+    inner = torch.nn.Linear(2, 3)
+    ddp_like = torch.nn.Module()
+    ddp_like.module = inner
+    assert compat.wrapped.wrapped_module(ddp_like) is inner
+    assert compat.wrapped.wrapped_module(inner) is None
+    assert compat.wrapped.full_numel(inner.weight) == 6
+    partitioned = torch.nn.Parameter(torch.empty(0))
+    partitioned.ds_numel = 10  # a ZeRO-3 parameter outside forward: numel() is 0
+    assert compat.wrapped.full_numel(partitioned) == 10
+
+
+def test_accelerates_overflow_flag_is_read_and_cleared():
+    class Accelerated:
+        _is_overflow = True
+
+    opt = Accelerated()
+    assert compat.accelerate.accelerate_overflow(opt)
+    compat.accelerate.clear_accelerate_overflow(opt)
+    assert not compat.accelerate.accelerate_overflow(opt)
+    assert not compat.accelerate.accelerate_overflow(object())
+
+
+def test_torchtitans_checkpoint_to_load_asks_its_manager():
+    class Manager:
+        def __init__(self, newest):
+            self.newest = newest
+
+        def _find_load_step(self):
+            return self.newest
+
+        def _create_checkpoint_id(self, step):
+            return f"/ckpt/step-{step}"
+
+    to_load = compat.torchtitan.titan_checkpoint_to_load
+    assert to_load(Manager(120)) == (120, "/ckpt/step-120")
+    assert to_load(Manager(120), step=40) == (40, "/ckpt/step-40")
+    assert to_load(Manager(-1)) == (-1, None)
+    with pytest.raises(compat.CompatError, match=r"CheckpointManager\._find_load_step"):
+        to_load(object())
+
+
+def test_deepspeeds_kind_tests_look_at_the_object_alone():
+    ds = compat.deepspeed
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    assert not ds.is_zero_optimizer(opt) and not ds.is_zero3_optimizer(opt)
+    assert not ds.is_deepspeed(opt)
+    zero = type("DeepSpeedZeroOptimizer", (), {"__module__": ds.ZERO_MODULE})()
+    assert not ds.is_zero_optimizer(zero)  # the module alone is not enough
+    zero.averaged_gradients, zero.bit16_groups = {}, [[]]
+    assert ds.is_zero_optimizer(zero) and ds.is_deepspeed(zero)
+    assert not ds.is_zero3_optimizer(zero)
+    assert ds.zero_grad_fragment(torch.nn.Parameter(torch.zeros(1))) is None

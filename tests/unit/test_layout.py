@@ -6,6 +6,7 @@ process: tests/integration/test_commands.py.)"""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,10 @@ from torchvitals import protocol
 ROOT = Path(torchvitals.__file__).resolve().parent
 STAGES = {"measure": 1, "detect": 2, "recover": 3, "outputs": 4, "tools": 5, "integrations": 5}
 """Each stage of agent/ may import only the stages up to its own."""
+BELOW_STAGES = ("torchvitals.agent.compat", "torchvitals.agent.backends")
+"""Packages below every stage, like ``config`` and ``report``: the private names of torch and
+the frameworks, and the optimizer backends (which the measures and ``recover`` read). Every
+stage may import them; they import no stage."""
 LEAVES = {"torchvitals.agent.detect.verdict", "torchvitals.agent.detect.thresholds"}
 """Plain data every stage may import: the pattern table, the thresholds."""
 
@@ -64,6 +69,31 @@ def _stage(module: str) -> int | None:
     if len(parts) >= 3 and parts[1] == "agent" and parts[2] in STAGES:
         return STAGES[parts[2]]
     return None
+
+
+def _below_stages(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in BELOW_STAGES)
+
+
+def test_the_compat_and_backend_packages_sit_below_every_stage():
+    assert all(p in MODULES for p in BELOW_STAGES), BELOW_STAGES  # no stale name
+    wrong = {
+        module: sorted(staged)
+        for module, targets in GRAPH.items()
+        if _below_stages(module)
+        and (
+            staged := {
+                t
+                for t in targets
+                if _stage(t) is not None
+                or t in ("torchvitals.agent.agent", "torchvitals.agent.guard")
+                or t.startswith(("torchvitals.agent.step", "torchvitals.agent.signals"))
+            }
+        )
+    }
+    assert not wrong, wrong
+    assert "torchvitals.agent.backends.base" in GRAPH["torchvitals.agent.measure.stats"]
+    assert "torchvitals.agent.backends.base" in GRAPH["torchvitals.agent.recover.state"]
 
 
 def test_no_stage_imports_a_later_one():
@@ -271,9 +301,11 @@ FOREIGN = ("torch", "accelerate", "transformers", "lightning")
 ``compat``) set."""
 PATCHES = "torchvitals.agent.patches"
 """The package that replaces callables (under its lock, undone): every module in it."""
-MAY_SET_FOREIGN = {PATCHES, "torchvitals.agent.compat"}
-"""``patches`` replaces callables; ``compat`` writes the private flags torch and accelerate read
-(``optimizer._opt_called``, accelerate's ``_is_overflow``)."""
+COMPAT = "torchvitals.agent.compat"
+"""The package that reads (and checks) every private torch and framework name: every module."""
+MAY_SET_FOREIGN = {PATCHES, f"{COMPAT}.pytorch", f"{COMPAT}.accelerate"}
+"""``patches`` replaces callables; ``compat.pytorch`` and ``compat.accelerate`` write the private
+flags torch and accelerate read (``optimizer._opt_called``, accelerate's ``_is_overflow``)."""
 
 
 def _may_set_foreign(module: str) -> bool:
@@ -406,8 +438,9 @@ def test_the_patch_rule_leaves_plain_state_alone(source):
 
 
 def test_only_the_patches_package_assigns_to_torch_attributes():
-    assert MAY_SET_FOREIGN <= set(MODULES), MAY_SET_FOREIGN - set(MODULES)  # no stale exemption
-    assert _may_set_foreign(f"{PATCHES}.shared") and not _may_set_foreign(f"{PATCHES}_extra")
+    assert set(MODULES) >= MAY_SET_FOREIGN, MAY_SET_FOREIGN - set(MODULES)  # no stale exemption
+    assert _may_set_foreign(f"{PATCHES}.shared")
+    assert not _may_set_foreign(f"{PATCHES}_extra")
     wrong = {
         module: found
         for module, path in MODULES.items()
@@ -416,8 +449,21 @@ def test_only_the_patches_package_assigns_to_torch_attributes():
     assert not wrong, wrong
 
 
+def _in_compat(module: str) -> bool:
+    return module == COMPAT or module.startswith(COMPAT + ".")
+
+
 def _private_names_compat_reads() -> set[str]:
-    tree = ast.parse(MODULES["torchvitals.agent.compat"].read_text())
+    """The private names any module of the compat package reads or spells."""
+    return {
+        name
+        for module, path in MODULES.items()
+        if _in_compat(module)
+        for name in _private_names_read(ast.parse(path.read_text()))
+    }
+
+
+def _private_names_read(tree: ast.AST) -> set[str]:
     names = {
         n.attr
         for n in ast.walk(tree)
@@ -494,10 +540,122 @@ def test_private_torch_names_are_read_only_through_compat():
     wrong = {
         module: found
         for module, path in MODULES.items()
-        if module != "torchvitals.agent.compat"
-        and (found := private_reads(path.read_text(), private))
+        if not _in_compat(module) and (found := private_reads(path.read_text(), private))
     }
     assert not wrong, wrong
+
+
+# ---------------------------------------------------------------- framework names
+
+FRAMEWORK_WORDS = re.compile(
+    r"deepspeed|zero3|is_zero|zero_optimi[sz]ation|accelerate|torchtitan|lightning|transformers",
+    re.IGNORECASE,
+)
+"""What names a framework or one of DeepSpeed's ZeRO kinds (``accelerate``, not torch's
+``accelerator``; ``is_zero``, not ``zero_grad``)."""
+MAY_NAME_FRAMEWORKS = (
+    COMPAT,
+    "torchvitals.agent.backends",
+    "torchvitals.agent.integrations",
+    "torchvitals.agent.tools.examples",
+)
+"""Packages that know frameworks: their private names (``compat``), one optimizer backend per
+kind (``backends``), their callbacks and adapters (``integrations``), the framework examples
+users run (``tools.examples``)."""
+MAY_NAME_FRAMEWORKS_MODULES = {
+    "torchvitals": "lazily exports the integrations' entry points (LightningCallback, ...)",
+    f"{PATCHES}.shared": "patches DeepSpeed's engine's clip_grad_norm_ (ZeRO off)",
+    "torchvitals.agent.tools.demo.regression": "the DeepSpeed config the examples train with",
+}
+"""The only other modules that may, each with why."""
+
+
+def framework_names(source: str) -> list[str]:
+    """Each place ``source`` names a framework in code: an import, a name or attribute (a kind
+    test such as ``is_zero_optimizer``), a definition, a string literal (a module-name test
+    such as ``__module__ == "deepspeed..."``, an error message). Docstrings and other bare
+    string statements are documentation, and comments are not in the tree: neither counts."""
+    tree = ast.parse(source)
+    documentation = {
+        id(n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            words = [w for a in node.names for w in (a.name, a.asname)]
+        elif isinstance(node, ast.ImportFrom):
+            words = [node.module] + [w for a in node.names for w in (a.name, a.asname)]
+        elif isinstance(node, ast.Name):
+            words = [node.id]
+        elif isinstance(node, ast.Attribute):
+            words = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            words = [node.name]
+        elif isinstance(node, (ast.arg, ast.keyword)):
+            words = [node.arg]
+        elif isinstance(node, ast.Constant) and id(node) not in documentation:
+            words = [node.value] if isinstance(node.value, str) else []
+        else:
+            continue
+        for word in words:
+            if isinstance(word, str) and (match := FRAMEWORK_WORDS.search(word)):
+                found.append(f"{node.lineno}: {match.group(0)} in {word[:60]!r}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import deepspeed",
+        "from accelerate.optimizer import AcceleratedOptimizer",
+        "from ..compat.deepspeed import full_numel",
+        "if is_zero3_optimizer(o): pass",
+        "ok = type(o).__module__.startswith('deepspeed.')",
+        "def watch_torchtitan(trainer): pass",
+        "raise TypeError(f'use {x} with lightning')",
+        "config = {'zero_optimization': {'stage': 2}}",
+    ],
+)
+def test_the_framework_name_rule_sees_each_way_of_naming_one(source):
+    assert framework_names(source), source
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        '"""DeepSpeed\'s ZeRO-3 keeps its partitions (a docstring)."""',
+        "x = 1  # accelerate's wrapper (a comment)",
+        "optimizer.zero_grad(set_to_none=True)",
+        "device = torch.accelerator.current_accelerator()",
+        'NAME = "n"\n"""What torchtitan calls it (an attribute docstring)."""',
+    ],
+)
+def test_the_framework_name_rule_leaves_documentation_and_torch_alone(source):
+    assert not framework_names(source), source
+
+
+def test_framework_names_appear_only_in_their_backend_compat_and_integration_modules():
+    """Framework names (DeepSpeed and its ZeRO kinds, accelerate, torchtitan, Lightning,
+    transformers) appear in code only in ``agent/compat/`` (their private names, checked),
+    ``agent/backends/`` (one optimizer backend per kind, chosen once at ``watch()``),
+    ``agent/integrations/`` (their callbacks and adapters), ``agent/tools/examples/`` (the
+    framework examples, shipped), and the few modules of
+    ``MAY_NAME_FRAMEWORKS_MODULES``, each with its reason: everywhere else asks the backend, so
+    a new kind is one backend module and no ``if is_kind(x)`` elsewhere."""
+    assert set(MAY_NAME_FRAMEWORKS) | set(MAY_NAME_FRAMEWORKS_MODULES) <= set(MODULES)
+
+    def allowed(module: str) -> bool:
+        return module in MAY_NAME_FRAMEWORKS_MODULES or any(
+            module == p or module.startswith(p + ".") for p in MAY_NAME_FRAMEWORKS
+        )
+
+    named = {module: framework_names(path.read_text()) for module, path in MODULES.items()}
+    wrong = {module: found for module, found in named.items() if found and not allowed(module)}
+    assert not wrong, wrong
+    stale = sorted(m for m in MAY_NAME_FRAMEWORKS_MODULES if not named[m])
+    assert not stale, f"exempt but naming no framework: {stale}"
 
 
 def test_every_package_folder_is_in_the_distribution():

@@ -9,7 +9,7 @@ A training loop steps one object, but the learning rates and the state may live 
 optimizers inside it: torchtitan's ``OptimizersContainer`` is a ``torch.optim.Optimizer`` whose
 own single param group (no ``lr``) holds every parameter, while one AdamW per model part (and
 per optimizer kind) holds the real groups and state. This module is the one place that tells
-them apart; wrapper support for other frameworks extends ``resolve``.
+them apart; ``choose.py`` picks the backend of either from it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..errors import TorchvitalsError
+from ...errors import TorchvitalsError
 
 
 @dataclass(frozen=True)

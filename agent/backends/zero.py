@@ -1,7 +1,13 @@
-"""DeepSpeed ZeRO-1/2's partitioned optimizer state, as checkpoints and snapshots see it.
+"""DeepSpeed's ZeRO-1/2 optimizer: its backend, and its partitioned state as checkpoints see it.
 
-    model_sd, optim_sd = zero_states(engine, zero_optimizer)     # the live tensors (no copy)
-    set_zero_states(engine, zero_optimizer, model_sd, optim_sd)  # loaded back in place
+    backend = ZeroBackend(resolve(engine.optimizer.optimizer), engine.optimizer)
+    model_sd, optim_sd = backend.state_holder.states(engine)   # the live tensors (no copy)
+    backend.state_holder.load_states(engine, model_sd, optim_sd)   # loaded back in place
+
+Its ``step`` checks for overflow, clips the partitioned gradients and steps its torch optimizer
+once per param group, so the guard takes the ZeRO optimizer's own ``step`` (the gradients are
+measured before it clips, one agent step however many groups), and the gradients are read from
+its partitions: each rank holds a disjoint fragment of each gradient (``grad_source``).
 
 Under ZeRO-1/2 every rank holds the whole model (its parameters are views into DeepSpeed's flat
 buffers) but only its own partition of the optimizer: the fp32 master copy of its slice of each
@@ -23,12 +29,75 @@ groups, the views the model's parameters are) stay valid.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from ..compat import init_optim_state, zero_partition_rank, zero_partitions
+from ..compat.deepspeed import (
+    zero_grad_fragment,
+    zero_model_params,
+    zero_partition_rank,
+    zero_partitions,
+)
+from ..compat.pytorch import init_optim_state
+from .base import GradSource, HasParamGroups, ParamGroups, ParamSource
+from .optimizers import Optimizers
+
+
+@dataclass(frozen=True)
+class ZeroBackend:
+    """DeepSpeed's ZeRO-1/2 optimizer (``OptimizerBackend``).
+
+    Args:
+        optimizers: its torch optimizer (flat fp32 partitions, the learning rates).
+        owner: the ZeRO optimizer (``engine.optimizer``).
+    """
+
+    kind: ClassVar[str] = "zero"
+    optimizers: Optimizers
+    owner: Any
+
+    @property
+    def stepper(self) -> Any:
+        return self.owner
+
+    @property
+    def state_holder(self) -> ZeroState:
+        return ZeroState(self.owner)
+
+    @property
+    def grad_source(self) -> GradSource | None:
+        return zero_grad_fragment
+
+    @property
+    def param_source(self) -> ParamSource | None:
+        return None  # every rank holds the whole model
+
+    @property
+    def stepped_params(self) -> HasParamGroups:
+        # Its torch optimizer holds flat partitions, which would make every block look like
+        # one no optimizer steps: the model parameters it partitions instead.
+        return ParamGroups([{"params": group} for group in zero_model_params(self.owner)])
+
+    def check_checkpointable(self, checkpoint_dir: str | None) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class ZeroState:
+    """This rank's ZeRO-1/2 partition state (``PartitionedState``); see the module docstring."""
+
+    owner: Any
+
+    def states(self, model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
+        return zero_states(model, self.owner)
+
+    def load_states(
+        self, model: torch.nn.Module, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+    ) -> None:
+        set_zero_states(model, self.owner, model_sd, optim_sd)
 
 
 def partition_key(owner: Any) -> str:
