@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..protocol import ABORT_EXIT_CODE, ENV_PREFIX
@@ -408,6 +408,56 @@ class Config:
 
     collector: CollectorLink
     """The collector whose directives this job obeys."""
+
+    if TYPE_CHECKING:
+        # The flat names, as the type checker sees them: at run time each is a property set
+        # below the class (``_flat``) that reads and writes its section's field. Each has that
+        # field's type; tests/unit/test_config.py holds these equal to the sections' fields.
+
+        # measure
+        blocks: Mapping[str, Any] | list[str] | None
+        sample_every: int
+        activations: bool
+        update_ratio: bool
+        update_ratio_max_bytes: int
+        saturation_level: float
+        split_ddp_work: bool
+        clip_grad_norm: float | None
+        # recover
+        skip_nonfinite: bool
+        checkpoint_dir: str | None
+        checkpoint_every: int
+        resume: str
+        checkpoint_keep: int
+        checkpoint_key_file: str | None
+        trust_unsigned_checkpoints: bool
+        snapshot_max_bytes: int
+        healthy_window: int
+        lr_backoff: float
+        skip_margin: int
+        max_rollbacks: int
+        rollback_window: int
+        abort_exit_code: int
+        heartbeat_dir: str | None
+        # outputs
+        metrics_port: int
+        metrics_port_strict: bool
+        metrics_file_sd_dir: str | None
+        metrics_host: str
+        metrics_certfile: str | None
+        metrics_keyfile: str | None
+        metrics_client_cafile: str | None
+        metrics_client_auth_required: bool
+        metrics_max_connections: int
+        metrics_idle_timeout_s: float
+        log_dir: str
+        run_name: str | None
+        log_every: int
+        live: bool
+        # collector
+        collector_url: str | None
+        collector_job: str
+        collector_poll_seconds: float
 
     def __init__(
         self,

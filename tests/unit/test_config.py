@@ -1,5 +1,7 @@
+import ast
 import dataclasses
 import inspect
+import textwrap
 
 import pytest
 
@@ -146,3 +148,33 @@ def test_every_section_field_is_documented():
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
+
+
+def test_the_flat_names_are_declared_with_their_fields_types():
+    # Config's flat attributes are properties made at import, so the class declares them for
+    # the type checker under TYPE_CHECKING; the declarations must name exactly the flat fields,
+    # each with its section field's type, or `config.sample_every` is typed wrong or not at all.
+    from torchvitals.agent.config import FLAT, SECTIONS
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Config)))
+    (block,) = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    declared = {
+        ast.unparse(node.target): ast.unparse(node.annotation)
+        for node in block.body
+        if isinstance(node, ast.AnnAssign)
+    }
+    assert len(declared) == len(block.body), "only annotations belong in the block"
+    fields = {
+        section: {f.name: f for f in dataclasses.fields(cls)} for section, cls in SECTIONS.items()
+    }
+    expected = {
+        flat: ast.unparse(ast.parse(str(fields[section][name].type), mode="eval").body)
+        for flat, (section, name) in FLAT.items()
+        if flat not in SECTIONS  # ``detect`` is the section itself
+    }
+    assert declared == expected
+    assert all(isinstance(getattr(Config, flat), property) for flat in expected)
