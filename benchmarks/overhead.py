@@ -71,7 +71,7 @@ import torch.distributed as dist
 from torchvitals.agent.tools.demo.data import random_batches
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from variants import DESCRIPTIONS, VARIANTS, build, wandb_missing
+from variants import DESCRIPTIONS, VARIANTS, Watchdog, build, wandb_missing
 
 from torchvitals.agent.step import StageTimes
 
@@ -187,7 +187,7 @@ def measure(args: argparse.Namespace, *, rank: int, world: int, port: int) -> di
     saves = {
         v: {"stalls": r.stalls, "restore_s": r.restore_s}
         for v, r in runs.items()
-        if hasattr(r, "stalls")
+        if isinstance(r, Watchdog)
     }
     return {"times": times, "skipped": skipped, "saves": saves, "stages": stages, "syncs": syncs}
 

@@ -96,6 +96,9 @@ class Watchdog(Agent):
             checkpoint_every=50,
             **({} if staged else {"snapshot_max_bytes": 0}),
         )
+        if self.agent.watchdog is None:
+            raise RuntimeError("checkpoint_dir is set, yet the agent runs no watchdog")
+        self.watchdog = self.agent.watchdog
         self.stalls: list[float] = []
         self.restore_s: dict[str, float] = {}
 
@@ -105,10 +108,10 @@ class Watchdog(Agent):
         report = self.agent.step(loss)
         self.opt.zero_grad(set_to_none=True)
         if report.checkpointed:
-            self.stalls.append(self.agent.watchdog.metrics()["checkpoint_stall_seconds"])
+            self.stalls.append(self.watchdog.metrics()["checkpoint_stall_seconds"])
 
     def close(self) -> None:
-        watchdog = self.agent.watchdog
+        watchdog = self.watchdog
         self.agent.close()  # settles a write in flight: the memory copy is committed
         staged = watchdog.staged
         if watchdog.last_healthy is None:
@@ -169,7 +172,8 @@ class Naive(Bare):
         self.loss(x, y).backward()
         sq: dict[str, float] = {}
         for block, p in self.params:
-            sq[block] = sq.get(block, 0.0) + p.grad.norm().item() ** 2
+            if p.grad is not None:
+                sq[block] = sq.get(block, 0.0) + p.grad.norm().item() ** 2
         self.grad_norm = {b: math.sqrt(v) for b, v in sq.items()}
         before = [p.detach().clone() for _, p in self.params]
         self.opt.step()

@@ -89,8 +89,9 @@ class AttentionStats:
             if logits is not None:
                 finite = torch.where(torch.isneginf(logits), torch.zeros_like(logits), logits)
                 self._logit[b].append(finite.detach().amax().to(F64))
-                if probs is None:
-                    probs = torch.softmax(logits.detach().float(), dim=-1)
+            if probs is None:
+                assert logits is not None  # returned above when neither was given
+                probs = torch.softmax(logits.detach().float(), dim=-1)
             self._neg_entropy[b].append((-_per_head_entropy(probs).amin()).to(F64))
         self._counts[b] += 1
 

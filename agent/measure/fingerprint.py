@@ -123,6 +123,8 @@ class Fingerprint:
         Returns:
             Block name -> the ranks (indices in ``group``) to suspect.
         """
+        if self.local is None:
+            raise RuntimeError("name_ranks compares the fingerprints of a pack(): none was made")
         mine = self.local[mismatched].to(device)
         gathered = [torch.empty_like(mine) for _ in range(world_size)]
         dist.all_gather(gathered, mine, group=group)

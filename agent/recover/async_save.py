@@ -110,6 +110,8 @@ class BackgroundSaver:
         if self.pending is None or reduced[0] < world_size:
             return None
         outcome = self.wait()
+        if outcome is None:  # the wait blocks until the write ends
+            raise RuntimeError("the checkpoint write in flight ended without an outcome")
         if outcome.ok and reduced[1] > 0:  # cannot happen: the phases agree; be safe
             log.error(
                 "torchvitals: checkpoint of step %d committed here but failed on %d "
@@ -126,11 +128,13 @@ class BackgroundSaver:
         Every rank's thread reached the same verdict (the phases agree over the checkpoint
         group), so ranks that wait at the same step settle alike without a message.
         """
-        if self.pending is None:
+        if self.pending is None or self._thread is None:  # set together by ``start``
             return None
         self._thread.join(timeout)
         if self._thread.is_alive():
             return None
+        if self._result is None:  # ``_write`` sets it whatever happens
+            raise RuntimeError("the checkpoint write thread ended without a result")
         ok, path, error, seconds = self._result
         outcome = Outcome(self.pending.step, ok, path, error, seconds, snapshot=self.pending)
         self.pending, self._thread, self._result = None, None, None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import torch
 
@@ -71,7 +71,15 @@ class SkipAwareBatches:
             yield batch
 
 
-def _stateful(loader: Any) -> bool:
+class _StatefulLoader(Protocol):
+    """A loader that saves and resumes its position (torchdata's ``StatefulDataLoader``)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+def _stateful(loader: object) -> TypeGuard[_StatefulLoader]:
     return hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
 
 

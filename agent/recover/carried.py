@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -102,14 +102,17 @@ class CarriedState:
         if not isinstance(doc, dict) or doc.get("version") != VERSION:
             raise CarriedStateError(f"not a version-{VERSION} torchvitals state")
 
-        def count(value: Any) -> bool:
+        def count(value: object) -> TypeGuard[int]:
             return type(value) is int and value >= 0
+
+        def number(value: object) -> TypeGuard[float]:
+            return type(value) in (int, float)  # not a bool
 
         step, scale, position = doc.get("step"), doc.get("lr_scale"), doc.get("position")
         skipped, ago = doc.get("skipped"), doc.get("rollbacks_ago")
         if not (count(step) and count(position)):
             raise CarriedStateError(f"step {step!r} and position {position!r} must be counts")
-        if not (type(scale) in (int, float) and math.isfinite(scale) and 0 < scale <= 1):
+        if not (number(scale) and math.isfinite(scale) and 0 < scale <= 1):
             raise CarriedStateError(
                 f"lr_scale {scale!r} is not in (0, 1]: each rollback "
                 "multiplies it by lr_backoff <= 1, from 1"

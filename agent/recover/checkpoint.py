@@ -31,6 +31,7 @@ verified), ``shards.py`` (the model's and optimizer's state: DCP's shards and th
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import os
@@ -185,7 +186,10 @@ class CheckpointStore:
 
         Raises:
             CheckpointError: on every rank, when any rank failed; earlier checkpoints are untouched.
+            TypeError: neither ``staged`` nor both the model and the optimizer were given.
         """
+        if staged is None and (model is None or optimizer is None):
+            raise TypeError("save() needs the model and its optimizer, or a staged snapshot")
         start = self._clock()
         name = f"step-{step:08d}"
         tmp, final = self.root / f".tmp-{name}", self.root / name
@@ -248,13 +252,16 @@ class CheckpointStore:
             step,
             tmp,
         )
+
+        def tensors() -> dict[str, Any]:
+            if staged is not None:
+                return staged.tensors
+            assert model is not None and optimizer is not None  # checked on entry
+            return live_tensors(model, optimizer)
+
         self._agree(
             "writing the model and optimizer shards",
-            lambda: write_shards(
-                tmp,
-                staged.tensors if staged is not None else live_tensors(model, optimizer),
-                self._ranks,
-            ),
+            lambda: write_shards(tmp, tensors(), self._ranks),
             step,
             tmp,
         )
@@ -325,7 +332,7 @@ class CheckpointStore:
             f"checkpoint_dir at it), or start afresh with a new checkpoint_dir"
         )
 
-    def _candidates(self) -> list[str]:
+    def _candidates(self) -> builtins.list[str]:
         """Committed folders the ledger recorded, newest first (rank 0)."""
         for leftover in sorted(self.root.glob(".tmp-*")) if self.root.is_dir() else []:
             log.warning("ignoring %s: a save that never committed", leftover)
@@ -346,7 +353,7 @@ class CheckpointStore:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
-        refused: list[tuple[Path, str]],
+        refused: builtins.list[tuple[Path, str]],
     ) -> Restored:
         state = json.loads((folder / STATE).read_text())
         if scheduler is not None and state["scheduler"] is None:

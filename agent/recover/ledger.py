@@ -361,15 +361,19 @@ class Ledger:
                             f"{where}: skipped {rng!r} is not a [start, stop) batch range"
                         )
                     made.append(list(rng))
-                    parts = [e.get(k) for k in ("from_position", "position", "margin")]
-                    if all(type(x) is int for x in parts) and rng != [
-                        parts[0],
-                        parts[1] + parts[2],
-                    ]:
+                    start, position, margin = (
+                        e.get(k) for k in ("from_position", "position", "margin")
+                    )
+                    if (
+                        type(start) is int
+                        and type(position) is int
+                        and type(margin) is int
+                        and rng != [start, position + margin]
+                    ):
                         raise self._corrupt(
                             f"{where}: skipped {rng} is not what the rollback made of its "
-                            f"positions, [from_position {parts[0]}, position {parts[1]} + "
-                            f"margin {parts[2]})"
+                            f"positions, [from_position {start}, position {position} + "
+                            f"margin {margin})"
                         )
         if sorted(made) != sorted(skipped):
             raise self._corrupt(

@@ -29,7 +29,10 @@ COMMITTED = re.compile(r"step-(\d{8,})")
 
 def step_of(folder: Path) -> int:
     """The step a committed folder's name holds."""
-    return int(COMMITTED.fullmatch(folder.name).group(1))
+    match = COMMITTED.fullmatch(folder.name)
+    if match is None:
+        raise ValueError(f"{folder.name!r} is not a committed checkpoint folder (step-NNNNNNNN)")
+    return int(match.group(1))
 
 
 def write_manifest(

@@ -97,6 +97,8 @@ class SyncSaver:
             step, model, optimizer, scheduler, extra=extra, rank_state=rank_state
         )
         seconds = self.store.last_save_seconds
+        if seconds is None:  # every save that returns sets it
+            raise RuntimeError("the checkpoint store returned from a save it did not time")
         return Saved(stall_seconds=seconds, committed=Outcome(step, True, str(path), None, seconds))
 
     def flags(self) -> list[float]:

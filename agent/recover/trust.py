@@ -203,7 +203,8 @@ def split_plain(tree: Any) -> tuple[Any, Any]:
     if isinstance(tree, torch.Tensor):
         return tree, None
     if isinstance(tree, Mapping):
-        tensors, plain = {}, {}
+        tensors: dict[Any, Any] = {}
+        plain: dict[Any, Any] = {}
         for key, value in tree.items():
             t, p = split_plain(value)
             if t is not None:
@@ -211,13 +212,14 @@ def split_plain(tree: Any) -> tuple[Any, Any]:
             plain[key] = p
         return (tensors or None), {"__dict__": plain}
     if isinstance(tree, (list, tuple)):
-        tensors, plain = {}, []
+        indexed: dict[str, Any] = {}
+        items: list[Any] = []
         for i, value in enumerate(tree):
             t, p = split_plain(value)
             if t is not None:
-                tensors[str(i)] = t
-            plain.append(p)
-        return (tensors or None), {"__list__": plain, "tuple": isinstance(tree, tuple)}
+                indexed[str(i)] = t
+            items.append(p)
+        return (indexed or None), {"__list__": items, "tuple": isinstance(tree, tuple)}
     return None, {"value": tree}
 
 
