@@ -56,7 +56,7 @@ import os
 import sys
 
 from .agent.tools.demo import FAULTS
-from .collector.supervisor.config import SupervisorConfig
+from .collector.supervisor.options import SupervisorConfig
 from .errors import TorchvitalsError
 
 
@@ -224,7 +224,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _supervise(args: argparse.Namespace) -> int:
-    from .collector.supervisor.supervisor import supervise
+    from .collector.supervisor.command import supervise
 
     flags = {
         k: v for k, v in vars(args).items() if k not in ("command", "job_command") and v is not None

@@ -1,14 +1,19 @@
 """``torchvitals supervise``: run a training launcher, restart it when it crashes or hangs.
 
-``supervisor`` is the restart policy (attempts, hang clock, back-off, exit codes), ``process``
-starts a job's launcher tied to it and stops the job's processes from outside, ``peers`` the
-agreement of the supervisors of a job's nodes and ``etcd`` the store they agree through,
-``config`` its settings, ``metrics`` its /metrics. It talks to the job only through
-``torchvitals.protocol`` (heartbeat files, exit codes), the ledger file and the job identity
-(``agent.recover.jobid``); it imports no torch.
+``supervisor`` is the loop over attempts; ``attempt`` runs one (``process`` starts the launcher
+tied to the supervisor and stops the job's processes from outside, ``hang_clock`` tells a hang
+from the heartbeats) and ``outcomes`` says how it ended; ``restart_policy`` decides what comes
+next. For a job of several nodes, ``peers`` is what a node asks of the others and the orders
+they answer with, ``store_peers`` their agreement through the job's etcd (``barrier`` the start
+of an attempt, ``membership`` the nodes present, ``job_store`` and ``job_records`` the keys,
+``etcd`` the store's client). ``options`` holds its settings, ``telemetry`` its /metrics and
+``command`` the CLI around it. It talks to the job only through ``torchvitals.protocol``
+(heartbeat files, exit codes), the ledger file and the job identity (``agent.recover.jobid``);
+it imports no torch.
 """
 
-from .config import SupervisorConfig
-from .supervisor import Supervisor, supervise
+from .command import supervise
+from .options import SupervisorConfig
+from .supervisor import Supervisor
 
 __all__ = ["Supervisor", "SupervisorConfig", "supervise"]

@@ -14,14 +14,15 @@ files. A SIGSTOPped rank gets SIGCONT with the SIGTERM, so it can act on it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 PR_SET_PDEATHSIG = 1
 """prctl(2) option: the signal this process gets when the thread that forked it ends."""
@@ -37,7 +38,7 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     Returns:
         The function, or None where prctl is not available (not Linux).
     """
-    if not os.uname().sysname == "Linux":
+    if os.uname().sysname != "Linux":
         return None
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     prctl = libc.prctl  # resolved here: the child between fork and exec does the least
@@ -81,17 +82,13 @@ def stop_group(
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or not ours
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _kill(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _proc_stats() -> dict[int, list[str]]:

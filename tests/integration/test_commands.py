@@ -18,7 +18,7 @@ import torch
 
 import torchvitals
 from torchvitals.collector.config import CollectorConfig
-from torchvitals.collector.supervisor.config import SECRET_FIELDS, SupervisorConfig
+from torchvitals.collector.supervisor.options import SECRET_FIELDS, SupervisorConfig
 from torchvitals.settings import field_docs
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

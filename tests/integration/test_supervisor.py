@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from torchvitals.collector.supervisor.config import SupervisorConfig
-from torchvitals.collector.supervisor.metrics import SupervisorMetrics
+from torchvitals.collector.supervisor.options import SupervisorConfig
 from torchvitals.collector.supervisor.supervisor import Supervisor
+from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 
 JOB = Path(__file__).with_name("supervised_job.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 
 from test_helm_chart import VALUE_SETS, chart, container_env, one, render  # noqa: E402,F401
-from torchvitals.collector.supervisor.config import SupervisorConfig, node_rank  # noqa: E402
+from torchvitals.collector.supervisor.options import SupervisorConfig, node_rank  # noqa: E402
 
 
 def pods(docs):

@@ -19,7 +19,7 @@ from torchvitals import protocol
 from torchvitals.agent.recover.ledger import LedgerError
 from torchvitals.agent.recover.jobid import job_identity, launcher_job_id, resume_decision
 from torchvitals.agent.recover.watchdog import ResumeRefused
-from torchvitals.collector.supervisor.config import SupervisorConfig
+from torchvitals.collector.supervisor.options import SupervisorConfig
 from torchvitals.collector.supervisor.supervisor import Supervisor
 from support.models import TINY
 

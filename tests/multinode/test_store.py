@@ -20,13 +20,14 @@ import uuid
 from dataclasses import replace
 
 import pytest
-
 from cluster import PYTHONPATH, Certs, Etcd
-from torchvitals.collector.supervisor.config import SupervisorConfig
+
 from torchvitals.collector.supervisor.etcd import EtcdStore, StoreError, StoreTLS
-from torchvitals.collector.supervisor.metrics import SupervisorMetrics
-from torchvitals.collector.supervisor.peers import KEY_ROOT, StorePeers
-from torchvitals.collector.supervisor.supervisor import store_of
+from torchvitals.collector.supervisor.job_records import KEY_ROOT
+from torchvitals.collector.supervisor.options import SupervisorConfig
+from torchvitals.collector.supervisor.peers import JobEnded, StartAttempt
+from torchvitals.collector.supervisor.store_peers import StorePeers, store_of
+from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,7 +196,7 @@ def start(nodes: list[StorePeers]) -> None:
         t.start()
     for t in threads:
         t.join(15)
-    assert [o.attempt for o in orders] == [1, 1], orders
+    assert orders == [StartAttempt(1), StartAttempt(1)], orders
     for node in nodes:
         node.started(1)
 
@@ -281,17 +282,17 @@ def test_a_job_that_ends_for_good_leaves_nothing_in_the_store(etcd):
     assert "final" in keys(store, job)  # node 1 has not read it yet
     time.sleep(0.06)
     order = nodes[1].watch(1, 5)
-    assert (order.final, order.reason) == (75, "aborted on purpose")
+    assert order == JobEnded(75, "aborted on purpose")
     nodes[1].close()
     assert keys(store, job) == {}
 
 
 ABANDONED = """
 import sys, time
-from torchvitals.collector.supervisor.config import SupervisorConfig
+from torchvitals.collector.supervisor.options import SupervisorConfig
 from torchvitals.collector.supervisor.etcd import EtcdStore
-from torchvitals.collector.supervisor.metrics import SupervisorMetrics
-from torchvitals.collector.supervisor.peers import StorePeers
+from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
+from torchvitals.collector.supervisor.store_peers import StorePeers
 config = SupervisorConfig(nnodes=2, node_rank=int(sys.argv[3]), store_url=sys.argv[1],
                           node_ttl_s=1, job_ttl_s=3)
 StorePeers(EtcdStore(sys.argv[1]), sys.argv[2], config, SupervisorMetrics()).join()

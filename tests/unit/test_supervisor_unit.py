@@ -12,9 +12,9 @@ import pytest
 
 from torchvitals.__main__ import parse_args
 from torchvitals.agent.recover.heartbeat import Heartbeat
-from torchvitals.collector.supervisor.config import SupervisorConfig
-from torchvitals.collector.supervisor.metrics import SupervisorMetrics
-from torchvitals.collector.supervisor.supervisor import HangClock
+from torchvitals.collector.supervisor.hang_clock import HangClock
+from torchvitals.collector.supervisor.options import SupervisorConfig
+from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 from torchvitals.protocol import Beat, read_heartbeats
 
 
@@ -32,10 +32,10 @@ def test_flag_wins_over_environment_wins_over_default(monkeypatch):
 @pytest.mark.parametrize(
     "bad",
     [
-        dict(hang_timeout_s=0),
-        dict(no_progress_restarts=0),
-        dict(backoff_s=5, backoff_max_s=1),
-        dict(no_progress_exit_code=77),
+        {"hang_timeout_s": 0},
+        {"no_progress_restarts": 0},
+        {"backoff_s": 5, "backoff_max_s": 1},
+        {"no_progress_exit_code": 77},
     ],
 )
 def test_invalid_settings_are_refused(bad):

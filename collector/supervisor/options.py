@@ -9,16 +9,17 @@ field's meaning, default and variable.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ...protocol import (
     ABORT_EXIT_CODE,
     BUDGET_EXIT_CODE,
     ENV_PREFIX,
-    NODE_LOST_EXIT_CODE,
     NO_PROGRESS_EXIT_CODE,
+    NODE_LOST_EXIT_CODE,
     REFUSED_EXIT_CODE,
 )
 from ...settings import add_flags, settings
@@ -34,7 +35,7 @@ NODE_RANK_ENVS = ("SLURM_NODEID", "PET_NODE_RANK")
 """Where a scheduler says which node this is: Slurm, Kubeflow's training operator."""
 
 
-def node_rank(config: "SupervisorConfig", environ: Mapping[str, str]) -> int:
+def node_rank(config: SupervisorConfig, environ: Mapping[str, str]) -> int:
     """This node's rank: the config's, else the scheduler's (``NODE_RANK_ENVS``), else 0.
 
     Raises:
@@ -278,7 +279,7 @@ class SupervisorConfig:
     @classmethod
     def from_env(
         cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> "SupervisorConfig":
+    ) -> SupervisorConfig:
         """Defaults, then ``TORCHVITALS_SUPERVISOR_<FIELD>``, then ``overrides`` (flags).
 
         Args:

@@ -1,0 +1,122 @@
+"""What a job's supervisors keep in its store: the keys, and the typed record under each.
+
+    <KEY_ROOT><job>/attempt          JobAttempt  the job's attempt and the restart policy's state
+    <KEY_ROOT><job>/final            JobFinal    the end of the job for good, which every node obeys
+    <KEY_ROOT><job>/nodes/<rank>     NodeState   one node's supervisor: host, pid, attempt, state
+
+Each record is a frozen dataclass written as JSON; ``*_json`` and ``*_of`` turn one into the
+other, so the key layout and the field names live here once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KEY_ROOT = "torchvitals/jobs/"
+"""Every key of a job lives under ``KEY_ROOT + <job id> + "/"``."""
+
+WAITING, RUNNING, DONE = "waiting", "running", "done"
+"""A node's state: at the start barrier of an attempt; running it; its launcher exited 0."""
+
+
+@dataclass(frozen=True)
+class JobAttempt:
+    """The job's attempt and the restart policy's state, the same on every node."""
+
+    number: int = 1
+    restarts: int = 0
+    """Restarts of the job so far (any node's)."""
+    best: int | None = None
+    """The highest last healthy step seen at the end of an attempt."""
+    stalled: int = 0
+    """Restarts in a row that did not move ``best``."""
+    reason: str = ""
+    """Why this attempt was started (a person reads it)."""
+    revision: int = field(default=0, compare=False)
+    """The store's revision of the record (for the compare-and-swap); 0 in memory."""
+
+
+def attempt_json(record: JobAttempt) -> str:
+    """``record`` as the ``attempt`` key holds it (the revision is the store's, not written)."""
+    data = asdict(record)
+    data.pop("revision")
+    return json.dumps(data)
+
+
+def attempt_of(value: str, revision: int) -> JobAttempt:
+    """The ``attempt`` key's value, read back at the store's ``revision``."""
+    data = json.loads(value)
+    return JobAttempt(
+        number=int(data["number"]),
+        restarts=int(data["restarts"]),
+        best=data.get("best"),
+        stalled=int(data["stalled"]),
+        reason=str(data.get("reason", "")),
+        revision=revision,
+    )
+
+
+@dataclass(frozen=True)
+class JobFinal:
+    """The end of the job for good: an abort, a refused folder, a restart policy that gave up,
+    a lost node never replaced. The first node to write it wins."""
+
+    code: int
+    """The exit status every node ends with."""
+    reason: str
+    """Why (a person reads it)."""
+    node: int
+    """The node rank that ended the job."""
+    attempt: int
+    """The job's attempt when it ended: a later attempt (a requeue) is not ended by it."""
+
+
+def final_json(final: JobFinal) -> str:
+    return json.dumps(
+        {"code": final.code, "reason": final.reason, "node": final.node, "attempt": final.attempt}
+    )
+
+
+def final_of(value: str) -> JobFinal:
+    data: dict[str, Any] = json.loads(value)
+    return JobFinal(
+        code=int(data["code"]),
+        reason=str(data["reason"]),
+        node=int(data.get("node", -1)),
+        attempt=int(data["attempt"]),
+    )
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What one node's supervisor publishes."""
+
+    node: int
+    host: str
+    pid: int
+    attempt: int
+    state: str
+    step: int = 0
+    """The highest heartbeat step of its ranks in this attempt."""
+
+    def name(self) -> str:
+        return f"node {self.node} (host {self.host}, supervisor pid {self.pid})"
+
+
+def node_key(node: int) -> str:
+    """The key of node rank ``node``'s record, under the job's prefix."""
+    return f"nodes/{node:05d}"
+
+
+def node_json(state: NodeState) -> str:
+    return json.dumps(asdict(state))
+
+
+def node_of(value: str) -> NodeState | None:
+    """A node's record, or None for one that does not parse (never a node)."""
+    try:
+        return NodeState(**json.loads(value))
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,131 @@
+"""One job's keys in its etcd store, read and written as typed records, and the leases they
+live by.
+
+    keys = JobStore(EtcdStore(url), "4711")
+    keys.ensure_attempt(JobAttempt(), job_ttl_s=86400)   # the job's record, made once
+    record = keys.attempt()                              # JobAttempt, with the store's revision
+    keys.swap_attempt(next_record, record.revision)      # compare-and-swap: one winner
+    keys.final(), keys.nodes()                           # JobFinal | None; {rank: NodeState}
+
+Two leases: each node's own (``node_lease``: its record dies with it) and the job's
+(``job_lease``: ``attempt``, ``final`` and the records of nodes that are done), chosen by
+whichever node made the job's record and learned by every other from it. No policy here:
+``StorePeers`` decides what to write when.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .etcd import EtcdStore, StoreError
+from .job_records import (
+    KEY_ROOT,
+    JobAttempt,
+    JobFinal,
+    NodeState,
+    attempt_json,
+    attempt_of,
+    final_json,
+    final_of,
+    node_json,
+    node_key,
+    node_of,
+)
+
+log = logging.getLogger("torchvitals.supervisor")
+
+
+class JobStore:
+    """The keys of job ``job_id`` in ``store``.
+
+    Args:
+        store: the job's store.
+        job_id: the job's identity (the same on every node: the keys' prefix).
+    """
+
+    def __init__(self, store: EtcdStore, job_id: str) -> None:
+        self.store = store
+        self.prefix = f"{KEY_ROOT}{job_id}/"
+        self.node_lease = 0
+        """This node's lease (0 until granted)."""
+        self.job_lease = 0
+        """The lease ``attempt``, ``final`` and done nodes' records live by (the job's)."""
+        self.record = JobAttempt()
+        """The job's attempt record as last read (what is made again if it expires)."""
+
+    @property
+    def job_id(self) -> str:
+        return self.prefix[len(KEY_ROOT) : -1]
+
+    def grant_node_lease(self, ttl_s: float) -> int:
+        self.node_lease = self.store.grant(ttl_s)
+        return self.node_lease
+
+    def attempt(self) -> JobAttempt:
+        """The job's attempt record as the store has it now (the last one read if it has none)."""
+        entry = self.store.get(self._key("attempt"))
+        if entry is None:
+            return self.record
+        if entry.lease:
+            self.job_lease = entry.lease  # whoever made the record chose the job's lease
+        self.record = attempt_of(entry.value, entry.mod_revision)
+        return self.record
+
+    def swap_attempt(self, record: JobAttempt, revision: int) -> bool:
+        """Write ``record`` if the job's record is still at ``revision``; whether it was."""
+        return self.store.swap(
+            self._key("attempt"), attempt_json(record), revision, lease=self.job_lease
+        )
+
+    def ensure_attempt(self, record: JobAttempt, job_ttl_s: float) -> None:
+        """Make the job's attempt record (``record``) under a new job lease unless it exists;
+        either way, follow the lease it lives by."""
+        if self.store.get(self._key("attempt")) is None:
+            lease = self.store.grant(job_ttl_s)
+            if not self.store.create(self._key("attempt"), attempt_json(record), lease=lease):
+                self.store.revoke(lease)  # another node made it first: its lease is the job's
+        self.attempt()
+
+    def final(self) -> JobFinal | None:
+        """The end of the job for good, if a node wrote it."""
+        entry = self.store.get(self._key("final"))
+        return None if entry is None else final_of(entry.value)
+
+    def create_final(self, final: JobFinal) -> None:
+        """Write the end of the job unless a node already did (the first one wins)."""
+        self.store.create(self._key("final"), final_json(final), lease=self.job_lease)
+
+    def nodes(self) -> dict[int, NodeState]:
+        """The nodes alive (their lease held) or done, by node rank."""
+        nodes = {}
+        for entry in self.store.prefix(self._key("nodes/")):
+            state = node_of(entry.value)
+            if state is not None:
+                nodes[state.node] = state
+        return nodes
+
+    def put_node(self, state: NodeState, lease: int | None = None) -> None:
+        """Write a node's record, under this node's lease unless told another."""
+        self.store.put(
+            self._key(node_key(state.node)),
+            node_json(state),
+            lease=self.node_lease if lease is None else lease,
+        )
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+
+class StoreOutage:
+    """Logs a store outage once, not at every poll, until a poll succeeds again."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def failed(self, exc: StoreError) -> None:
+        if not self.down:
+            self.down = True
+            log.warning("torchvitals supervise: %s (retrying)", exc)
+
+    def over(self) -> None:
+        self.down = False

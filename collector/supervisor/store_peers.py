@@ -1,0 +1,304 @@
+"""The supervisors of one job's nodes, agreeing on its attempts through the job's store.
+
+    peers = StorePeers(EtcdStore(url), "4711", config, metrics)   # config: nnodes, node_rank...
+    record = peers.join()                     # the job's current attempt
+    go = peers.wait_for_peers(record.number)  # StartAttempt: every node ready (or JobEnded)
+    order = peers.watch(go.attempt, step)     # each poll: a restart elsewhere, a lost node, the end
+    peers.restart(next_record)                # a restart here is a restart of the job everywhere
+
+Each node's supervisor keeps ``<job>/nodes/<rank>`` alive under a lease of ``node_ttl_s``
+(host, pid, attempt, state, step); the job's attempt and its restart policy state live in
+``<job>/attempt``, changed only by a compare-and-swap, so two nodes failing at once make one
+new attempt; the end of the job for good (an abort, a refused folder, a restart policy that gave
+up, a lost node never replaced) is ``<job>/final``, which every node obeys (the keys and their
+records: ``job_records``). A node whose lease expires is lost: the others stop their launchers,
+name it, and wait up to ``peer_timeout_s`` for a replacement (a new supervisor with that node
+rank) before ending the job, or, ``min_nodes`` allowing, going on without it (``barrier``).
+
+Nothing of a job stays in the store for long: ``attempt``, ``final`` and the records of nodes
+that are done live by one job lease of ``job_ttl_s`` (hours), which every live node renews with
+its own. The last node to leave a job that ended for good revokes it, so the job's prefix is
+empty at once; a job whose nodes all vanished (the whole allocation killed) is gone
+``job_ttl_s`` later, while a requeued or replaced node within that time still finds the job's
+attempt, restart budget and end. The step a node publishes is written at most once per lease
+renewal (``node_ttl_s`` / 3): it only names a lost node's last step, and the lease, not the
+value, says the node lives; state changes (waiting, running, done) are written at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from .barrier import StartBarrier
+from .etcd import EtcdStore, StoreError, StoreTLS
+from .job_records import DONE, RUNNING, WAITING, JobAttempt, JobFinal, NodeState
+from .job_store import JobStore, StoreOutage
+from .membership import Membership
+from .options import SupervisorConfig
+from .peers import JobEnded, JobRestarted, NodesLost, StartAttempt
+from .telemetry import SupervisorMetrics
+
+log = logging.getLogger("torchvitals.supervisor")
+
+
+class StorePeers:
+    """Several nodes, agreeing through an etcd store.
+
+    Args:
+        store: the job's store.
+        job_id: the job's identity (the same on every node: the keys' prefix).
+        config: ``nnodes``, ``min_nodes``, ``node_rank``, ``node_ttl_s``, ``peer_timeout_s``,
+            ``store_poll_s``, ``node_lost_exit_code``.
+        metrics: where the nodes present and the wait for peers are shown.
+        clock, sleep: monotonic seconds and the wait between polls.
+    """
+
+    def __init__(
+        self,
+        store: EtcdStore,
+        job_id: str,
+        config: SupervisorConfig,
+        metrics: SupervisorMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store, self.config, self.metrics = store, config, metrics
+        self.keys = JobStore(store, job_id)
+        node = config.node_rank or 0  # the Supervisor resolves it (options.node_rank)
+        self.me = NodeState(
+            node=node,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            attempt=0,
+            state=WAITING,
+        )
+        self._clock = clock
+        self.membership = Membership(self.keys, node=node, nnodes=config.nnodes, metrics=metrics)
+        self._outage = StoreOutage()
+        self._barrier = StartBarrier(
+            self.keys,
+            self.membership,
+            config,
+            metrics,
+            announce=self._announce,
+            finish=self.finish,
+            outage=self._outage,
+            clock=clock,
+            sleep=sleep,
+        )
+        self._lock = threading.Lock()
+        self._renew_s = config.node_ttl_s / 3
+        """Seconds between lease renewals, and the least between two writes of a step."""
+        self._put_at = -float("inf")
+        self._last_watch = -float("inf")
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+
+    # ------------------------------------------------------------ the job's attempt
+
+    def join(self) -> JobAttempt:
+        """Come alive in the store and find the job's attempt.
+
+        A node that joins while the others run an attempt (a replaced node, a restarted
+        supervisor) makes a new one: its launcher must start with theirs.
+        """
+        self.keys.grant_node_lease(self.config.node_ttl_s)
+        self._publish(replace(self.me, attempt=0, state=WAITING))
+        self._keeper = threading.Thread(
+            target=self._keep_alive, daemon=True, name="torchvitals-supervisor-lease"
+        )
+        self._keeper.start()
+        self.keys.ensure_attempt(JobAttempt(), self.config.job_ttl_s)
+        record = self.current()
+        others = [s for s in self.membership.nodes().values() if s.node != self.me.node]
+        final = self.keys.final()
+        if any(s.attempt == record.number and s.state == RUNNING for s in others) or (
+            final is not None and final.attempt >= record.number and not others
+        ):
+            # Running without this node, or ended for good before a requeue: a new attempt.
+            record = self.restart(
+                replace(record, number=record.number + 1, reason=f"node {self.me.node} joined")
+            )
+        log.info(
+            "torchvitals supervise: node %d of %d joined job %s at attempt %d",
+            self.me.node,
+            self.config.nnodes,
+            self.keys.job_id,
+            record.number,
+        )
+        return record
+
+    def current(self) -> JobAttempt:
+        """The job's attempt record as the store has it now."""
+        return self.keys.attempt()
+
+    def restart(self, record: JobAttempt) -> JobAttempt:
+        """Start ``record`` as the job's next attempt, unless another node already moved the job
+        past the attempt ``record`` follows: then that one (one new attempt for all).
+
+        Returns:
+            The job's attempt now.
+        """
+        while True:
+            now = self.current()
+            if now.number >= record.number:
+                return now  # another node restarted the job first
+            if self.keys.swap_attempt(record, now.revision):
+                return self.current()
+
+    def wait_for_peers(self, attempt: int) -> StartAttempt | JobEnded:
+        """The start barrier (``barrier.StartBarrier``): publish "waiting" for ``attempt`` and
+        wait until every node is at it (or running it), or the job ends."""
+        return self._barrier.wait(attempt)
+
+    def started(self, attempt: int) -> None:
+        """This node's launcher runs ``attempt``."""
+        self._quietly(self._publish, replace(self.me, attempt=attempt, state=RUNNING, step=0))
+
+    def watch(self, attempt: int, step: int) -> JobRestarted | NodesLost | JobEnded | None:
+        """While ``attempt`` runs (called every poll; asks the store every ``store_poll_s``):
+        publish this node's step, and say whether the job wants something else.
+
+        Returns:
+            None: go on. Else the job ended for good, restarted elsewhere, or lost a node.
+        """
+        now = self._clock()
+        if now - self._last_watch < self.config.store_poll_s:
+            return None
+        self._last_watch = now
+        try:
+            if self.me.step != step and now - self._put_at >= self._renew_s:
+                self._publish(replace(self.me, step=step))
+            final = self.keys.final()
+            if final is not None and final.attempt >= attempt:
+                return JobEnded(final.code, final.reason)
+            record = self.current()
+            if record.number > attempt:
+                return JobRestarted(record.number, record.reason)
+            nodes = self.membership.nodes()
+        except StoreError as exc:
+            # A store that blinks is not a lost job; a node lost for long shows as lost leases.
+            self._outage.failed(exc)
+            return None
+        self._outage.over()
+        # A key present is a node alive (or done); one that rejoined under a new supervisor
+        # makes a new attempt itself (``join``), which the record shows at the next poll.
+        lost = self.membership.lost(nodes, attempt)
+        if lost:
+            return NodesLost(lost, "; ".join(f"{s.name()} lost at step {s.step}" for s in lost))
+        return None
+
+    def finish(self, code: int, reason: str) -> int:
+        """End the job for good on every node (the first node to say so wins).
+
+        Returns:
+            The exit status every node ends with.
+        """
+        try:
+            self.keys.create_final(JobFinal(code, reason, self.me.node, self.current().number))
+            final = self.keys.final()
+        except StoreError as exc:  # the others find this node lost; its own code stands
+            log.error("torchvitals supervise: cannot tell the other nodes the job ends: %s", exc)
+            return code
+        return code if final is None else final.code
+
+    def done(self) -> None:
+        """This node's launcher exited 0: say so for the job's life (a node that is done is
+        not lost), under the job's lease rather than this node's."""
+        self._quietly(self._publish, replace(self.me, state=DONE), lease=self.keys.job_lease)
+
+    def close(self) -> None:
+        """Stop keeping this node alive; a node that leaves cleanly leaves no live key, and the
+        last to leave a job that ended for good (``final``, or every node done) removes the
+        job's keys."""
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout=5)
+        try:
+            if self.keys.node_lease:
+                self.store.revoke(self.keys.node_lease)
+            if self.keys.job_lease and (self.me.state == DONE or self.keys.final() is not None):
+                others = [s for s in self.membership.nodes().values() if s.node != self.me.node]
+                # A node still waiting or running needs the record (or the end) yet; it removes
+                # the job itself when it leaves.
+                if not any(s.state in (WAITING, RUNNING) for s in others):
+                    self.store.revoke(self.keys.job_lease)
+                    log.info("torchvitals supervise: the job ended; its keys are removed")
+        except StoreError as exc:
+            log.warning(
+                "torchvitals supervise: %s (the job's keys expire within job_ttl_s=%g s)",
+                exc,
+                self.config.job_ttl_s,
+            )
+
+    # ------------------------------------------------------------ pieces
+
+    def _publish(self, state: NodeState, lease: int | None = None) -> None:
+        """Write this node's record, under its own lease unless told another."""
+        with self._lock:
+            self.me = state
+            self._put_at = self._clock()
+            self.keys.put_node(state, lease)
+
+    def _announce(self, attempt: int) -> None:
+        """This node waits at the barrier of ``attempt``: written when that changes only (the
+        lease says the node waits; the value, what for)."""
+        waiting = replace(self.me, attempt=attempt, state=WAITING, step=0)
+        if waiting != self.me:
+            self._publish(waiting)
+
+    def _quietly(self, call: Callable[..., None], *args, **kwargs) -> None:
+        """A publication whose loss the others survive (they see the lease, then the next one)."""
+        try:
+            call(*args, **kwargs)
+        except StoreError as exc:
+            self._outage.failed(exc)
+
+    def _keep_alive(self) -> None:
+        """Renew this node's lease and the job's every third of the node's TTL. A node lease
+        that expired (the store was away longer than the TTL: the others took this node for
+        lost) is replaced, with the state re-put; a job lease that expired (every node away
+        for ``job_ttl_s``) takes the job's record with it, which is made again."""
+        while not self._stop.wait(self._renew_s):
+            try:
+                if not self.store.keepalive(self.keys.node_lease):
+                    self.keys.grant_node_lease(self.config.node_ttl_s)
+                    if self.me.state != DONE:
+                        self._publish(self.me)
+                if (
+                    self.keys.job_lease
+                    and not self.store.keepalive(self.keys.job_lease)
+                    and self.me.state != DONE
+                ):
+                    self.keys.ensure_attempt(self.keys.record, self.config.job_ttl_s)
+            except StoreError as exc:
+                self._outage.failed(exc)
+
+
+def store_of(config: SupervisorConfig) -> EtcdStore:
+    """The job's store as ``config`` describes it: its URL, TLS files, user and password.
+
+    Raises:
+        ValueError: a TLS file or the password file cannot be read (the message names the
+            field): a setting to fix before the start, like every other refused setting.
+    """
+    try:
+        return EtcdStore(
+            config.store_url or "",
+            tls=StoreTLS(
+                cafile=config.store_cafile,
+                certfile=config.store_certfile,
+                keyfile=config.store_keyfile,
+            ),
+            user=config.store_user,
+            password=config.password(),
+        )
+    except StoreError as exc:
+        raise ValueError(str(exc)) from None
