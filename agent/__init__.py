@@ -5,15 +5,17 @@
 
 ``agent.py`` builds a rank's agent at ``watch()`` from named collaborators; ``guard.py`` routes
 the optimizer's own ``step()`` to it (``patches/`` installs and undoes every patch of torch,
-``compat.py`` reads torch's private names); ``step.py`` runs each step top to bottom: ``measure/``
+``compat/`` reads torch's and each framework's private names, ``backends/`` is one optimizer
+backend per kind, chosen once); ``step.py`` runs each step top to bottom: ``measure/``
 (what the rank sees, reduced across ranks) -> ``detect/`` (what it means) -> ``recover/`` (what
 the watchdog does about it) -> ``outputs/`` (who hears of it). ``signals/`` holds each vital
 sign as a vertical slice across those stages (what it packs, how it reads back, the rules and
 metrics it feeds). ``config.py`` is its settings and ``report.py`` the plain data it returns.
 ``tools/`` are offline commands and ``integrations/`` the framework callbacks, built on the same
-pieces. A stage imports only the stages before it (and ``config``, ``report``, ``compat``, the
-package's ``protocol``/``settings``/``errors``); only ``agent.py``, ``step.py`` and ``signals/``
-see them all. The names load on first use: importing this package alone imports no torch.
+pieces. A stage imports only the stages before it (and ``config``, ``report``, ``compat``,
+``backends``, the package's ``protocol``/``settings``/``errors``); only ``agent.py``,
+``step.py`` and ``signals/`` see them all. The names load on first use: importing this package
+alone imports no torch.
 """
 
 from __future__ import annotations
