@@ -26,7 +26,8 @@ the clipping capture live in ``patches`` as well.
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -64,7 +65,7 @@ class StepGuard:
         self,
         optimizer: torch.optim.Optimizer | Optimizers,
         run: Callable[[Any], Any],
-        watched: list[torch.nn.Parameter],
+        watched: list[torch.Tensor],
         patches: PatchSet,
         stepper: Any = None,
     ) -> None:
@@ -231,9 +232,9 @@ class ClipWatch:
             self._log.warning(
                 "torchvitals: the total gradient norm has been %.6g for %d steps: the gradients "
                 "look clipped before torchvitals measured them, so the reported norms are the "
-                "clipped ones. Clip with torch.nn.utils.clip_grad_norm_ (or clip_grads_with_norm_), "
-                "which torchvitals measures before, or let torchvitals clip: "
-                "watch(..., clip_grad_norm=%.6g)",
+                "clipped ones. Clip with torch.nn.utils.clip_grad_norm_ (or "
+                "clip_grads_with_norm_), which torchvitals measures before, or let torchvitals "
+                "clip: watch(..., clip_grad_norm=%.6g)",
                 total,
                 self.steps,
                 total,

@@ -100,8 +100,8 @@ class _Measured:
             w.append(weight)
         self._index = {}
         for dev, (idx, w) in groups.items():
-            weight = None if all(x == 1.0 for x in w) else torch.tensor(w, dtype=F64).to(dev)
-            self._index[dev] = (torch.tensor(idx, dtype=torch.long).to(dev), weight)
+            weights = None if all(x == 1.0 for x in w) else torch.tensor(w, dtype=F64).to(dev)
+            self._index[dev] = (torch.tensor(idx, dtype=torch.long).to(dev), weights)
         self._key = tuple(positions)
 
 
@@ -225,7 +225,8 @@ class UpdateRatio:
     def after_step(
         self, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor, list[bool]] | None:
-        """Per-block (||dw||^2, ||w_old||^2) device tensors and the measured mask; frees the snapshot."""
+        """Per-block (||dw||^2, ||w_old||^2) device tensors and the measured mask; frees the
+        snapshot."""
         if self._snapshot is None:
             return None
         snapshot, positions, chosen = self._snapshot
