@@ -45,6 +45,20 @@ _EXPORTS = {
     "LightningCallback": ".agent.integrations.lightning",
     "TransformersCallback": ".agent.integrations.transformers",
     "watch_torchtitan": ".agent.integrations.torchtitan",
+    # The extension points: a user's own signals, rules and sinks (watch(signals=, rules=,
+    # sinks=)), and what they are written against.
+    "Signal": ".agent.seams",
+    "StepContext": ".agent.seams",
+    "Packer": ".agent.seams",
+    "Reduced": ".agent.seams",
+    "Slot": ".agent.seams",
+    "Observed": ".agent.seams",
+    "Rule": ".agent.seams",
+    "Sink": ".agent.seams",
+    "SignalRegistry": ".agent.seams",
+    "INFO": ".agent.seams",
+    "WARNING": ".agent.seams",
+    "CRITICAL": ".agent.seams",
     # The errors the README tells a caller to catch, from the module that raises each.
     "CheckpointError": ".agent.recover.agreement",
     "ResumeRefused": ".agent.recover.resume_policy",
@@ -71,6 +85,20 @@ if TYPE_CHECKING:
     from .agent.recover.resume_policy import ResumeRefused
     from .agent.recover.watchdog import TrainingAborted
     from .agent.report import Action, Report, Rollback
+    from .agent.seams import (
+        CRITICAL,
+        INFO,
+        WARNING,
+        Observed,
+        Packer,
+        Reduced,
+        Rule,
+        Signal,
+        SignalRegistry,
+        Sink,
+        Slot,
+        StepContext,
+    )
 
     __version__: str
 

@@ -7,8 +7,13 @@
         report = agent.step(loss)        # calls optimizer.step() unless the decision says skip
         optimizer.zero_grad(set_to_none=True)
 
-What one step does is ``step.py``; the vital signs it packs are ``signals/``. A ``watch()``
-that fails releases what it already built (the /metrics port, the event log, hooks, patches).
+The ``Agent`` declares what it holds at class level; ``watch()`` builds the collaborators in
+order (the ranks' agreement on the blocks, the detector, the resources, the guard, the signals)
+and then the step, which receives them as one frozen record (``step.StepDeps``). What one step
+does is ``step.py``; the vital signs it packs are ``signals/`` (``signals/registry.py`` lists
+them). A ``watch()`` that fails releases what it already built (the /metrics port, the event
+log, hooks, patches). Integrations reach the agent through its public hooks (``on_close``,
+``attach``, ``resume_at``, ``ticks``), never through its private attributes.
 """
 
 from __future__ import annotations
@@ -17,34 +22,31 @@ import contextlib
 import logging
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..protocol import CHECKPOINT, REFUSED, TRAIN, token_from_env
 from .backends import OptimizerBackend, choose
+from .backends.optimizers import Optimizers
 from .backends.wrappers import unwrap_scheduler
 from .config import Config
 from .detect.detector import Detector
-from .detect.straggler import RankTiming
+from .detect.rules import Rule
 from .detect.thresholds import Thresholds
-from .detect.wiring import unstepped, wiring_verdicts
-from .guard import ClipWatch, StepGuard
-from .measure.activations import ActivationStats
-from .measure.attention import AttentionStats
+from .detect.wiring import wiring_verdicts
+from .guard import StepGuard
 from .measure.blocks import Blocks, discover, unwrap
 from .measure.datawait import DataWait
-from .measure.fingerprint import Fingerprint
-from .measure.host import MemorySample
 from .measure.loss import LossBook
 from .measure.reduce import Reducer
-from .measure.stages import agree
-from .measure.stats import GradStats, UpdateRatio, local
-from .outputs.sinks import Outputs
+from .measure.stages import Agreed, agree
+from .measure.stats import local
+from .outputs.sinks import Outputs, Sink
 from .patches import PatchSet
 from .recover.batches import SkipAwareBatches
 from .recover.directives import DirectivePoller
@@ -52,26 +54,67 @@ from .recover.heartbeat import Heartbeat
 from .recover.ledger import LedgerError
 from .recover.watchdog import Watchdog
 from .report import Report
-from .signals.activations import Activations
 from .signals.base import Signal
-from .signals.checkpoint import CheckpointSettlement
-from .signals.datawait import DataWaitSignal
-from .signals.directives import Directives
-from .signals.grads import GradNorms
-from .signals.loss import Loss
-from .signals.memory import Memory
-from .signals.replicas import Replicas
-from .signals.scaler import Scaler
-from .signals.timing import Timing
-from .signals.update import UpdateRatios
-from .step import StepInput, Steps
+from .signals.registry import BUILTIN, Signals, build_signals
+from .signals.setup import Setup
+from .step import StageTimes, StepDeps, StepInput, Steps
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
 
 
+class Adapter(Protocol):
+    """A framework adapter the agent holds (``Agent.attach``): closed first at ``close()``."""
+
+    def close(self) -> None: ...
+
+
 class Agent:
-    """Watches one rank's model and optimizer; see ``torchvitals.watch``."""
+    """Watches one rank's model and optimizer; see ``torchvitals.watch``.
+
+    Every collaborator below is built once, at ``watch()``, and released by ``close()``.
+    """
+
+    config: Config
+    model: nn.Module
+    optimizer: Any
+    """The torch optimizer (or container) under any accelerate/DeepSpeed wrapper."""
+    scheduler: Any
+    backend: OptimizerBackend
+    """The optimizer's kind (``backends/``): whose step the guard takes, where the gradients
+    and the state are."""
+    optimizers: Optimizers
+    """A container's real optimizers (or the one optimizer)."""
+    state_holder: Any
+    """What checkpoints and rollbacks save and restore the optimizer state of."""
+    clock: Callable[[], float]
+    group: dist.ProcessGroup | None
+    rank: int
+    world_size: int
+    layout: Agreed
+    blocks: Blocks
+    """The blocks every rank packs (the union over the ranks' pipeline stages, if any)."""
+    params: list[torch.Tensor]
+    device: torch.device
+    reducer: Reducer
+    detector: Detector
+    loss_book: LossBook
+    """Where each step's loss comes from (``record_loss``, the model's outputs)."""
+    heartbeat: Heartbeat | None
+    watchdog: Watchdog | None
+    """Checkpoints and rollbacks (None without ``checkpoint_dir``)."""
+    poller: DirectivePoller | None
+    """Global rank 0's collector poller (None on the other ranks and without a collector)."""
+    outputs: Outputs
+    run_dir: str | None
+    resumed_from: int | None
+    """The model step this run resumed after (None: it started fresh)."""
+    guard: StepGuard
+    signals: Signals
+    steps: Steps
+    last_report: Report | None
+    adapter: Adapter | None
+    """The framework adapter ``attach`` holds (``watch_torchtitan``'s), or None."""
 
     def __init__(
         self,
@@ -83,15 +126,15 @@ class Agent:
         group: dist.ProcessGroup | None = None,
         registry: Any = None,
         clock: Callable[[], float] = time.perf_counter,
+        signals: Sequence[Signal] = (),
+        rules: Sequence[Rule] = (),
+        sinks: Sequence[Sink] = (),
     ):
-        self.backend: OptimizerBackend = choose(
-            optimizer, log
-        )  # the optimizer's kind, once: see backends/
+        self.backend = choose(optimizer, log)  # the optimizer's kind, once: see backends/
         self.optimizers = self.backend.optimizers  # a container's real optimizers
         optimizer, scheduler = self.optimizers.stepped, unwrap_scheduler(scheduler).logged(log)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.state_holder = self.backend.state_holder
-        """What checkpoints and rollbacks save and restore the optimizer state of."""
         self.config = config or Config.from_env()
         self.backend.check_checkpointable(self.config.checkpoint_dir)
         self.clock = clock
@@ -102,8 +145,7 @@ class Agent:
         self.world_size = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
         self.layout = agree(*self._discover(model), self.group, self.rank, self.world_size)
-        """The blocks every rank packs (the union over the ranks' pipeline stages, if any)."""
-        self.blocks: Blocks = self.layout.blocks
+        self.blocks = self.layout.blocks
         self.params = [p for ps in self.blocks.params for _, p in ps]
         self.device = local(self.params[0]).device
         self.reducer = Reducer(self.group, self.world_size)
@@ -112,16 +154,16 @@ class Agent:
             self.blocks.kinds,
             Thresholds.from_overrides(self.config.detect),
             static=self.layout.static,
+            rules=rules,
         )
         self.loss_book = LossBook()
-        """Where each step's loss comes from (``record_loss``, the model's outputs)."""
         self._wait = DataWait(clock)
         self.record_data_wait = self._wait.record  # adapters: a batch drawn elsewhere
-        self.steps = Steps(self)
-        self.last_report: Report | None = None
+        self.last_report = None
+        self.adapter = None
         self._validation: list[tuple[int, float]] = []
         with contextlib.ExitStack() as built:
-            self._build(optimizer, registry, built)
+            self._build(optimizer, registry, built, signals, sinks)
             self._closing = built.pop_all()
 
     def _discover(self, model: nn.Module) -> tuple[Blocks, list[Any]]:
@@ -130,9 +172,15 @@ class Agent:
         return blocks, wiring_verdicts(blocks, self.backend.stepped_params)
 
     def _build(
-        self, optimizer: torch.optim.Optimizer, registry: Any, built: contextlib.ExitStack
+        self,
+        optimizer: torch.optim.Optimizer,
+        registry: Any,
+        built: contextlib.ExitStack,
+        signals: Sequence[Signal],
+        sinks: Sequence[Sink],
     ) -> None:
-        """Every collaborator that holds a resource, each released by ``built`` on failure."""
+        """Every collaborator that holds a resource, each released by ``built`` on failure, then
+        the step over them."""
         config, model = self.config, self.model
         # Every rank reads the token, so a missing secret fails every rank alike, not rank 0
         # alone while the others wait in a collective; only rank 0 polls.
@@ -161,21 +209,26 @@ class Agent:
             if config.collector_url and self.rank == 0
             else None
         )
-        """Global rank 0's collector poller (None on the other ranks and without a collector)."""
         if self.poller is not None:
             built.callback(self.poller.close)
         self.outputs = Outputs(
-            config, self.blocks.names, rank=self.rank, world_size=self.world_size, registry=registry
+            config,
+            self.blocks.names,
+            rank=self.rank,
+            world_size=self.world_size,
+            registry=registry,
+            sinks=sinks,
         )
         built.callback(self.outputs.close)
         # An agent dropped without close() frees its port and event log too (the sinks hold
         # nothing of the agent, so this keeps nothing alive).
         weakref.finalize(self, self.outputs.close)
         self.run_dir = self.outputs.run_dir
-        if self.heartbeat is not None:
-            self.heartbeat.metrics_url = self.outputs.metrics_url
-        if self.heartbeat is not None and self.watchdog is not None:
-            self.watchdog.on_phase = lambda phase: self.heartbeat.beat(phase=phase)
+        heartbeat = self.heartbeat
+        if heartbeat is not None:
+            heartbeat.metrics_url = self.outputs.metrics_url
+        if heartbeat is not None and self.watchdog is not None:
+            self.watchdog.on_phase = lambda phase: heartbeat.beat(phase=phase)
         if self.heartbeat is not None:
             self.heartbeat.beat(0, CHECKPOINT if self.watchdog is not None else TRAIN)
         self.resumed_from = (
@@ -183,13 +236,8 @@ class Agent:
             if self.watchdog is not None
             else None
         )
-        if self.resumed_from is not None:
-            self.steps.step_count = self.resumed_from
         if self.heartbeat is not None:
             self.heartbeat.beat(0, TRAIN)
-        self.steps.last_end = self.clock()
-        # Always on and O(1): the end of each forward pass, for per-rank compute time.
-        built.callback(model.register_forward_hook(self.steps.on_forward).remove)
         built.callback(
             unwrap(model)
             .register_forward_hook(self.loss_book.capture_output, with_kwargs=True)
@@ -206,9 +254,12 @@ class Agent:
             stepper=self.backend.stepper,
         )
         built.callback(self.guard.close)
-        self.signals = self._signals()
-        for signal in self.signals:
+        self.signals = self._signals(signals)
+        for signal in self.signals.all:
             built.callback(signal.close)
+        self.steps = Steps(self._step_deps(), step_count=self.resumed_from or 0)
+        # Always on and O(1): the end of each forward pass, for per-rank compute time.
+        built.callback(model.register_forward_hook(self.steps.on_forward).remove)
         self._patches.route_scaler_step(optimizer, self._scaler_step)
         self._zero_grad = self._patches.before_zero_grad(optimizer, self.settle_skipped)
         self._patches.before_model_zero_grad(model, self.settle_skipped)
@@ -216,77 +267,56 @@ class Agent:
         if self.steps.sampled(self.steps.step_count + 1):
             self.steps.arm()
 
-    def _signals(self) -> list[Signal]:
-        """The vital signs, in the order every rank packs and reads them back."""
-        config, blocks, n = self.config, self.blocks, len(self.blocks)
-        sharded = any(isinstance(p, DTensor) for p in self.params)
-        split = config.split_ddp_work and self.world_size > 1 and not sharded
-        # Under DDP each block's replicas split the work: one of them measures it.
-        owned = [
-            bool(h) and h[b % len(h)] == self.rank if split else True
-            for b, h in enumerate(blocks.holders)
-        ]
-        stepped = self.backend.stepped_params
-        self.grads = GradNorms(
-            GradStats(blocks, owned, self.world_size, split, self.backend.grad_source),
-            blocks.names,
-            self.device,
-            self.guard.probe_grads,
-            ClipWatch(log=log if self.rank == 0 else None),
-            expected=[sum(map(len, unstepped(ps, stepped))) < len(ps) for ps in blocks.params],
-            log=log if self.rank == 0 else None,
-        )
-        self.update = (
-            UpdateRatios(
-                UpdateRatio(
-                    blocks,
-                    owned,
-                    self.world_size,
-                    split,
-                    config.update_ratio_max_bytes,
-                    self.backend.param_source,
-                ),
-                blocks.names,
-            )
-            if config.update_ratio
-            else None
-        )
-        self.activations = (
-            Activations(
-                ActivationStats(blocks.output_modules, config.saturation_level),
-                AttentionStats(unwrap(self.model), blocks),
-                blocks.names,
-            )
-            if config.activations
-            else None
-        )
-        signals: list[Signal | None] = [
-            Loss(),
-            self.grads,
-            Scaler(),
-            self.update,
-            self.activations,
-            DataWaitSignal(self._wait),
-            Timing(
-                RankTiming(
-                    self.detector.thresholds, self.rank, self.layout.stage_sizes[self.layout.stage]
-                ),
-                self.layout.stage,
-                len(self.layout.stage_sizes),
+    def _signals(self, extra: Sequence[Signal]) -> Signals:
+        """The built-in vital signs (``signals/registry.py``), then the user's, in the order
+        every rank packs and reads them back."""
+        setup = Setup(
+            config=self.config,
+            layout=self.layout,
+            model=self.model,
+            params=self.params,
+            rank=self.rank,
+            world_size=self.world_size,
+            group=self.group,
+            device=self.device,
+            collective_device=(
+                self.device if self.reducer.device_collectives else torch.device("cpu")
             ),
-            Memory(MemorySample(self.device)),
-            self._replicas(),
-            CheckpointSettlement(self.watchdog) if self.watchdog is not None else None,
-            Directives(self.poller) if config.collector_url else None,
-        ]
-        return [s for s in signals if s is not None]
+            thresholds=self.detector.thresholds,
+            probe_grads=self.guard.probe_grads,
+            grad_source=self.backend.grad_source,
+            param_source=self.backend.param_source,
+            stepped=self.backend.stepped_params,
+            data_wait=self._wait,
+            watchdog=self.watchdog,
+            poller=self.poller,
+        )
+        return build_signals(BUILTIN, setup, extra)
 
-    def _replicas(self) -> Replicas | None:
-        """DDP replicas are fingerprinted; FSDP2 shards and plain modules are not replicas."""
-        if not (isinstance(self.model, DistributedDataParallel) and self.world_size > 1):
-            return None
-        device = self.device if self.reducer.device_collectives else torch.device("cpu")
-        return Replicas(Fingerprint(self.blocks), self.group, device)
+    def _step_deps(self) -> StepDeps:
+        return StepDeps(
+            config=self.config,
+            clock=self.clock,
+            device=self.device,
+            rank=self.rank,
+            world_size=self.world_size,
+            signals=self.signals.all,
+            update=self.signals.update,
+            activations=self.signals.activations,
+            reducer=self.reducer,
+            detector=self.detector,
+            guard=self.guard,
+            watchdog=self.watchdog,
+            outputs=self.outputs,
+            heartbeat=self.heartbeat,
+            poller=self.poller,
+            loss_book=self.loss_book,
+            model=self.model,
+            optimizer=self.optimizer,
+            state_holder=self.state_holder,
+            scheduler=self.scheduler,
+            params=self.params,
+        )
 
     # ------------------------------------------------------------------ the step's three doors
 
@@ -405,13 +435,18 @@ class Agent:
         self.steps.scheduler_follows_step = bool(value)
 
     @property
-    def stage_times(self) -> Any:
+    def stage_times(self) -> StageTimes | None:
         """Set a ``step.StageTimes`` to record the agent's host time per stage (benchmarks)."""
         return self.steps.stage_times
 
     @stage_times.setter
-    def stage_times(self, value: Any) -> None:
+    def stage_times(self, value: StageTimes | None) -> None:
         self.steps.stage_times = value
+
+    @property
+    def ticks(self) -> int:
+        """Steps run, rolled-back ones too: the loop guard's and the heartbeat's clock."""
+        return self.steps.ticks
 
     def sampled(self, step: int) -> bool:
         """Whether ``step`` records activations (and carries the preceding update's ratio)."""
@@ -435,7 +470,7 @@ class Agent:
         gradient clipping): the report's grad norms are then the pre-clip ones. Called by the
         integrations, and by ``torch.nn.utils.clip_grad_norm_`` while a guard is active."""
         if self.steps.aborted is None:
-            self.grads.capture()
+            self.signals.grads.capture()
 
     def observe_validation(self, loss: torch.Tensor | float) -> float:
         """Report a validation loss; every rank must call it (it is averaged over the ranks).
@@ -459,20 +494,42 @@ class Agent:
         return mean
 
     def diagnose(self) -> Any:
-        """The decision-tree summary of the run so far (see ``torchvitals.agent.tools.diagnose``)."""
+        """The decision-tree summary of the run so far (``torchvitals.agent.tools.diagnose``)."""
         from .tools.diagnose import diagnose
 
         return diagnose(self.detector.history, self.steps.losses, self._validation)
+
+    # ------------------------------------------------------------------ hooks for integrations
+
+    def on_close(self, fn: Callable[[], Any]) -> None:
+        """Call ``fn`` at ``close()``, before the agent releases its own collaborators (the
+        last one registered runs first), and on no other path: a failed ``watch()`` never
+        returned an agent to register on."""
+        self._closing.callback(fn)
+
+    def attach(self, adapter: Adapter) -> None:
+        """Hold a framework adapter as ``agent.adapter``; ``close()`` closes it first."""
+        self.adapter = adapter
+        self.on_close(adapter.close)
+
+    def resume_at(self, step: int) -> None:
+        """The run continues after model step ``step`` because a framework loaded its own
+        checkpoint of it (torchtitan's): the step count and ``resumed_from`` become ``step``,
+        and the next step records activations if it is a sampled one. Call it on every rank,
+        between steps."""
+        self.steps.step_count = self.resumed_from = step
+        if self.steps.sampled(step + 1):
+            self.steps.arm()
 
     def close(self) -> None:
         """Give the optimizer its step back, remove hooks and patches, stop /metrics, close the
         event log, finish a checkpoint write in flight (last: it may raise that it failed)."""
         self._closing.close()
 
-    def __enter__(self) -> "Agent":
+    def __enter__(self) -> Agent:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -483,6 +540,9 @@ def watch(
     *,
     group: dist.ProcessGroup | None = None,
     registry: Any = None,
+    signals: Sequence[Signal] = (),
+    rules: Sequence[Rule] = (),
+    sinks: Sequence[Sink] = (),
     **config: Any,
 ) -> Agent:
     """Start watching a model and its optimizer on this rank.
@@ -500,6 +560,13 @@ def watch(
             ``LRSchedulersContainer``), or None.
         group: the process group to reduce over (default: DDP's, else the world).
         registry: a prometheus_client registry to export into (default: a fresh one).
+        signals: your own ``torchvitals.Signal`` instances, packed after the built-in ones into
+            the same reduction (no extra collective). Every rank must pass the same signals in
+            the same order; ``watch()`` checks it and raises on every rank otherwise.
+        rules: your own ``torchvitals.Rule`` instances, run after the built-in ones; a
+            critical verdict acts like a built-in one (rollback with a watchdog).
+        sinks: your own ``torchvitals.Sink`` instances: each gets every step's report on this
+            rank; one that raises is logged once, then counted, and the training goes on.
         **config: any ``Config`` field; overrides ``TORCHVITALS_*`` variables.
 
     Returns:
@@ -512,4 +579,7 @@ def watch(
         config=Config.from_env(**config),
         group=group,
         registry=registry,
+        signals=signals,
+        rules=rules,
+        sinks=sinks,
     )

@@ -7,7 +7,8 @@
 Each of those builds one ``StepInput`` and calls ``Steps.run``. Every rank runs the same code
 on the same reduced numbers, so every rank takes the same action without another message: a
 rank that saw NaN alone still makes every rank skip or roll back, and nobody waits in a
-collective for a peer that went another way.
+collective for a peer that went another way. ``Steps`` gets the collaborators it uses as one
+frozen ``StepDeps`` record, built by ``agent.py`` at ``watch()``, never the agent itself.
 """
 
 from __future__ import annotations
@@ -16,20 +17,31 @@ import dataclasses
 import logging
 import math
 from collections import deque
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import torch
+from torch import nn
 
 from ..protocol import ABORTED, CODES
 from .compat.pytorch import foreach_mul_
+from .config import Config
+from .detect.detector import Detector
 from .detect.observed import Observed
 from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
+from .guard import StepGuard
 from .measure import scaler as amp
-from .measure.reduce import Packer
+from .measure.loss import LossBook
+from .measure.reduce import Packer, Reducer
 from .measure.stats import local
-from .recover.watchdog import TrainingAborted
+from .outputs.sinks import Outputs
+from .recover.directives import DirectivePoller
+from .recover.heartbeat import Heartbeat
+from .recover.watchdog import TrainingAborted, Watchdog
 from .report import Action, RankLocal, Report, StepTiming
-from .signals.base import StepContext
+from .signals.activations import ActivationSignal
+from .signals.base import Signal, StepContext
+from .signals.update import UpdateRatioSignal
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +73,40 @@ class StepInput:
     skipped_by_framework: bool = False
     """The framework skipped ``optimizer.step()`` itself (it cleared the gradients without
     one): the step is measured and reported as that step's skip, never stepped or rolled back."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDeps:
+    """The collaborators one step uses, built once at ``watch()`` (``agent.py``)."""
+
+    config: Config
+    clock: Callable[[], float]
+    device: torch.device
+    """Where the packed device values live."""
+    rank: int
+    world_size: int
+    signals: tuple[Signal, ...]
+    """In packing order (identical on every rank)."""
+    update: UpdateRatioSignal | None
+    """Snapshotted around the real step before a sampled one (also in ``signals``)."""
+    activations: ActivationSignal | None
+    """Armed before a sampled step (also in ``signals``)."""
+    reducer: Reducer
+    detector: Detector
+    guard: StepGuard
+    watchdog: Watchdog | None
+    outputs: Outputs
+    heartbeat: Heartbeat | None
+    poller: DirectivePoller | None
+    loss_book: LossBook
+    model: nn.Module
+    optimizer: Any
+    """The torch optimizer (or container) a GradScaler unscales and steps."""
+    state_holder: Any
+    """What checkpoints and rollbacks save and restore the optimizer state of."""
+    scheduler: Any
+    params: list[torch.Tensor]
+    """The watched parameters (the clipping scales their gradients)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +150,8 @@ class _Laps:
     """Seconds between marks, minus the time spent in the optimizer's own step."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock, self.last, self.seconds = clock, clock(), {}
+        self.clock, self.last = clock, clock()
+        self.seconds: dict[str, float] = {}
         self.excluded = 0.0
 
     def lap(self, stage: str) -> None:
@@ -118,16 +165,17 @@ class Steps:
     leaves for the next.
 
     Args:
-        agent: the Agent whose named collaborators the step uses (built once in ``agent.py``).
+        deps: the collaborators the step uses (built once in ``agent.py``).
+        step_count: the model step the run starts after (a resumed checkpoint's step, or 0).
     """
 
-    def __init__(self, agent: Any) -> None:
-        self.a = agent
-        self.step_count = 0
+    def __init__(self, deps: StepDeps, step_count: int = 0) -> None:
+        self.deps = deps
+        self.step_count = step_count
         self.ticks = 0
         """Steps run (rolled-back ones too): the loop guard's and the heartbeat's clock."""
         self.aborted: TrainingAborted | None = None
-        self.last_end = agent.clock()
+        self.last_end = deps.clock()
         self.forward_end = -math.inf
         self.losses: deque[tuple[int, float]] = deque(maxlen=100_000)  # for diagnose(): bounded
         self.detector_at: dict[int, Any] = {}  # step -> detector, per rollback target
@@ -138,56 +186,56 @@ class Steps:
 
     def sampled(self, step: int) -> bool:
         """Whether ``step`` records activations (and carries the preceding update's ratio)."""
-        return step == 1 or step % self.a.config.sample_every == 0
+        return step == 1 or step % self.deps.config.sample_every == 0
 
     def on_forward(self, module: Any, inputs: Any, output: Any) -> None:
         """Forward hook: the end of this rank's last forward pass (its compute time)."""
-        self.forward_end = self.a.clock()
+        self.forward_end = self.deps.clock()
 
     def arm(self) -> None:
-        if self.a.activations is not None:
-            self.a.activations.arm()
+        if self.deps.activations is not None:
+            self.deps.activations.arm()
 
     def run(self, inp: StepInput) -> Report:
         """The whole step; the Report is identical on every rank but its ``local_*`` fields."""
-        a = self.a
+        d = self.deps
         if self.aborted is not None:
             raise self.aborted  # a loop that swallowed the abort must not train on
-        laps = _Laps(a.clock) if self.stage_times is not None else None
+        laps = _Laps(d.clock) if self.stage_times is not None else None
         step = self.step_count + 1
 
         # measure: every signal packs this rank's values into the step's one packed vector
         scaler = inp.scaler if amp.enabled(inp.scaler) else None
         ctx = self._context(step, inp, scaler)
-        packer = Packer(a.device)
-        handles = [signal.pack(ctx, packer) for signal in a.signals]
+        packer = Packer(d.device)
+        handles = [signal.pack(ctx, packer) for signal in d.signals]
         if laps:
             laps.lap("measure")
 
         # reduce: one SUM (+ one MAX on sampled steps), one copy to the host, read back
-        reduced = a.reducer.reduce(packer)
+        reduced = d.reducer.reduce(packer)
         report = Report(
             step=step,
-            world_size=a.world_size,
-            rank=a.rank,
+            world_size=d.world_size,
+            rank=d.rank,
             timing=StepTiming(step_seconds=ctx.step_seconds, compute_seconds=ctx.compute_seconds),
             local=RankLocal(samples=inp.samples, tokens=inp.tokens),
         )
         seen = Observed()
-        for signal, handle in zip(a.signals, handles):
+        for signal, handle in zip(d.signals, handles):
             signal.unpack(ctx, handle, reduced, report, seen)
         report.nonfinite = report.nonfinite_loss or report.nonfinite_grad
-        report.lr = a.guard.effective_lr(self.lr_scale)
+        report.lr = d.guard.effective_lr(self.lr_scale)
         if laps:
             laps.lap("reduce")
 
         # detect: the rules over the report, and a collector's order
-        report.verdicts = a.detector.observe(report, seen)
-        self._directive(report, CODES.get(seen.directive) if a.config.collector_url else None)
+        report.verdicts = d.detector.observe(report, seen)
+        self._directive(report, CODES.get(seen.directive) if d.config.collector_url else None)
         self.losses.append((step, report.loss))
         self.ticks += 1
-        if a.watchdog is not None:
-            a.watchdog.note(step, report.verdicts)
+        if d.watchdog is not None:
+            d.watchdog.note(step, report.verdicts)
         if laps:
             laps.lap("detect")
 
@@ -196,7 +244,7 @@ class Steps:
             Decision(Action.SKIP)
             if inp.skipped_by_framework
             else decide(
-                report, watchdog=a.watchdog is not None, skip_nonfinite=a.config.skip_nonfinite
+                report, watchdog=d.watchdog is not None, skip_nonfinite=d.config.skip_nonfinite
             )
         )
         if decision.action == Action.ROLLBACK:
@@ -208,7 +256,7 @@ class Steps:
             self._save(report, inp)
         if scaler is not None:
             amp.finish(
-                scaler, a.optimizer, overflow=report.action != Action.STEP, update=inp.update_scaler
+                scaler, d.optimizer, overflow=report.action != Action.STEP, update=inp.update_scaler
             )
         self.step_count = report.rollback.to_step if report.rollback else step
         if self.sampled(self.step_count + 1):
@@ -218,10 +266,10 @@ class Steps:
 
         # publish: /metrics (read at scrape time), the event log, the live view, the heartbeat
         self._publish(report)
-        if a.heartbeat is not None:
-            a.heartbeat.beat(self.ticks)
-        self.last_end = a.clock()
-        if laps:
+        if d.heartbeat is not None:
+            d.heartbeat.beat(self.ticks)
+        self.last_end = d.clock()
+        if laps is not None and self.stage_times is not None:
             laps.lap("publish")
             kind = (
                 "checkpoint"
@@ -235,76 +283,77 @@ class Steps:
 
     @property
     def lr_scale(self) -> float:
-        return self.a.watchdog.lr_scale if self.a.watchdog is not None else 1.0
+        return self.deps.watchdog.lr_scale if self.deps.watchdog is not None else 1.0
 
     def _context(self, step: int, inp: StepInput, scaler: Any) -> StepContext:
-        a = self.a
-        step_seconds = a.clock() - self.last_end
+        d = self.deps
+        step_seconds = d.clock() - self.last_end
         compute = (
             self.forward_end - self.last_end if self.forward_end > self.last_end else step_seconds
         )
         # Unscaled before any signal measures: the norms are the real ones.
-        scale = amp.unscale(scaler, a.optimizer) if scaler is not None else None
+        scale = amp.unscale(scaler, d.optimizer) if scaler is not None else None
         return StepContext(
             step=step,
             sampled=self.sampled(step),
             step_seconds=step_seconds,
             compute_seconds=compute,
-            loss=a.loss_book.take(inp.loss, inp.closure_loss),
+            loss=d.loss_book.take(inp.loss, inp.closure_loss),
             scale=scale,
-            device=a.device,
-            world_size=a.world_size,
-            rank=a.rank,
+            device=d.device,
+            world_size=d.world_size,
+            rank=d.rank,
         )
 
     def _optimizer_step(self, report: Report, inp: StepInput, laps: _Laps | None) -> None:
         """The real optimizer step (LR backed off), and the scheduler's when the agent owns it."""
-        a = self.a
-        clip = a.config.clip_grad_norm
+        d = self.deps
+        clip = d.config.clip_grad_norm
         if clip is not None and report.grad_norm_total > clip:
             report.clip_coef = clip / (report.grad_norm_total + 1e-6)
-            grads = [local(p.grad) for p in a.params if p.grad is not None]
+            grads = [local(p.grad) for p in d.params if p.grad is not None]
             if grads:
                 foreach_mul_(grads, report.clip_coef)
-        update = a.update if a.update is not None and self.sampled(report.step + 1) else None
+        update = d.update if d.update is not None and self.sampled(report.step + 1) else None
         if update is not None:
             update.before_step()
-        start = a.clock() if laps else 0.0
-        a.guard.real_step(self.lr_scale, through_attribute=inp.through_attribute)
-        if inp.owns_scheduler and a.scheduler is not None:
-            a.scheduler.step()
+        start = d.clock() if laps else 0.0
+        d.guard.real_step(self.lr_scale, through_attribute=inp.through_attribute)
+        if inp.owns_scheduler and d.scheduler is not None:
+            d.scheduler.step()
         if laps:
-            laps.excluded += a.clock() - start
+            laps.excluded += d.clock() - start
         if update is not None:
-            update.after_step(report.step, a.device)
+            update.after_step(report.step, d.device)
 
     def _save(self, report: Report, inp: StepInput) -> None:
         """A healthy checkpoint when one is due (collective: identical on every rank)."""
-        a = self.a
-        if a.watchdog is None:
+        d = self.deps
+        if d.watchdog is None:
             return
-        report.checkpoint.saved = a.watchdog.maybe_save(
+        report.checkpoint.saved = d.watchdog.maybe_save(
             report.step,
-            a.model,
-            a.state_holder,
-            a.scheduler,
-            a.detector,
+            d.model,
+            d.state_holder,
+            d.scheduler,
+            d.detector,
             scheduler_step_due=not inp.owns_scheduler and self.scheduler_follows_step,
         )
         if report.checkpoint.saved:
-            self.detector_at[report.step] = a.detector.snapshot()  # kept: committed + new
+            self.detector_at[report.step] = d.detector.snapshot()  # kept: committed + new
             self.detector_at = {
-                s: d
-                for s, d in self.detector_at.items()
-                if s in (report.step, a.watchdog.last_healthy)
+                s: snapshot
+                for s, snapshot in self.detector_at.items()
+                if s in (report.step, d.watchdog.last_healthy)
             }
 
     def _rollback(self, report: Report, reason: str) -> None:
         """Every rank, same step: back to the last healthy checkpoint, or skip without one."""
-        a = self.a
+        d = self.deps
+        assert d.watchdog is not None  # decide() rolls back only with a watchdog
         try:
-            rolled = a.watchdog.rollback(
-                report.step, self.ticks, reason, a.model, a.state_holder, a.scheduler
+            rolled = d.watchdog.rollback(
+                report.step, self.ticks, reason, d.model, d.state_holder, d.scheduler
             )
         except TrainingAborted as aborted:
             self._abort(
@@ -317,9 +366,9 @@ class Steps:
                     None,
                     {
                         "reason": reason,
-                        "max_rollbacks": a.config.max_rollbacks,
-                        "rollback_window": a.config.rollback_window,
-                        "exit_code": a.config.abort_exit_code,
+                        "max_rollbacks": d.config.max_rollbacks,
+                        "rollback_window": d.config.rollback_window,
+                        "exit_code": d.config.abort_exit_code,
                     },
                 ),
             )
@@ -327,17 +376,17 @@ class Steps:
             report.action = Action.SKIP
             return
         report.action, report.rollback = Action.ROLLBACK, rolled
-        if a.update is not None:
-            a.update.forget()
+        if d.update is not None:
+            d.update.forget()
         if rolled.to_step in self.detector_at:
-            a.detector.restore(self.detector_at[rolled.to_step])
+            d.detector.restore(self.detector_at[rolled.to_step])
 
     def _directive(self, report: Report, action: str | None) -> None:
-        """Every rank, same step: a collector's directive becomes a critical verdict, or an abort."""
-        a = self.a
+        """Every rank, same step: a collector's directive becomes a critical verdict or an abort."""
+        d = self.deps
         if action is None:
             return
-        taken = a.poller.take() if a.poller is not None else None
+        taken = d.poller.take() if d.poller is not None else None
         if taken is not None:
             log.warning(
                 "torchvitals: collector directive %s (%s) at step %d",
@@ -347,32 +396,32 @@ class Steps:
             )
         verdict = Verdict(COLLECTOR_DIRECTIVE, CRITICAL, report.step, None, {"action": action})
         if action == Action.ABORT:
-            if a.rank == 0:
+            if d.rank == 0:
                 log.error(
                     "torchvitals: ABORTING at step %d: the collector ordered it (%s). "
                     "Exit code %d.",
                     report.step,
-                    a.config.collector_url,
-                    a.config.abort_exit_code,
+                    d.config.collector_url,
+                    d.config.abort_exit_code,
                 )
-            self._abort(report, TrainingAborted(a.config.abort_exit_code), verdict)
+            self._abort(report, TrainingAborted(d.config.abort_exit_code), verdict)
         report.verdicts.append(verdict)
-        a.detector.history.append(verdict)
+        d.detector.history.append(verdict)
 
     def _abort(self, report: Report, aborted: TrainingAborted, verdict: Verdict) -> NoReturn:
         """Publish the abort, tell the supervisor it is on purpose (torchrun turns every worker
         failure into exit status 1, so the exit code alone cannot say it), and raise."""
         self.aborted = aborted
         report.verdicts.append(verdict)
-        self.a.detector.history.append(verdict)
+        self.deps.detector.history.append(verdict)
         report.action = Action.ABORT
         self._publish(report)
-        if self.a.heartbeat is not None:
-            self.a.heartbeat.beat(self.ticks, phase=ABORTED)
+        if self.deps.heartbeat is not None:
+            self.deps.heartbeat.beat(self.ticks, phase=ABORTED)
         raise aborted
 
     def _publish(self, report: Report) -> None:
-        watchdog = self.a.watchdog
-        self.a.outputs.publish(
-            report, self.a.detector, watchdog.metrics() if watchdog is not None else None
+        watchdog = self.deps.watchdog
+        self.deps.outputs.publish(
+            report, self.deps.detector, watchdog.metrics() if watchdog is not None else None
         )

@@ -36,7 +36,7 @@ from torchvitals.agent.detect.thresholds import Thresholds
 from torchvitals.agent.measure.datawait import DataWait
 from torchvitals.agent.measure.reduce import Packer, Reducer
 from torchvitals.agent.report import Report
-from torchvitals.agent.signals.activations import Activations, ActivationSlots
+from torchvitals.agent.signals.activations import ActivationSignal, ActivationSlots
 from torchvitals.agent.signals.base import StepContext
 from torchvitals.agent.signals.datawait import DataWaitSignal
 from torchvitals.agent.signals.loss import Loss
@@ -56,7 +56,7 @@ class Step:
         self.detector = Detector(NAMES, KINDS)
         self.timing = Timing(RankTiming(Thresholds(), rank, world))
         self.signals = [Loss(), DataWaitSignal(DataWait()), self.timing]
-        self.activations = Activations(None, None, NAMES)  # unpacks only: no hooks here
+        self.activations = ActivationSignal(None, None, NAMES)  # unpacks only: no hooks here
         self.reducer = Reducer(None, 1)
         self.rng = random.Random(0)
         self.runs: dict[int, int] = {}

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from ..report import Report
 from .observed import Observed
-from .rules import make_rules
+from .rules import Rule, make_rules
 from .rules_vitals import make_vital_rules
 from .straggler import Straggler
 from .thresholds import Thresholds
@@ -27,7 +28,16 @@ def _key(v: Verdict) -> tuple[str, str | None, Any]:
 
 
 class Detector:
-    """Runs the pattern rules over each report; keeps the active set and the history."""
+    """Runs the pattern rules over each report; keeps the active set and the history.
+
+    Args:
+        block_names, block_kinds: the blocks every rank packs.
+        thresholds: the numbers the built-in rules compare against.
+        static: wiring verdicts found before the first step, active for the whole run.
+        rules: the user's own rules (``watch(rules=[...])``), run after the built-in ones. Each
+            must be deterministic in the reduced report (every rank must reach the same
+            verdicts) and copyable (``snapshot`` deep-copies the rules at each checkpoint).
+    """
 
     def __init__(
         self,
@@ -35,14 +45,21 @@ class Detector:
         block_kinds: list[str],
         thresholds: Thresholds | None = None,
         static: list[Verdict] | None = None,
+        rules: Sequence[Rule] = (),
     ):
+        for rule in rules:
+            if not isinstance(rule, Rule):
+                raise TypeError(
+                    f"watch(rules=...) takes torchvitals.Rule instances, not {type(rule).__name__}"
+                )
         self.thresholds = thresholds or Thresholds()
         self.block_names, self.block_kinds = block_names, block_kinds
-        self.rules = (
-            make_rules(block_names, block_kinds, self.thresholds)
-            + [Straggler(self.thresholds)]
-            + make_vital_rules(self.thresholds)
-        )
+        self.rules: list[Rule] = [
+            *make_rules(block_names, block_kinds, self.thresholds),
+            Straggler(self.thresholds),
+            *make_vital_rules(self.thresholds),
+            *rules,
+        ]
         self._static = list(static or [])
         # Keyed by (pattern, block, rank): a straggler has no block but one verdict per rank.
         self.active: dict[tuple[str, str | None, Any], Verdict] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass
@@ -19,3 +20,6 @@ class Observed:
     """Validation losses reported since the last step, ``(step, mean over ranks)``."""
     directive: float = 0.0
     """The collector directive code global rank 0 polled (0: none)."""
+    custom: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Name -> value of the user's own signals that only the rules read (``report.custom``
+    holds what the sinks should see too)."""

@@ -116,7 +116,7 @@ class TorchtitanAdapter:
                 and report is not before
                 and report.action in (Action.ROLLBACK, Action.SKIP)
             )
-            if not (dealt and NONFINITE_MESSAGE in str(error)):
+            if report is None or not (dealt and NONFINITE_MESSAGE in str(error)):
                 raise
             self.absorbed.append(report.step)
             log.info(
@@ -131,11 +131,8 @@ class TorchtitanAdapter:
 
     def resume_at(self, step: int) -> None:
         """The run continues after model step ``step`` (torchtitan's checkpoint was loaded):
-        the agent's step count and ``trainer.step`` both at it."""
-        steps = self.agent.steps
-        steps.step_count = step
-        if steps.sampled(step + 1):
-            steps.arm()
+        the agent's step count (and ``resumed_from``) and ``trainer.step`` all at it."""
+        self.agent.resume_at(step)
         self._set_step(step)
 
     def _set_step(self, step: int) -> None:
@@ -182,8 +179,7 @@ def watch_torchtitan(trainer: Any, **config: Any) -> Agent:
     except BaseException:
         agent.close()
         raise
-    agent.adapter = adapter
-    agent._closing.callback(adapter.close)
+    agent.attach(adapter)
     return agent
 
 

@@ -25,12 +25,13 @@ checkpoint written without torchvitals is loaded without that key, with a warnin
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch.distributed.checkpoint.stateful import Stateful
 
-from ..compat.torchtitan import titan_checkpoint_to_load
 from ..agent import Agent
+from ..compat.torchtitan import titan_checkpoint_to_load
 from ..patches import AttributePatch
 from ..recover.carried import CarriedState, adopt, carried_state
 from ..recover.trust import SafeReader, UntrustedCheckpoint
@@ -48,7 +49,8 @@ class TitanCheckpoints(Stateful):
     Args:
         trainer: torchtitan's built ``Trainer`` whose ``checkpointer`` is enabled.
         agent: the agent watching it.
-        set_step: sets the agent's model step (and the trainer's) after a load.
+        set_step: sets the agent's model step (``Agent.resume_at``) and the trainer's after a
+            load.
     """
 
     def __init__(self, trainer: Any, agent: Agent, set_step: Callable[[int], None]) -> None:
@@ -67,7 +69,7 @@ class TitanCheckpoints(Stateful):
     def state_dict(self) -> dict[str, Any]:
         """The watchdog's state now (a save), or the template a load fills (same shape)."""
         agent = self.agent
-        state = carried_state(agent.watchdog, step=agent.step_count, tick=agent.steps.ticks)
+        state = carried_state(agent.watchdog, step=agent.step_count, tick=agent.ticks)
         return {DOCUMENT: state.to_tensor()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -85,12 +87,13 @@ class TitanCheckpoints(Stateful):
         target, folder = titan_checkpoint_to_load(self.checkpointer, step)
         ours = self.agent.resumed_from
         if ours is not None and ours > target:
-            self.agent.watchdog.say(
-                "torchvitals: resumed from its own checkpoint of step %d; torchtitan's "
-                "checkpoint load is left off (its folder's latest: %s)",
-                ours,
-                f"step {target}" if target >= 0 else "none",
-            )
+            if self.agent.watchdog is not None:
+                self.agent.watchdog.say(
+                    "torchvitals: resumed from its own checkpoint of step %d; torchtitan's "
+                    "checkpoint load is left off (its folder's latest: %s)",
+                    ours,
+                    f"step {target}" if target >= 0 else "none",
+                )
             return True
         carries = target > 0 and folder is not None and _holds_state(folder)
         states = self.checkpointer.states
@@ -105,8 +108,7 @@ class TitanCheckpoints(Stateful):
         if not loaded or target <= 0:
             return loaded
         titan_step = int(self.trainer.step)
-        self._set_step(titan_step)
-        self.agent.resumed_from = titan_step
+        self._set_step(titan_step)  # the agent's resume_at: its step count and resumed_from
         source = f"torchtitan checkpoint {folder}"
         if state is None:
             log.warning(
@@ -124,7 +126,7 @@ class TitanCheckpoints(Stateful):
                 titan_step,
             )
         elif self.agent.watchdog is not None:
-            adopt(self.agent.watchdog, state, tick=self.agent.steps.ticks, source=source)
+            adopt(self.agent.watchdog, state, tick=self.agent.ticks, source=source)
             self.adopted = state
         elif state.lr_scale < 1 or state.skipped:
             log.warning(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,7 @@ class Packer:
         """Device values summed over the ranks."""
         return self._add(self._sum, t.reshape(-1).to(F64))
 
-    def add_host_sum(self, values: list[float]) -> Slot:
+    def add_host_sum(self, values: Sequence[float]) -> Slot:
         """Host values that every rank needs (step times, counts): copied without a sync."""
         return self._add(self._host, [float(v) for v in values])
 

@@ -1,5 +1,6 @@
-"""Where each step's report goes: this rank's /metrics, and on global rank 0 the event log and
-the live view. All three read host values the step already has; none adds a sync.
+"""Where each step's report goes: this rank's /metrics, on global rank 0 the event log and
+the live view, and the user's own sinks (``watch(sinks=[...])``, a ``Sink`` each). All read
+host values the step already has; none adds a sync.
 
 The sinks are guests in the training loop: after ``watch()`` returned, a sink that fails (a full
 disk under the event log, a closed terminal under the live view) is logged once with its
@@ -13,18 +14,45 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..config import Config
 from ..detect.detector import Detector
 from ..report import Report
-from .eventlog import EventLog
 from .discovery import TargetFile
+from .eventlog import EventLog
 from .exporter import Exporter
 from .ports import local_rank, local_rank_source, local_size
 from .tls import TLS
 
 log = logging.getLogger(__name__)
+
+
+class Sink:
+    """Somewhere a step's report goes (the public extension point: ``torchvitals.Sink``).
+
+    A user's sink runs on every rank, after the agent's own, with the report every rank agreed
+    on (its ``local_*`` fields are this rank's; publish on rank 0 alone if the sink should write
+    once per job). Host values only: ``publish`` must not start a collective or wait on the
+    device. A sink that raises is logged once with its traceback, then counted
+    (``Outputs.failures``), and the training goes on. The defaults do nothing.
+
+    Attributes:
+        name: what the log and ``Outputs.failures`` call it (default: the class name).
+    """
+
+    name: str = ""
+
+    def publish(self, report: Report) -> None:
+        """Take one step's report (called once per step, after detection and the action)."""
+
+    def close(self) -> None:
+        """Flush and release what the sink holds (called once, at ``agent.close()``)."""
+
+
+def sink_name(sink: Sink) -> str:
+    return sink.name or type(sink).__name__
 
 
 class Outputs:
@@ -35,6 +63,7 @@ class Outputs:
         block_names: the blocks that get per-block series and rows.
         rank, world_size: this process's global rank and the job's size.
         registry: the Prometheus registry of the exporter (None: a fresh one).
+        sinks: the user's own sinks, published to after the agent's.
     """
 
     def __init__(
@@ -45,7 +74,16 @@ class Outputs:
         rank: int,
         world_size: int,
         registry: Any = None,
+        sinks: Sequence[Sink] = (),
     ) -> None:
+        for sink in sinks:
+            if not callable(getattr(sink, "publish", None)):
+                raise TypeError(
+                    f"watch(sinks=...) takes torchvitals.Sink instances (a publish(report) "
+                    f"method), not {type(sink).__name__}"
+                )
+        self.sinks = [(sink_name(sink), sink) for sink in sinks]
+        """The user's sinks and the names their failures are counted under."""
         local = local_rank()
         base = config.metrics_port
         tls = (
@@ -122,6 +160,8 @@ class Outputs:
             self._guarded("event log", self.events.write, report)
         if self.live is not None:
             self._guarded("live view", self.live.update, report, detector.active.values(), recovery)
+        for name, sink in self.sinks:
+            self._guarded(name, sink.publish, report)
 
     def event(self, event: dict[str, Any]) -> None:
         """Log a non-step event (a validation loss) on global rank 0; never raises."""
@@ -131,7 +171,7 @@ class Outputs:
     def _guarded(self, sink: str, call: Callable[..., Any], *args: Any) -> None:
         try:
             call(*args)
-        except Exception:  # noqa: BLE001 - a sink must never stop the training
+        except Exception:  # a sink must never stop the training
             count = self.failures[sink] = self.failures.get(sink, 0) + 1
             if count == 1:
                 log.warning(
@@ -142,6 +182,9 @@ class Outputs:
                 )
 
     def close(self) -> None:
+        sinks, self.sinks = self.sinks, []  # closed once: close() and the finalizer both call
+        for name, sink in sinks:
+            self._guarded(name, sink.close)
         if self.target is not None:
             self.target.remove()
         self.exporter.close()

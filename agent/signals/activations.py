@@ -12,9 +12,11 @@ import math
 from ..detect.observed import Observed
 from ..measure.activations import ActivationStats, summarize
 from ..measure.attention import AttentionStats
+from ..measure.blocks import unwrap
 from ..measure.reduce import Packer, Reduced, Slot
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +29,9 @@ class ActivationSlots:
     attn_logit: Slot
 
 
-class Activations(Signal):
+class ActivationSignal(Signal):
     rules = ("Activations", "AttentionSaturation")
+    fills = ("activations",)
     metrics = (
         "torchvitals_activation_mean",
         "torchvitals_activation_rms",
@@ -93,3 +96,15 @@ class Activations(Signal):
     def close(self) -> None:
         self.acts.close()
         self.attn.close()
+
+
+def build(setup: Setup) -> ActivationSignal | None:
+    """On unless ``Config.activations`` is off: hooks on each block's output module."""
+    if not setup.config.activations:
+        return None
+    blocks = setup.blocks
+    return ActivationSignal(
+        ActivationStats(blocks.output_modules, setup.config.saturation_level),
+        AttentionStats(unwrap(setup.model), blocks),
+        blocks.names,
+    )

@@ -7,12 +7,12 @@ reports that it failed (``recover/staged.py``).
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..detect.observed import Observed
 from ..measure.reduce import Packer, Reduced, Slot
+from ..recover.watchdog import Watchdog
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
 
 
 class CheckpointSettlement(Signal):
@@ -21,8 +21,9 @@ class CheckpointSettlement(Signal):
         "torchvitals_checkpoint_failures_total",
         "torchvitals_last_healthy_step",
     )
+    fills = ("checkpoint_committed", "checkpoint_failed")
 
-    def __init__(self, watchdog: Any) -> None:
+    def __init__(self, watchdog: Watchdog) -> None:
         self.watchdog = watchdog
 
     def pack(self, ctx: StepContext, packer: Packer) -> Slot:
@@ -32,3 +33,8 @@ class CheckpointSettlement(Signal):
         self, ctx: StepContext, handle: Slot, reduced: Reduced, report: Report, seen: Observed
     ) -> None:
         self.watchdog.settle(reduced[handle], ctx.world_size, report)
+
+
+def build(setup: Setup) -> CheckpointSettlement | None:
+    """With a watchdog (``checkpoint_dir``) only."""
+    return CheckpointSettlement(setup.watchdog) if setup.watchdog is not None else None

@@ -13,6 +13,7 @@ from ..measure.datawait import DataWait
 from ..measure.reduce import Packer, Reduced, Slot
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,7 @@ class WaitSlot:
 class DataWaitSignal(Signal):
     rules = ("DataStall",)
     metrics = ("torchvitals_data_wait_seconds", "torchvitals_data_wait_ratio")
+    fills = ("local_data_wait_seconds", "data_wait_mean_seconds", "data_wait_ratio")
 
     def __init__(self, wait: DataWait) -> None:
         self.wait = wait
@@ -39,3 +41,7 @@ class DataWaitSignal(Signal):
         report.timing.data_wait_seconds = handle.local_wait
         report.timing.data_wait_mean_seconds = wait_sum / ctx.world_size
         report.timing.data_wait_ratio = wait_sum / step_sum if step_sum > 0 else 0.0
+
+
+def build(setup: Setup) -> DataWaitSignal:
+    return DataWaitSignal(setup.data_wait)

@@ -16,17 +16,23 @@ detached graph), its gradient is exactly zero, and ``dead_pipeline`` says so.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ..detect.observed import Observed
+from ..detect.wiring import unstepped
 from ..guard import ClipWatch, same_tensors
 from ..measure.reduce import Packer, Reduced, Slot
 from ..measure.stats import GradStats
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +75,7 @@ class GradNorms(Signal):
     """
 
     rules = ("NonFinite", "BlockNorms", "Vanishing", "DeadPipeline")
+    fills = ("grad_norm", "grad_norm_total", "grad_norm_missing", "nonfinite_grad")
     metrics = (
         "torchvitals_grad_norm",
         "torchvitals_grad_norm_global",
@@ -147,3 +154,17 @@ class GradNorms(Signal):
                 ", ".join(new),
                 report.step,
             )
+
+
+def build(setup: Setup) -> GradNorms:
+    """Every run measures the gradients; only rank 0 logs (missing blocks, a clipped look)."""
+    blocks, here = setup.blocks, log if setup.rank == 0 else None
+    return GradNorms(
+        GradStats(blocks, setup.owned(), setup.world_size, setup.split, setup.grad_source),
+        blocks.names,
+        setup.device,
+        setup.probe_grads,
+        ClipWatch(log=here),
+        expected=[sum(map(len, unstepped(ps, setup.stepped))) < len(ps) for ps in blocks.params],
+        log=here,
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import torch
 
@@ -18,6 +17,7 @@ from ..measure.reduce import Packer, Reduced, Slot
 from ..measure.stats import local
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
 
 F64 = torch.float64
 
@@ -37,6 +37,7 @@ class LossSlots:
 class Loss(Signal):
     rules = ("NonFinite", "LossSpike", "DeadPipeline", "GeneralizationGap")
     metrics = ("torchvitals_loss", "torchvitals_local_loss", "torchvitals_nonfinite_steps_total")
+    fills = ("loss", "nonfinite_loss", "local_loss")
 
     def __init__(self) -> None:
         self._zeros: dict[torch.device, torch.Tensor] = {}
@@ -51,7 +52,7 @@ class Loss(Signal):
                 packer.add_local(value),
             )
         known = loss is not None
-        number = float(loss) if known else 0.0
+        number = float(loss) if loss is not None else 0.0
         zeros = self._zeros.get(ctx.device)
         if zeros is None:
             zeros = self._zeros[ctx.device] = torch.zeros(2, dtype=F64, device=ctx.device)
@@ -74,3 +75,7 @@ class Loss(Signal):
         report.loss = total / known if known else math.nan
         report.nonfinite_loss = flagged + flagged_host > 0 or not math.isfinite(total)
         report.local.loss = reduced.scalar(handle.local)
+
+
+def build(setup: Setup) -> Loss:
+    return Loss()

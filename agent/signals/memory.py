@@ -13,6 +13,7 @@ from ..measure.host import MemorySample
 from ..measure.reduce import Packer, Reduced, Slot
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
 
 
 class Memory(Signal):
@@ -24,6 +25,7 @@ class Memory(Signal):
         "torchvitals_accelerator_memory_peak_bytes",
         "torchvitals_accelerator_memory_fragmentation_bytes",
     )
+    fills = ("memory", "local_accelerator_memory")
 
     def __init__(self, sample: MemorySample) -> None:
         self.sample = sample
@@ -46,6 +48,10 @@ class Memory(Signal):
                 reduced[handle], accelerator=ctx.device.type == "cuda"
             )
         report.local.accelerator_memory = self.sample.accelerator  # kept from the last sample
+
+
+def build(setup: Setup) -> Memory:
+    return Memory(MemorySample(setup.device))
 
 
 def to_device(values: list[float], device: torch.device) -> torch.Tensor:

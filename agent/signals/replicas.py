@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from ..detect.observed import Observed
 from ..measure.fingerprint import Fingerprint
 from ..measure.reduce import Packer, Reduced, Slot
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
 
 
 class Replicas(Signal):
     rules = ("ReplicaDivergence",)
     metrics = ("torchvitals_replica_checks_total",)
+    fills = ("replicas_checked", "replica_mismatch")
 
     def __init__(
         self,
@@ -52,3 +55,10 @@ class Replicas(Signal):
             report.replicas.mismatch = self.fingerprint.name_ranks(
                 mismatched, self.group, ctx.world_size, self._collective_device
             )
+
+
+def build(setup: Setup) -> Replicas | None:
+    """DDP replicas are fingerprinted; FSDP2 shards and plain modules are not replicas."""
+    if not (isinstance(setup.model, DistributedDataParallel) and setup.world_size > 1):
+        return None
+    return Replicas(Fingerprint(setup.blocks), setup.group, setup.collective_device)

@@ -12,6 +12,7 @@ from ..detect.observed import Observed
 from ..measure.reduce import Packer, Reduced, Slot
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
 
 
 class Scaler(Signal):
@@ -19,6 +20,7 @@ class Scaler(Signal):
 
     rules = ("Fp16Overflow", "NonFinite")
     metrics = ("torchvitals_loss_scale", "torchvitals_skipped_steps_total")
+    fills = ("loss_scale", "overflow")
 
     def pack(self, ctx: StepContext, packer: Packer) -> Slot | None:
         if ctx.scale is None:
@@ -37,3 +39,7 @@ class Scaler(Signal):
             return
         report.loss_scale = reduced.scalar(handle)
         report.overflow = report.nonfinite_grad and not report.nonfinite_loss
+
+
+def build(setup: Setup) -> Scaler:
+    return Scaler()

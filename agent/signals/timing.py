@@ -16,6 +16,7 @@ from ..detect.straggler import RankTiming
 from ..measure.reduce import Packer, Reduced, Slot
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Timing(Signal):
 
     rules = ("Straggler",)
     metrics = ("torchvitals_step_duration_seconds", "torchvitals_compute_duration_seconds")
+    fills = ("mean_step_seconds", "mean_compute_seconds", "seen.straggler_flags")
 
     def __init__(self, timing: RankTiming, stage: int = 0, stages: int = 1) -> None:
         self.timing, self.stage, self.stages = timing, stage, stages
@@ -53,3 +55,10 @@ class Timing(Signal):
         self.timing.observe(
             ctx.compute_seconds, compute_sums[self.stage], report.timing.data_wait_seconds
         )
+
+
+def build(setup: Setup) -> Timing:
+    """Each rank is judged among its own pipeline stage's ranks."""
+    layout = setup.layout
+    timing = RankTiming(setup.thresholds, setup.rank, layout.stage_sizes[layout.stage])
+    return Timing(timing, layout.stage, len(layout.stage_sizes))

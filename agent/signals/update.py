@@ -19,6 +19,7 @@ from ..measure.reduce import Packer, Reduced, Slot
 from ..measure.stats import UpdateRatio
 from ..report import Report
 from .base import Signal, StepContext
+from .setup import Setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +39,9 @@ class UpdateSlots:
     w_sq: Slot
 
 
-class UpdateRatios(Signal):
+class UpdateRatioSignal(Signal):
     rules = ("UpdateRatios",)
+    fills = ("update_ratio", "update_ratio_step")
     metrics = ("torchvitals_update_ratio",)
 
     def __init__(self, stats: UpdateRatio, names: list[str]) -> None:
@@ -83,6 +85,21 @@ class UpdateRatios(Signal):
             if c
         }
         report.update_ratio_step = handle.pending.step
+
+
+def build(setup: Setup) -> UpdateRatioSignal | None:
+    """On unless ``Config.update_ratio`` is off."""
+    if not setup.config.update_ratio:
+        return None
+    stats = UpdateRatio(
+        setup.blocks,
+        setup.owned(),
+        setup.world_size,
+        setup.split,
+        setup.config.update_ratio_max_bytes,
+        setup.param_source,
+    )
+    return UpdateRatioSignal(stats, setup.blocks.names)
 
 
 def _ratio(d_sq: float, w_sq: float) -> float:

@@ -112,7 +112,12 @@ def test_no_stage_imports_a_later_one():
             if (
                 mine is None
                 and module.startswith("torchvitals.agent.")
-                and module not in ("torchvitals.agent.agent", "torchvitals.agent.step")
+                and module
+                not in (
+                    "torchvitals.agent.agent",
+                    "torchvitals.agent.step",
+                    "torchvitals.agent.seams",
+                )
                 and not module.startswith("torchvitals.agent.signals.")
             ):
                 wrong.append((module, target))  # config/report are below every stage
@@ -180,13 +185,35 @@ def test_the_step_stages_are_called_from_one_place():
     assert order == sorted(order), "Steps.run reads measure, reduce, detect, decide/act, publish"
 
 
-def test_every_signal_names_real_rules_and_metrics():
-    """A signal's declared rules and metric families exist: the slice's map stays true."""
+def _built_signal_classes() -> dict[str, type]:
+    """Registry name -> the Signal class its factory builds (from the factory's return type)."""
+    import types
+    import typing
+
+    from torchvitals.agent.signals.registry import BUILTIN
+
+    built = {}
+    for name, factory in BUILTIN:
+        returned = typing.get_type_hints(factory)["return"]
+        if isinstance(returned, types.UnionType):
+            returned = next(t for t in typing.get_args(returned) if t is not type(None))
+        built[name] = returned
+    return built
+
+
+def test_every_signal_names_real_rules_metrics_and_fields():
+    """Each registered signal's declared rules, metric families and filled fields exist (the
+    slice's map stays true), and every Signal of ``agent/signals/`` is built by the registry:
+    the registry is the one list, so adding a signal needs no count kept anywhere."""
+    import dataclasses
     import importlib
     import inspect
+
     from torchvitals.agent.detect import rules, rules_vitals, straggler
+    from torchvitals.agent.detect.observed import Observed
     from torchvitals.agent.detect.verdict import COLLECTOR_DIRECTIVE
     from torchvitals.agent.outputs import metrics
+    from torchvitals.agent.report import Report
     from torchvitals.agent.signals.base import Signal
 
     rule_names = {
@@ -195,15 +222,134 @@ def test_every_signal_names_real_rules_and_metrics():
         for n, _ in inspect.getmembers(mod, inspect.isclass)
     } | {COLLECTOR_DIRECTIVE}
     metric_source = inspect.getsource(metrics)
-    found = []
+    report_fields = {f.name for f in dataclasses.fields(Report)} | {
+        n for n, v in vars(Report).items() if isinstance(v, property)
+    }
+    built = _built_signal_classes()
+    for name, cls in built.items():
+        assert issubclass(cls, Signal) and cls is not Signal, (name, cls)
+        assert set(cls.rules) <= rule_names, (cls, set(cls.rules) - rule_names)
+        assert all(f'"{m}"' in metric_source for m in cls.metrics), cls
+        assert cls.fills, f"{cls.__name__} names no field it fills"
+        for path in cls.fills:
+            head, _, rest = path.partition(".")
+            if head == "seen":
+                assert rest in {f.name for f in dataclasses.fields(Observed)}, (cls, path)
+            else:
+                assert head in report_fields, (cls, path)
+    defined = set()
     for path in sorted((ROOT / "agent" / "signals").glob("*.py")):
         module = importlib.import_module(f"torchvitals.agent.signals.{path.stem}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, Signal) and cls is not Signal and cls.__module__ == module.__name__:
-                found.append(cls)
-                assert set(cls.rules) <= rule_names, (cls, set(cls.rules) - rule_names)
-                assert all(f'"{m}"' in metric_source for m in cls.metrics), cls
-    assert len(found) == 11, [c.__name__ for c in found]
+        defined |= {
+            cls
+            for _, cls in inspect.getmembers(module, inspect.isclass)
+            if issubclass(cls, Signal) and cls is not Signal and cls.__module__ == module.__name__
+        }
+    assert defined == set(built.values()), defined ^ set(built.values())
+
+
+def test_no_signal_shares_a_name_with_a_rule():
+    """``Activations`` the rule and ``ActivationSignal`` the signal: one name, one thing."""
+    import inspect
+
+    from torchvitals.agent.detect import rules, rules_vitals, straggler
+
+    rule_names = {n for mod in (rules, rules_vitals, straggler) for n, _ in inspect.getmembers(mod)}
+    clash = {cls.__name__ for cls in _built_signal_classes().values()} & rule_names
+    assert not clash, clash
+
+
+def test_the_step_never_takes_or_holds_the_agent():
+    """``Steps`` gets a frozen ``StepDeps`` of typed collaborators, never the Agent: no import
+    of ``agent.py``, no parameter or attribute called ``agent``/``a``, no ``Agent`` or ``Any``
+    annotation on what ``Steps`` is built from."""
+    import dataclasses
+    import inspect
+
+    from torchvitals.agent.step import StepDeps, Steps
+
+    tree = ast.parse(MODULES["torchvitals.agent.step"].read_text())
+    assert "torchvitals.agent.agent" not in GRAPH["torchvitals.agent.step"]
+    params = {
+        a.arg
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for a in fn.args.args + fn.args.kwonlyargs
+    }
+    assert not params & {"agent", "a"}, params & {"agent", "a"}
+    stored = {
+        t.attr
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        if isinstance(t, ast.Attribute) and _is_self(t.value)
+    }
+    assert not stored & {"agent", "a"}, stored
+    annotations = [
+        ast.unparse(n.annotation)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.arg, ast.AnnAssign)) and n.annotation is not None
+    ]
+    assert not [a for a in annotations if "Agent" in a], annotations
+    init = inspect.signature(Steps.__init__).parameters
+    assert [init[p].annotation for p in init if p != "self"] == ["StepDeps", "int"], init
+    assert dataclasses.is_dataclass(StepDeps) and StepDeps.__dataclass_params__.frozen
+    loose = [f.name for f in dataclasses.fields(StepDeps) if f.type in ("Any", "object")]
+    assert set(loose) <= {"optimizer", "state_holder", "scheduler"}, loose  # foreign objects
+
+
+def _agentish(node: ast.AST) -> bool:
+    """An expression that names an agent: ``agent``, ``self.agent``, ``hf_agent``, ``agent()``."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return name == "agent" or name.endswith("_agent")
+
+
+def private_agent_reads(source: str) -> list[str]:
+    """Each use of a private attribute of something named an agent (``agent._closing``,
+    ``self.agent._patches``, ``agent()._x``); dunders and the agent's own ``self._x`` aside."""
+    return [
+        f"{n.lineno}: {ast.unparse(n)}"
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Attribute)
+        and n.attr.startswith("_")
+        and not n.attr.startswith("__")
+        and _agentish(n.value)
+    ]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "agent._closing.callback(adapter.close)",
+        "self.agent._patches.close()",
+        "x = hf_agent._wait",
+        "agent()._patches.closed",
+        "agent._x = 1",
+    ],
+)
+def test_the_private_agent_rule_sees_each_use(source):
+    assert private_agent_reads(source), source
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["agent.on_close(adapter.close)", "self._agent.step(loss)", "agent.__class__", "self._x = 1"],
+)
+def test_the_private_agent_rule_leaves_public_hooks_alone(source):
+    assert not private_agent_reads(source), source
+
+
+def test_no_private_attribute_of_the_agent_is_used_outside_agent_py():
+    """Integrations, tools, benchmarks and examples reach the agent through its public hooks
+    (``on_close``, ``attach``, ``resume_at``, ``ticks``), never its private attributes."""
+    sources = {m: p for m, p in MODULES.items() if m != "torchvitals.agent.agent"}
+    for folder in ("benchmarks", "examples"):
+        sources |= {f"{folder}/{p.name}": p for p in sorted((ROOT / folder).glob("*.py"))}
+    assert any(m.startswith("examples/") for m in sources), "examples/ was read"
+    wrong = {m: found for m, p in sources.items() if (found := private_agent_reads(p.read_text()))}
+    assert not wrong, wrong
 
 
 def test_no_import_cycle_anywhere():
