@@ -58,7 +58,7 @@ class StepGuard:
         watched: the parameters whose gradients tell one backward pass from the next.
         patches: the agent's patches; the guard installs itself as ``optimizer.step`` there.
         stepper: the object whose ``step`` is replaced, when not ``optimizer`` (DeepSpeed's ZeRO
-            optimizer, which steps ``optimizer`` once per param group: see ``wrappers``).
+            optimizer, which steps ``optimizer`` once per param group: see ``backends``).
     """
 
     def __init__(
