@@ -9,8 +9,9 @@ A leaf: plain numbers, no torch.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ...errors import ConfigError, ConfigTypeError
 from ...settings import check_types
@@ -115,7 +116,7 @@ class Thresholds:
     """... by at least this fraction over its best is a generalization gap."""
 
     @classmethod
-    def from_overrides(cls, overrides: Mapping[str, Any] | None) -> "Thresholds":
+    def from_overrides(cls, overrides: Mapping[str, Any] | None) -> Thresholds:
         """The defaults with ``overrides`` (``watch(detect=...)``) on top, each checked.
 
         Raises:

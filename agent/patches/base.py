@@ -16,7 +16,8 @@ import threading
 import types
 import warnings
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ...errors import TorchvitalsError
 
@@ -95,8 +96,8 @@ class AttributePatch:
             warnings.warn(
                 ForeignPatchWarning(
                     f"torchvitals: {self._where} was replaced after torchvitals patched it; "
-                    f"leaving the newer one in place (torchvitals' replacement inside it now passes "
-                    f"every call through)"
+                    "leaving the newer one in place (torchvitals' replacement inside it now "
+                    "passes every call through)"
                 ),
                 stacklevel=3,
             )
@@ -133,7 +134,7 @@ class WeakBound:
     but its callbacks can fail noisily when the method's object and the reference die in one
     collection."""
 
-    __slots__ = ("_ref", "_func")
+    __slots__ = ("_func", "_ref")
 
     def __init__(self, method: Callable[..., Any]) -> None:
         if not isinstance(method, types.MethodType):

@@ -19,16 +19,17 @@ import os
 import pickle
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
-
-import torchvitals
 from support.models import TINY, TinyGPT, random_batches
 from support.reference import full
 from support.world import restore_state, snapshot_state, wrap
+
+import torchvitals
 
 PER_RANK = 8  # samples per rank per batch
 BASE_LR = 1e-2
@@ -258,7 +259,7 @@ def lr_times_50(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
     agent = torchvitals.watch(model, opt, checkpoint_dir=root, **WATCH)
     out: dict[str, Any] = {"reports": []}
     raised = False
-    for batch_id, x, y in agent.batches(data):
+    for _batch_id, x, y in agent.batches(data):
         loss = forward_loss(model, x, y)
         loss.backward()
         report = agent.step(loss)
@@ -297,7 +298,7 @@ def _plain_run(kind: str, world: int, data: list, lr_x50_after: int | None) -> f
     return value if math.isfinite(value) else float("inf")
 
 
-# ---------------------------------------------------------------- 3. SIGKILL during a checkpoint write
+# -------------------------------------------------------- 3. SIGKILL during a checkpoint write
 
 KILL_POINTS = ("before_commit", "during_commit", "after_commit")
 
@@ -378,6 +379,7 @@ def killable_run(
 def _arm_kill(point: str, step: int, write: Callable[[dict[str, Any]], None]) -> None:
     """Make this process SIGKILL itself at ``point`` of the checkpoint write of ``step``."""
     import torch.distributed.checkpoint as dcp
+
     from torchvitals.agent.recover.checkpoint import CheckpointStore
 
     current = [None]
@@ -454,7 +456,7 @@ def spike_every_time(
     )
     out: dict[str, Any] = {"reports": [], "aborted": None}
     try:
-        for batch_id, x, y in agent.batches(data):
+        for _batch_id, x, y in agent.batches(data):
             step = agent.step_count + 1
             loss = forward_loss(model, x, y)
             if fault == "loss_x100" and step > 20:

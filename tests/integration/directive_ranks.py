@@ -6,10 +6,10 @@ import time
 from pathlib import Path
 
 import torch
-
-import torchvitals
 from support.models import TINY, TinyGPT, random_batches
 from support.world import wrap
+
+import torchvitals
 
 
 def obedient_job(rank: int, world: int, url: str, root: str, marker: str, steps: int) -> dict:

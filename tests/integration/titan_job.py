@@ -20,11 +20,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import titan_harness  # noqa: E402  (first: the CPU harness)
+import titan_harness  # first: the CPU harness (sorted first as well)
+import torch
 
-import torch  # noqa: E402
-
-import torchvitals  # noqa: E402
+import torchvitals
 
 
 def main() -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 
 import torch
+from support.models import TINY, TinyGPT, random_batches
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torchvitals
-from support.models import TINY, TinyGPT, random_batches
 
 
 def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.world import free_port
 
 from torchvitals.agent.detect import PATTERNS
 from torchvitals.agent.outputs.exporter import (
@@ -29,7 +30,6 @@ from torchvitals.agent.outputs.exporter import (
     MetricsPortError,
 )
 from torchvitals.agent.report import Report
-from support.world import free_port
 
 RECOVERY = {
     "torchvitals_rollbacks",

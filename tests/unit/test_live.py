@@ -5,12 +5,12 @@ import io
 import re
 
 import torch
+from support.models import TinyGPT, random_batches
 
 import torchvitals
 from torchvitals.agent.detect import Verdict
 from torchvitals.agent.outputs.live import LiveView, ratio_bar, ratio_state, sparkline
 from torchvitals.agent.report import Action, Report, Rollback
-from support.models import TinyGPT, random_batches
 
 ANSI = re.compile(r"\x1b\[")
 

@@ -242,6 +242,7 @@ def test_the_watchdog_from_pieces_saves_rolls_back_and_trips_the_guard(tmp_path)
 
 def test_the_checkpoint_group_is_made_once_and_follows_the_default_group():
     import torch.distributed as dist
+
     from torchvitals.agent.recover.groups import CheckpointGroups
 
     groups = CheckpointGroups()
