@@ -35,7 +35,7 @@ cannot be loaded). FACTORY returns a dict:
         x, y = next(iter(train_loader))
         return {
             "model": model,                                        # required
-            "loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1]),  # required: (model, batch) -> loss
+            "loss_fn": lambda m, b: F.cross_entropy(m(b[0]), b[1]),  # required: (model, batch)
             "batch": (x[:12], y[:12]),                             # required: memorization batch
             "batches": [next(it) for _ in range(20)],              # LR test (default: [batch])
             "optimizer": lambda params: torch.optim.AdamW(params, lr=3e-4),  # default: Adam(3e-3)
@@ -192,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         # raised while the checks run are the user's code failing and keep their traceback.
         print(f"torchvitals {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    report = preflight(**setup, steps=args.steps, lr_steps=args.lr_steps, png=args.png)
-    print(report.render())
-    return 0 if report.passed else 1
+    checked = preflight(**setup, steps=args.steps, lr_steps=args.lr_steps, png=args.png)
+    print(checked.render())
+    return 0 if checked.passed else 1
 
 
 def _demo(args: argparse.Namespace) -> int:
