@@ -47,7 +47,7 @@ from .measure.reduce import Reducer
 from .measure.stages import Agreed, agree
 from .measure.stats import local
 from .outputs.sinks import Outputs, Sink
-from .patches import PatchSet
+from .patches import AttributePatch, PatchSet
 from .recover.batches import SkipAwareBatches
 from .recover.directives import DirectivePoller
 from .recover.heartbeat import Heartbeat
@@ -115,6 +115,16 @@ class Agent:
     last_report: Report | None
     adapter: Adapter | None
     """The framework adapter ``attach`` holds (``watch_torchtitan``'s), or None."""
+    record_data_wait: Callable[[float], None]
+    """Adapters: the seconds a batch drawn elsewhere (not through ``batches``) waited."""
+    _wait: DataWait
+    _data: SkipAwareBatches
+    """The batch position and skip list (the watchdog's, so its checkpoints carry them)."""
+    _patches: PatchSet
+    _zero_grad: AttributePatch
+    _validation: list[tuple[int, float]]
+    _closing: contextlib.ExitStack
+    """Releases everything ``watch()`` built, in reverse (``close()``)."""
 
     def __init__(
         self,
