@@ -30,7 +30,8 @@ class EventLog:
         self.path = Path(path)
         self.every = every
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", buffering=1, encoding="utf-8")
+        # Held open across writes (line-buffered); close() and the context manager close it.
+        self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
     def write(self, report: Report) -> bool:
         """Append the report if it is due.
@@ -68,7 +69,7 @@ class EventLog:
         """Close the file; safe to call twice."""
         self._file.close()
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> EventLog:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

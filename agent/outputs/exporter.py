@@ -15,7 +15,7 @@ import errno
 import logging
 import socket
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -35,12 +35,11 @@ from ..report import Action, Report
 from .metrics import (
     BLOCK,
     CUSTOM,
-    GLOBAL,
     GROUP,
     METRICS,
     PATTERN,
     RANK,
-    Buckets,  # noqa: F401
+    Buckets,
     MetricSpec,
     _Snapshot,
 )
@@ -127,7 +126,7 @@ class Exporter:
         self._totals: dict[str, float] = {}
         self._server: MetricsServer | None = None
         self.scheme = "https" if tls is not None else "http"
-        self._collector = _ReportMetrics(self)
+        self._collector: _ReportMetrics | None = _ReportMetrics(self)
         self.registry.register(self._collector)
         self.cache = RenderCache(self._render, lambda: self._steps)
         """The rendered exposition (a scrape reads it; it is rendered once per step at most)."""
@@ -337,31 +336,33 @@ class _ReportMetrics(Collector):
         rank = str(ex.rank)
         blocks = _block_names(ex.block_names, snap)
         for m in self._specs():
-            if m.scope == BLOCK:
-                family = _family(m, ("rank", "block"))
-                for block in blocks:
-                    family.add_metric([rank, block], m.value(snap, block))
-            elif m.scope == PATTERN:
-                family = _family(m, ("rank", "pattern", "severity"))
-                for pattern, severity in PATTERNS.items():
-                    family.add_metric([rank, pattern, severity], m.value(snap, pattern))
-            elif m.scope == CUSTOM:
-                family = _family(m, ("rank", "name"))
-                for name in snap.custom:
-                    family.add_metric([rank, name], m.value(snap, name))
-            elif m.scope == GROUP:
-                family = _family(m, ("rank", "param_group"))
-                for group in range(len(snap.report.lr) if snap.report is not None else 0):
-                    family.add_metric([rank, str(group)], m.value(snap, group))
-            elif m.kind == "histogram":
-                family = HistogramMetricFamily(m.name, m.doc, labels=("rank",))
+            if m.kind == "histogram":  # every histogram is a RANK one
+                histogram = HistogramMetricFamily(m.name, m.doc, labels=("rank",))
                 buckets = snap.histograms[m.name]
-                family.add_metric([rank], buckets.cumulative(), buckets.total)
+                histogram.add_metric([rank], buckets.cumulative(), buckets.total)
+                yield histogram
+                continue
+            if m.scope == BLOCK:
+                family = _value_family(m, ("rank", "block"))
+                for block in blocks:
+                    _add(family, [rank, block], m.value(snap, block))
+            elif m.scope == PATTERN:
+                family = _value_family(m, ("rank", "pattern", "severity"))
+                for pattern, severity in PATTERNS.items():
+                    _add(family, [rank, pattern, severity], m.value(snap, pattern))
+            elif m.scope == CUSTOM:
+                family = _value_family(m, ("rank", "name"))
+                for name in snap.custom:
+                    _add(family, [rank, name], m.value(snap, name))
+            elif m.scope == GROUP:
+                family = _value_family(m, ("rank", "param_group"))
+                for group in range(len(snap.report.lr) if snap.report is not None else 0):
+                    _add(family, [rank, str(group)], m.value(snap, group))
             else:
                 value = snap.totals.get(m.name) if m.from_report else m.value(snap)
                 if value is None:
                     continue
-                family = _family(m, ("rank",) + tuple(k for k, _ in m.labels))
+                family = _value_family(m, ("rank", *(k for k, _ in m.labels)))
                 family.add_metric([rank] + [v for _, v in m.labels], value)
             yield family
 
@@ -376,8 +377,23 @@ def _block_names(named: list[str], snap: _Snapshot) -> list[str]:
     return list(blocks)
 
 
+def _add(
+    family: CounterMetricFamily | GaugeMetricFamily, labels: list[str], value: float | None
+) -> None:
+    """One keyed series; a None value omits it (as ``MetricSpec.value`` says)."""
+    if value is not None:
+        family.add_metric(labels, value)
+
+
 def _family(m: MetricSpec, labels: tuple[str, ...]) -> Metric:
-    kind = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily}.get(
-        m.kind, GaugeMetricFamily
-    )
+    if m.kind == "histogram":
+        return HistogramMetricFamily(m.name, m.doc, labels=labels)
+    return _value_family(m, labels)
+
+
+def _value_family(
+    m: MetricSpec, labels: tuple[str, ...]
+) -> CounterMetricFamily | GaugeMetricFamily:
+    """A counter's or a gauge's family (a histogram's is built where its buckets are read)."""
+    kind = CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily
     return kind(m.name, m.doc, labels=labels)

@@ -17,10 +17,15 @@ import math
 import sys
 import time
 from collections import deque
-from typing import Any, Callable, Iterable, TextIO
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from ..detect.verdict import CRITICAL, INFO, WARNING
 from ..report import Action, Report
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod, RenderableType
+    from rich.live import Live
 
 SPARKS = "▁▂▃▄▅▆▇█"
 HEALTHY_RATIO = 1e-3
@@ -142,7 +147,7 @@ class LiveView:
         self.every = max(1, every)
         self.title = title
         self._clock = clock
-        self._norms = {b: deque(maxlen=history) for b in self.blocks}
+        self._norms: dict[str, deque[float]] = {b: deque(maxlen=history) for b in self.blocks}
         self._losses: deque[float] = deque(maxlen=history)
         self._ratios: dict[str, float] = {}
         self._abs_max: dict[str, float] = {}
@@ -151,7 +156,7 @@ class LiveView:
         self._active: list[Any] = []
         self._recovery: dict[str, float] | None = None
         self._drawn = -math.inf
-        self._live = None
+        self._live: Live | None = None
         if terminal:
             from rich.console import Console
             from rich.live import Live
@@ -185,7 +190,7 @@ class LiveView:
         if report.action == Action.ROLLBACK:
             self._rollbacks.append(events[-1][1])
         if self.terminal:
-            self._draw(events)
+            self._draw(report, events)
         else:
             self._lines(report, events)
 
@@ -211,30 +216,32 @@ class LiveView:
 
     # ------------------------------------------------------------ the rich panel
 
-    STYLES = {
+    STYLES: ClassVar[dict[str, str]] = {
         INFO: "cyan",
         WARNING: "bold yellow",
         CRITICAL: "bold red",
         "rollback": "bold magenta",
     }
 
-    def _draw(self, events: list[tuple[str, str]]) -> None:
+    def _draw(self, report: Report, events: list[tuple[str, str]]) -> None:
         from rich.text import Text
 
+        live = self._live
+        if live is None:
+            raise RuntimeError("the live view was closed: update() after close()")
         for severity, text in events:
-            self._live.console.print(Text(text, style=self.STYLES.get(severity, "")))
+            live.console.print(Text(text, style=self.STYLES.get(severity, "")))
         now = self._clock()
         if events or now - self._drawn >= 0.25:
             self._drawn = now
-            self._live.update(self._panel(), refresh=True)
+            live.update(self._panel(report), refresh=True)
 
-    def _panel(self) -> Any:
+    def _panel(self, r: Report) -> Any:
         from rich.console import Group
         from rich.panel import Panel
         from rich.table import Table
         from rich.text import Text
 
-        r = self._last
         scale = self._recovery["lr_scale"] if self._recovery else 1.0
         rollbacks = int(self._recovery["rollbacks"]) if self._recovery else 0
         head = Text.assemble(
@@ -251,14 +258,15 @@ class LiveView:
             (f"{rollbacks}", "bold" if not rollbacks else "bold magenta"),
         )
         table = Table(box=None, padding=(0, 1), header_style="dim")
-        for column, justify in (
+        columns: tuple[tuple[str, JustifyMethod], ...] = (
             ("block", "left"),
             ("grad norm", "right"),
             ("last steps", "left"),
             ("update ratio", "right"),
             ("1e-6 ·|· 1e-1", "left"),
             ("act |max|", "right"),
-        ):
+        )
+        for column, justify in columns:
             table.add_column(column, justify=justify, no_wrap=True)
         flagged = {v.block for v in self._active if getattr(v, "block", None)}
         for b in self.blocks:
@@ -280,7 +288,7 @@ class LiveView:
         for v in self._active:
             where = f"@{v.block}" if v.block else ""
             verdicts.append(f"{v.pattern}{where} ", style=self.STYLES.get(v.severity, ""))
-        parts = [head, table, verdicts]
+        parts: list[RenderableType] = [head, table, verdicts]
         parts += [Text(line, style="magenta") for line in self._rollbacks[-3:]]
         return Panel(Group(*parts), title=self.title, title_align="left")
 
@@ -288,6 +296,6 @@ class LiveView:
         """Leave the last panel on the screen; safe to call twice."""
         if self._live is not None:
             if self._last is not None:
-                self._live.update(self._panel(), refresh=True)
+                self._live.update(self._panel(self._last), refresh=True)
             self._live.stop()
             self._live = None

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..report import Report
 
@@ -63,7 +63,7 @@ STEP_BUCKETS: tuple[float, ...] = (
 """Upper bounds of the duration histograms: steps from 10 ms (a small model on a GPU) to 10 min
 (a 70B model's step with a pipeline bubble), ~2.5x apart."""
 
-WAIT_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005) + STEP_BUCKETS
+WAIT_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, *STEP_BUCKETS)
 """The data wait's bounds: a loader that keeps up waits well under a millisecond."""
 
 
@@ -147,7 +147,7 @@ def _accelerator(key: str) -> Callable[[_Snapshot], float | None]:
     )
 
 
-def _recovery(s: "_Snapshot", key: str) -> float | None:
+def _recovery(s: _Snapshot, key: str) -> float | None:
     """A watchdog value; None (no series) when the watchdog is off."""
     return None if s.recovery is None else float(s.recovery[key])
 

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.world import free_port
 
 from torchvitals.agent.detect import PATTERNS
-from torchvitals.agent.outputs.exporter import (
+from torchvitals.agent.outputs.exporter import Exporter, MetricsPortError
+from torchvitals.agent.outputs.metrics import (
     BLOCK,
     CUSTOM,
     GLOBAL,
@@ -26,8 +27,6 @@ from torchvitals.agent.outputs.exporter import (
     METRICS,
     PATTERN,
     RANK,
-    Exporter,
-    MetricsPortError,
 )
 from torchvitals.agent.report import Report
 
