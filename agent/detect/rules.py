@@ -11,7 +11,8 @@ from __future__ import annotations
 import abc
 import math
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
+from itertools import pairwise
 
 from ..measure.blocks import LAYER, OTHER
 from ..report import Action, Report
@@ -95,7 +96,7 @@ class LossSpike(Rule):
 
     patterns = (LOSS_SPIKE,)
 
-    def __init__(self, t: Thresholds, norms: "BlockNorms"):
+    def __init__(self, t: Thresholds, norms: BlockNorms):
         self.t, self.norms = t, norms
         self.losses: deque[float] = deque(maxlen=t.window)
         self.above: deque[bool] = deque(maxlen=3)
@@ -116,7 +117,7 @@ class LossSpike(Rule):
         # does not inflate (a MAD around the median would, and hide a tripled loss).
         center = median(self.losses)
         values = list(self.losses)
-        diffs = [b - a for a, b in zip(values, values[1:])]
+        diffs = [b - a for a, b in pairwise(values)]
         spread = mad(diffs, median(diffs)) / math.sqrt(2)
         scale = max(
             MAD_SCALE * spread,
@@ -156,7 +157,7 @@ class BlockNorms(Rule):
         self.t, self.names = t, names
         self.totals: deque[float] = deque(maxlen=t.window)
         self.recent: deque[float] = deque(maxlen=t.explosion_steps + 1)
-        self.blocks = {b: deque(maxlen=t.window) for b in names}
+        self.blocks: dict[str, deque[float]] = {b: deque(maxlen=t.window) for b in names}
         self.ratios: dict[str, float] = {}
         self.diverging: str | None = None
 
@@ -165,11 +166,11 @@ class BlockNorms(Rule):
         the small leftovers such as final norms, only when no named block has a ratio)."""
         finite = {b: r for b, r in self.ratios.items() if math.isfinite(r)}
         named = {b: r for b, r in finite.items() if b != OTHER} or finite
-        return max(named, key=named.get) if named else None
+        return max(named, key=named.__getitem__) if named else None
 
     def observe(self, report, seen):
         total = report.grad_norm_total
-        if not math.isfinite(total) or report.action == Action.SKIP and total == 0:
+        if not math.isfinite(total) or (report.action == Action.SKIP and total == 0):
             return []
         self.ratios = {}
         for b, v in report.grad_norm.items():
@@ -213,7 +214,7 @@ class BlockNorms(Rule):
         finite = {b: r for b, r in self.ratios.items() if math.isfinite(r) and b != OTHER}
         if len(finite) < 3:
             return []
-        top = max(finite, key=finite.get)
+        top = max(finite, key=finite.__getitem__)
         others = median(r for b, r in finite.items() if b != top)
         out = finite[top] >= self.t.divergence_factor and others <= self.t.divergence_cluster
         previous, self.diverging = self.diverging, top if out else None
@@ -243,7 +244,7 @@ class UpdateRatios(Rule):
 
     def __init__(self, t: Thresholds, names: list[str]):
         self.t = t
-        self.history = {b: deque(maxlen=t.window) for b in names}
+        self.history: dict[str, deque[float]] = {b: deque(maxlen=t.window) for b in names}
         self.dead_run = {b: 0 for b in names}
 
     def observe(self, report, seen):
@@ -313,7 +314,10 @@ class Vanishing(Rule):
     def __init__(self, t: Thresholds, names: list[str], kinds: list[str]):
         self.t = t
         layers = [n for n, k in zip(names, kinds) if k == LAYER]
-        self.first, self.last = (layers[0], layers[-1]) if len(layers) >= 2 else (None, None)
+        self.first: str | None = None
+        self.last: str | None = None
+        if len(layers) >= 2:
+            self.first, self.last = layers[0], layers[-1]
         self.run = 0
 
     def observe(self, report, seen):
@@ -572,11 +576,11 @@ class GeneralizationGap(Rule):
         rise = 1 + self.t.gap_min_rise
         # Each rise must add up to a real one inside the window, not creep on a plateau.
         rising = (
-            all(b > a for a, b in zip(val, val[1:]))
+            all(b > a for a, b in pairwise(val))
             and val[-1] >= best * rise
             and val[-1] >= val[0] * rise
         )
-        falling = all(b < a for a, b in zip(train, train[1:]))
+        falling = all(b < a for a, b in pairwise(train))
         if rising and falling:
             return [
                 Verdict(

@@ -8,6 +8,7 @@ rank names the same verdict in the same step.
 from __future__ import annotations
 
 from collections import deque
+from itertools import pairwise
 
 from ..report import Report
 from .rules import Rule
@@ -28,16 +29,17 @@ class MemoryGrowth(Rule):
         if not report.memory:
             return None
         found = []
+        samples = self.t.memory_growth_samples + 1
         for key, value in report.memory.items():
-            series = self.series.setdefault(key, deque(maxlen=self.t.memory_growth_samples + 1))
+            series = self.series.setdefault(key, deque(maxlen=samples))
             if report.step <= self.t.warmup_steps:
                 continue
             series.append((report.step, value))
-            if len(series) < series.maxlen:
+            if len(series) < samples:
                 continue
             values = [v for _, v in series]
             rise = values[-1] - values[0]
-            steady = all(b > a for a, b in zip(values, values[1:]))
+            steady = all(b > a for a, b in pairwise(values))
             if (
                 steady
                 and rise >= self.t.memory_growth_min_bytes

@@ -27,7 +27,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -107,7 +108,7 @@ class Watchdog:
         """Told CHECKPOINT before a checkpoint is written or loaded and TRAIN after."""
 
     @classmethod
-    def open(cls, config: Config, group: Any = None) -> "Watchdog":
+    def open(cls, config: Config, group: Any = None) -> Watchdog:
         """The watchdog ``config`` describes, over ``group``; on every rank at the same call.
 
         Collective the first time a process needs a background-write group for these ranks
@@ -115,16 +116,20 @@ class Watchdog:
 
         Raises:
             LedgerError: the ledger file exists but cannot be trusted.
+            ValueError: ``config`` names no ``checkpoint_dir``.
         """
+        directory = config.checkpoint_dir
+        if directory is None:
+            raise ValueError("Watchdog.open: the config names no checkpoint_dir to roll back from")
         if config.snapshot_max_bytes:  # the background writes get their own group
             group = checkpoint_group(group)
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-        ledger = Ledger(os.path.join(config.checkpoint_dir, LEDGER_FILE), writer=rank0).load()
+        ledger = Ledger(os.path.join(directory, LEDGER_FILE), writer=rank0).load()
         # Only global rank 0 writes and checks the manifests, so only it needs the key (and a
         # key file missing on another node cannot fail one rank alone).
         key = CheckpointKey.from_env(key_file=config.checkpoint_key_file) if rank0 else None
         store = CheckpointStore(
-            config.checkpoint_dir,
+            directory,
             keep=config.checkpoint_keep,
             group=group,
             key=key,
@@ -324,6 +329,8 @@ class Watchdog:
         return outcome
 
     def _commit(self, outcome: Outcome) -> None:
+        if outcome.path is None:  # a save that succeeded names its folder
+            raise CheckpointError(f"the checkpoint of step {outcome.step} names no folder")
         self.checkpoint_seconds = outcome.write_seconds
         self.ledger.record_checkpoint(outcome.step, outcome.path)
         self.last_healthy = outcome.step
