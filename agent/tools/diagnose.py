@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from itertools import pairwise
+from typing import Any
 
 from ..detect import verdict as P
 from ..detect.verdict import Verdict
@@ -187,8 +189,7 @@ def diagnose(
     Returns:
         The Diagnosis.
     """
-    found = [_as_dict(v) for v in verdicts]
-    found = [v for v in found if v is not None]
+    found = [d for d in map(_as_dict, verdicts) if d is not None]
     losses = sorted((int(s), json_number(x)) for s, x in losses)
     found += _from_curves(found, losses, [(int(s), json_number(x)) for s, x in validation])
     first = {c: _earliest(found, pats) for c, pats in CLASSES.items()}
@@ -306,8 +307,8 @@ def _from_curves(
         val = [x for _, x in recent]
         train = [_ema_at(losses, s) for s, _ in recent]
         best = min(x for _, x in validation)
-        rising = all(b > a for a, b in zip(val, val[1:])) and val[-1] >= 1.02 * best
-        if rising and all(b < a for a, b in zip(train, train[1:])):
+        rising = all(b > a for a, b in pairwise(val)) and val[-1] >= 1.02 * best
+        if rising and all(b < a for a, b in pairwise(train)):
             extra.append(
                 {
                     "pattern": P.GENERALIZATION_GAP,

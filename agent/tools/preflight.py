@@ -14,8 +14,9 @@ import copy
 import importlib
 import itertools
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -157,7 +158,7 @@ def memorization_test(
             zero_blocks = zero if zero_blocks is None else zero_blocks & zero
             all_zero = all_zero and report.grad_norm_total == 0
             # Without gradients nothing updates: the remaining steps could not differ.
-            if last <= target_ratio * first or all_zero and step >= 10:
+            if last <= target_ratio * first or (all_zero and step >= 10):
                 break
     finally:
         agent.close()
@@ -185,7 +186,8 @@ def memorization_test(
     else:
         reason = (
             f"loss fell only to {ratio:.2g}x of its initial value in {step} steps (target "
-            f"{target_ratio:g}): raise steps or LR, add capacity, or check the labels are consistent"
+            f"{target_ratio:g}): raise steps or LR, add capacity, or check the labels are "
+            "consistent"
         )
     if patterns and not passed:
         reason += f" [detector: {', '.join(sorted(patterns))}]"
@@ -238,7 +240,9 @@ def lr_range_test(
             opt.step()
         avg = beta * avg + (1 - beta) * value
         smooth = avg / (1 - beta ** (i + 1))  # bias-corrected EMA: the first values are not ~0
-        lrs.append(lr), losses.append(value), smoothed.append(smooth)
+        lrs.append(lr)
+        losses.append(value)
+        smoothed.append(smooth)
         # k x the minimum (fastai's stop rule) misses a cross-entropy that climbs back toward its
         # start without quadrupling: losing a quarter of the progress made (and 10% of the
         # initial loss, which EMA-smoothed batch noise stays well under) also marks the boundary.

@@ -18,9 +18,10 @@ from __future__ import annotations
 import html
 import math
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ...protocol import LEDGER_FILE
 from ..detect.verdict import CRITICAL, HOT_LR, INFO, WARNING
@@ -74,7 +75,7 @@ class RunReport:
             f"lr scale {r['lr_scale']:g}, {_skipped(r['skipped'])}"
             for r in self.rollbacks
         ]
-        return "\n".join(lines + ["diagnosis:", self.diagnosis.render()])
+        return "\n".join([*lines, "diagnosis:", self.diagnosis.render()])
 
 
 def find_ledger(run_dir: Path) -> Path | None:
@@ -260,14 +261,17 @@ def _plots(steps: list[dict[str, Any]], out: Path) -> dict[str, Path]:
     return images
 
 
+def _finite_loss(e: dict[str, Any]) -> float | None:
+    loss = json_number(e.get("loss"))
+    return loss if math.isfinite(loss) else None
+
+
 def _plot_loss(ax: Any, steps: list[dict[str, Any]]) -> None:
     ax.set_title("loss (mean over ranks), verdicts and rollbacks")
-    finite = lambda e: (
-        json_number(e.get("loss")) if math.isfinite(json_number(e.get("loss"))) else None
-    )  # noqa: E731
+    finite = _finite_loss
     _series(ax, steps, finite, "#1f77b4", "loss (kept)")
     seen: set[tuple[str, Any]] = set()
-    top = max((finite(e) for e in steps if finite(e) is not None), default=1.0)
+    top = max((loss for loss in map(finite, steps) if loss is not None), default=1.0)
     for e in steps:
         for v in e.get("verdicts") or []:
             sev = v.get("severity", INFO)

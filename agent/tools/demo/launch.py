@@ -20,8 +20,9 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from ....errors import TorchvitalsError
 from .train import DemoRun, train
@@ -87,7 +88,7 @@ def _rank_main(rank: int, world: int, master_port: int, run: DemoRun) -> None:
             dist.destroy_process_group()
     except SystemExit as exc:  # TrainingAborted: the loop guard's exit code
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - any failure ends this rank with its traceback
+    except BaseException:  # any failure ends this rank with its traceback
         traceback.print_exc()
         code = 1
     sys.stdout.flush()

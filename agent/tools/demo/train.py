@@ -73,7 +73,7 @@ class DemoRun:
         return os.path.join(self.out, "checkpoints")
 
 
-WATCH = dict(
+WATCH: dict[str, Any] = dict(
     sample_every=5,
     checkpoint_every=10,
     healthy_window=5,
@@ -109,10 +109,12 @@ def inject(
     world: int,
     optimizer: torch.optim.Optimizer,
     loss: torch.Tensor,
-    done: set[str],
+    done: set[int | str],
 ) -> torch.Tensor:
     """Apply the fault due at ``step`` (each at most once: a rollback replays step numbers)."""
     start = run.fault_step
+    if start is None:  # DemoRun sets it; a run that cleared it has no fault to inject
+        return loss
     if run.fault == "lr-spike" and start < step <= start + RAMP_STEPS and step not in done:
         done.add(step)
         for group in optimizer.param_groups:
@@ -142,9 +144,12 @@ def train(rank: int, world: int, run: DemoRun) -> dict[str, Any]:
         live=run.live and rank == 0,
         **WATCH,
     )
-    done: set[Any] = set()
+    done: set[int | str] = set()
     report = None
     with agent:
+        watchdog = agent.watchdog
+        if watchdog is None:
+            raise RuntimeError("the demo's agent has no watchdog, though it has a checkpoint_dir")
         while agent.step_count < run.steps:
             for inputs, targets in agent.batches(batches):
                 loss = _loss(model, inputs, targets)
@@ -159,7 +164,7 @@ def train(rank: int, world: int, run: DemoRun) -> dict[str, Any]:
             "final_loss": report.loss if report else math.nan,
             "lr_scale": agent.lr_scale,
             "skipped": [list(r) for r in agent.skipped_batches],
-            "rollbacks": agent.watchdog.rollbacks,
+            "rollbacks": watchdog.rollbacks,
             "active_at_end": sorted({v.pattern for v in agent.detector.active.values()}),
             "world_size": world,
             "run": asdict(run),
@@ -169,7 +174,7 @@ def train(rank: int, world: int, run: DemoRun) -> dict[str, Any]:
         summary["healthy_at_end"] = bool(
             report is not None
             and report.action == torchvitals.Action.STEP
-            and agent.watchdog.healthy(agent.step_count, agent.detector)
+            and watchdog.healthy(agent.step_count, agent.detector)
             and not summary["active_at_end"]
         )
     if rank == 0:
