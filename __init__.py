@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, TorchvitalsError
+from .errors import ConfigError as ConfigError
+from .errors import TorchvitalsError as TorchvitalsError
 from .lazy import lazy_exports
 
 _EXPORTS = {
@@ -70,35 +71,38 @@ _EXPORTS = {
 __all__ = sorted([*_EXPORTS, "ConfigError", "TorchvitalsError"])
 
 if TYPE_CHECKING:
-    from .agent.agent import Agent, watch
-    from .agent.config import Config
-    from .agent.detect.thresholds import Thresholds
-    from .agent.detect.verdict import Verdict
-    from .agent.guard import DoubleStepError, GuardBypassedError
-    from .agent.integrations.lightning import LightningCallback
-    from .agent.integrations.torchtitan import watch_torchtitan
-    from .agent.integrations.transformers import TransformersCallback
-    from .agent.measure.attention import record_attention
-    from .agent.outputs.exporter import MetricsPortError
-    from .agent.recover.agreement import CheckpointError
-    from .agent.recover.ledger import LedgerError
-    from .agent.recover.resume_policy import ResumeRefused
-    from .agent.recover.watchdog import TrainingAborted
-    from .agent.report import Action, Report, Rollback
-    from .agent.seams import (
-        CRITICAL,
-        INFO,
-        WARNING,
-        Observed,
-        Packer,
-        Reduced,
-        Rule,
-        Signal,
-        SignalRegistry,
-        Sink,
-        Slot,
-        StepContext,
-    )
+    # `X as X`: re-exported for a type checker reading this py.typed package (PEP 484).
+    from .agent.agent import Agent as Agent
+    from .agent.agent import watch as watch
+    from .agent.config import Config as Config
+    from .agent.detect.thresholds import Thresholds as Thresholds
+    from .agent.detect.verdict import Verdict as Verdict
+    from .agent.guard import DoubleStepError as DoubleStepError
+    from .agent.guard import GuardBypassedError as GuardBypassedError
+    from .agent.integrations.lightning import LightningCallback as LightningCallback
+    from .agent.integrations.torchtitan import watch_torchtitan as watch_torchtitan
+    from .agent.integrations.transformers import TransformersCallback as TransformersCallback
+    from .agent.measure.attention import record_attention as record_attention
+    from .agent.outputs.exporter import MetricsPortError as MetricsPortError
+    from .agent.recover.agreement import CheckpointError as CheckpointError
+    from .agent.recover.ledger import LedgerError as LedgerError
+    from .agent.recover.resume_policy import ResumeRefused as ResumeRefused
+    from .agent.recover.watchdog import TrainingAborted as TrainingAborted
+    from .agent.report import Action as Action
+    from .agent.report import Report as Report
+    from .agent.report import Rollback as Rollback
+    from .agent.seams import CRITICAL as CRITICAL
+    from .agent.seams import INFO as INFO
+    from .agent.seams import WARNING as WARNING
+    from .agent.seams import Observed as Observed
+    from .agent.seams import Packer as Packer
+    from .agent.seams import Reduced as Reduced
+    from .agent.seams import Rule as Rule
+    from .agent.seams import Signal as Signal
+    from .agent.seams import SignalRegistry as SignalRegistry
+    from .agent.seams import Sink as Sink
+    from .agent.seams import Slot as Slot
+    from .agent.seams import StepContext as StepContext
 
     __version__: str
 

@@ -33,6 +33,9 @@ from torchvitals.agent.detect.observed import Observed
 from torchvitals.agent.detect.rules import median
 from torchvitals.agent.detect.straggler import RankTiming
 from torchvitals.agent.detect.thresholds import Thresholds
+from torchvitals.agent.measure.activations import ActivationStats
+from torchvitals.agent.measure.attention import AttentionStats
+from torchvitals.agent.measure.blocks import Blocks
 from torchvitals.agent.measure.datawait import DataWait
 from torchvitals.agent.measure.reduce import Packer, Reducer
 from torchvitals.agent.report import Report
@@ -56,7 +59,14 @@ class Step:
         self.detector = Detector(NAMES, KINDS)
         self.timing = Timing(RankTiming(Thresholds(), rank, world))
         self.signals = [Loss(), DataWaitSignal(DataWait()), self.timing]
-        self.activations = ActivationSignal(None, None, NAMES)  # unpacks only: no hooks here
+        # Unpacks only: blocks that hold no module, so nothing is hooked or recorded.
+        n = len(NAMES)
+        no_modules = Blocks(NAMES, [[] for _ in NAMES], [None] * n, KINDS, [[] for _ in NAMES])
+        self.activations = ActivationSignal(
+            ActivationStats([None] * len(NAMES), 0.99),
+            AttentionStats(torch.nn.Module(), no_modules),
+            NAMES,
+        )
         self.reducer = Reducer(None, 1)
         self.rng = random.Random(0)
         self.runs: dict[int, int] = {}

@@ -97,7 +97,11 @@ class TransformersCallback(TrainerCallback):
         # scheduler needs the step the Trainer gives it on every other path.
         agent = self.agent
         report = agent.last_report if agent is not None else None
-        if report is not None and report.action == Action.ROLLBACK and accelerate_overflow(optimizer):
+        if (
+            report is not None
+            and report.action == Action.ROLLBACK
+            and accelerate_overflow(optimizer)
+        ):
             clear_accelerate_overflow(optimizer)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
