@@ -7,8 +7,9 @@ for finding in wiring_checks(model, optimizer, evaluate=run_validation):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn

@@ -20,8 +20,8 @@ from typing import Any
 import lightning.pytorch as pl
 
 from ...errors import TorchvitalsError
-from ..compat.pytorch import scaler_scale_async
 from ..agent import Agent, watch
+from ..compat.pytorch import scaler_scale_async
 from ..config import Config
 from ..detect.verdict import Verdict
 from ..report import Report

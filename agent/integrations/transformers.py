@@ -34,8 +34,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..compat.accelerate import accelerate_overflow, clear_accelerate_overflow
 from ..agent import Agent, watch
+from ..compat.accelerate import accelerate_overflow, clear_accelerate_overflow
 from ..config import Config
 from ..detect.verdict import Verdict
 from ..report import Action, Report

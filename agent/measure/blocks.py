@@ -11,8 +11,9 @@ outside the layers is the head, and every other parameter belongs to "other".
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -84,10 +85,7 @@ def discover(model: nn.Module, named: Mapping[str, Any] | list[str] | None = Non
         every rank).
     """
     root = unwrap(model)
-    if named is not None:
-        spec = _normalise_named(named)
-    else:
-        spec = _auto_spec(root)
+    spec = _normalise_named(named) if named is not None else _auto_spec(root)
     modules = dict(root.named_modules())
     missing = [p for paths, _, _ in spec.values() for p in paths if p not in modules]
     if missing:

@@ -3,7 +3,7 @@
     patches = PatchSet()
     patches.close_when_collected(agent)          # undone if the agent is dropped without close()
     patches.replace_step(optimizer, guard.guarded_step)         # optimizer.step (this instance)
-    patches.before_zero_grad(optimizer, agent.settle_skipped)    # optimizer.zero_grad (this instance)
+    patches.before_zero_grad(optimizer, agent.settle_skipped)    # optimizer.zero_grad (instance)
     patches.before_model_zero_grad(model, agent.settle_skipped)  # Module.zero_grad (the class)
     patches.route_scaler_step(optimizer, agent._scaler_step)    # GradScaler.step (the class)
     patches.capture_clipping(agent.capture_gradients, params)   # clip_grad's scaling (module)
@@ -54,17 +54,17 @@ from .shared import (
 )
 
 __all__ = [
-    "AttributePatch",
-    "ForeignPatchWarning",
-    "PatchSet",
-    "SharedPatch",
-    "RoutedPatch",
-    "Lease",
-    "ScalerStepPatch",
-    "ClippingPatch",
-    "ZeroGradPatch",
-    "SCALER_STEP",
     "CLIPPING",
-    "ZERO_GRAD",
     "MAX_WRAPPERS",
+    "SCALER_STEP",
+    "ZERO_GRAD",
+    "AttributePatch",
+    "ClippingPatch",
+    "ForeignPatchWarning",
+    "Lease",
+    "PatchSet",
+    "RoutedPatch",
+    "ScalerStepPatch",
+    "SharedPatch",
+    "ZeroGradPatch",
 ]

@@ -361,9 +361,9 @@ def test_no_import_cycle_anywhere():
         for nxt in sorted(GRAPH[node]):
             # A package's lazy __getattr__ names its modules as strings, not imports: no edge.
             if state.get(nxt) == 1:
-                cycles.append(path[path.index(nxt) :] + [nxt])
+                cycles.append([*path[path.index(nxt) :], nxt])
             elif nxt not in state:
-                visit(nxt, path + [nxt])
+                visit(nxt, [*path, nxt])
         state[node] = 2
 
     for module in sorted(GRAPH):
