@@ -161,7 +161,6 @@ def test_torchvitals_help_names_the_command_users_type():
 def test_the_public_names_load_on_first_use():
     import torchvitals
     import torchvitals.agent
-
     from torchvitals.agent.detect import verdict
 
     for name in torchvitals.__all__:
