@@ -21,8 +21,8 @@ import torch
 from accelerate import Accelerator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torchvitals  # noqa: E402
-from torchvitals.agent.tools.demo.regression import micro_batches, mlp  # noqa: E402
+import torchvitals
+from torchvitals.agent.tools.demo.regression import micro_batches, mlp
 
 ACCUMULATE, CLIP = 2, 0.5
 

@@ -1,6 +1,7 @@
 """A raw DeepSpeed loop with torchvitals: one line, ``watch(engine, engine.optimizer)``.
 
-    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 examples/deepspeed_train.py --stage 2
+    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 \\
+        examples/deepspeed_train.py --stage 2
 
 (``deepspeed --num_gpus 2 examples/deepspeed_train.py`` on GPUs.) Under ZeRO-1/2 the gradients
 live in DeepSpeed's partitioned buffers, not in ``param.grad``: torchvitals reads each rank's
@@ -20,8 +21,8 @@ import deepspeed
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torchvitals  # noqa: E402
-from torchvitals.agent.tools.demo.regression import BLOCKS, deepspeed_config, micro_batch, mlp  # noqa: E402,F401
+import torchvitals
+from torchvitals.agent.tools.demo.regression import BLOCKS, deepspeed_config, micro_batch, mlp
 
 
 def build() -> torch.nn.Module:
@@ -52,8 +53,8 @@ def main() -> None:
         agent.record_loss(loss.detach())
         engine.backward(loss)
         engine.step()  # at the accumulation boundary: the agent's step, then ZeRO's
-    report = agent.last_report
-    if engine.global_rank == 0:
+    report = agent.last_report  # None only if no optimizer step ran
+    if engine.global_rank == 0 and report is not None:
         print(
             f"step {report.step} {report.action} loss {report.loss:.4f} grad_norm "
             f"{report.grad_norm_total:.4f} deepspeed {float(engine.get_global_grad_norm()):.4f}"

@@ -1,4 +1,4 @@
-"""FSDP2 (``fully_shard``) with torchvitals: each rank reduces its local shards; the norms are exact.
+"""FSDP2 (``fully_shard``) with torchvitals: each rank reduces its local shards, the norms exact.
 
 torchrun --nproc-per-node 2 examples/fsdp2.py --steps 50
 """

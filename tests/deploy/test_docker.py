@@ -280,7 +280,7 @@ def _healthcheck(name: str) -> list[str]:
     (hc,) = _args(dockerfile_stages(DOCKER / name)[-1], "HEALTHCHECK")
     command = json.loads(hc[hc.index("CMD") + 3 :].strip())
     assert command[0] == "python"
-    return [sys.executable] + command[1:]
+    return [sys.executable, *command[1:]]
 
 
 def test_collector_healthcheck_passes_on_a_live_collector_and_fails_without_one(tmp_path):

@@ -21,7 +21,8 @@ from accelerate import Accelerator
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE]  # real_steps
 import torchvitals  # noqa: E402
-from torchvitals.agent.tools.demo.regression import micro_batches as batches, mlp  # noqa: E402
+from torchvitals.agent.tools.demo.regression import micro_batches as batches  # noqa: E402
+from torchvitals.agent.tools.demo.regression import mlp  # noqa: E402
 
 ACCUMULATE, CLIP = 2, 0.5
 """As examples/accelerate_loop.py trains."""

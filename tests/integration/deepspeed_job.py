@@ -2,7 +2,8 @@
 command line), watched with ``watch(engine, engine.optimizer)``, with a NaN loss on rank 1 at one
 micro-batch, for tests/integration/test_deepspeed.py and test_deepspeed_zero3.py.
 
-    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 tests/integration/deepspeed_job.py OUT --stage 2
+    DS_ACCELERATOR=cpu torchrun --standalone --nproc-per-node 2 \\
+        tests/integration/deepspeed_job.py OUT --stage 2
 
 Each rank writes ``OUT/rank<r>.json``: every report, the engine's own global norm, an fp64
 reference of each block's gradient norm computed from every rank's micro-batches, each block's
@@ -31,8 +32,9 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE]  # real_steps
-import torchvitals  # noqa: E402
 from real_steps import describe, exit_after, finish  # noqa: E402
+
+import torchvitals  # noqa: E402
 from torchvitals.agent.tools.demo.regression import BLOCKS, deepspeed_config, micro_batch, mlp  # noqa: E402
 
 ACCUMULATE, CLIP = 2, 0.5

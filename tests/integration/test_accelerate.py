@@ -12,13 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import accelerate  # noqa: F401  (a missing accelerate fails here, never skips)
 import pytest
 import torch
 
-import accelerate  # noqa: E402,F401  (a missing accelerate fails here, never skips)
-
-import torchvitals  # noqa: E402
-from torchvitals.errors import TorchvitalsError  # noqa: E402
+import torchvitals
+from torchvitals.errors import TorchvitalsError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -16,11 +16,10 @@ import json
 import math
 from pathlib import Path
 
+import deepspeed  # noqa: F401  (a missing DeepSpeed fails here, never skips)
 import pytest
-
-import deepspeed  # noqa: E402,F401  (a missing DeepSpeed fails here, never skips)
-
-from real_steps import read_ranks, torchrun as _torchrun  # noqa: E402
+from real_steps import read_ranks
+from real_steps import torchrun as _torchrun
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

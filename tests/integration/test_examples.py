@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support.world import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

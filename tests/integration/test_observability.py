@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from promstack import (
     ALERTMANAGER_CONFIG,
     DASHBOARDS,
@@ -37,8 +36,9 @@ from promstack import (
     get_json,
     require,
 )
-from torchvitals.collector import CollectorConfig, CollectorServer
 from support.world import free_port
+
+from torchvitals.collector import CollectorConfig, CollectorServer
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "observed_job.py"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
@@ -251,13 +251,13 @@ def launch(tmp: Path, name: str, base_port: int, *extra: str, env: dict) -> subp
         name,
         *extra,
     ]
-    log = open(tmp / f"{name}.log", "wb")
-    return subprocess.Popen(
-        argv,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**env, "TORCHVITALS_METRICS_PORT": str(base_port)},
-    )
+    with open(tmp / f"{name}.log", "wb") as log:  # the job writes its own copy of the file
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**env, "TORCHVITALS_METRICS_PORT": str(base_port)},
+        )
 
 
 def directives(state_dir: Path) -> list[dict]:
@@ -406,7 +406,7 @@ def test_a_nan_fires_the_alert_and_the_collectors_order_reaches_the_job(stack):
     assert d["action"] == "rollback" and d["labels"]["alertname"] == "TorchvitalsLossNonFinite"
     assert d["labels"]["severity"] == "critical" and d["acknowledged_at"] is not None
     bare = stack["reports"]["bare"]
-    nan = [r for r in bare if r["tick"] == NAN_AT][0]
+    nan = next(r for r in bare if r["tick"] == NAN_AT)
     assert nan["action"] == "skip" and "nonfinite_loss" in nan["verdicts"]
     took = [r for r in bare if "collector_directive" in r["verdicts"]]
     assert len(took) == 1 and took[0]["tick"] > NAN_AT, took
@@ -416,7 +416,7 @@ def test_a_nan_fires_the_alert_and_the_collectors_order_reaches_the_job(stack):
 @pytest.mark.distributed
 def test_a_job_that_rolled_back_by_itself_gets_no_order(stack):
     vitals = stack["reports"]["vitals"]
-    nan = [r for r in vitals if r["tick"] == NAN_AT][0]
+    nan = next(r for r in vitals if r["tick"] == NAN_AT)
     assert nan["action"] == "rollback" and "nonfinite_loss" in nan["verdicts"]
     assert not [d for d in stack["directives"] if d["job"] == "vitals"]
     assert {s["metric"]["job"] for s in stack["nan_alerts"]} == {"bare"}

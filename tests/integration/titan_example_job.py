@@ -14,7 +14,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import titan_harness  # noqa: E402  (first: the CPU harness)
-
 from torchtitan.config import ConfigManager  # noqa: E402
 
 out, steps = Path(sys.argv[1]), int(sys.argv[2])

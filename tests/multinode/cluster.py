@@ -11,6 +11,7 @@ any of them still running afterwards, however it was started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -56,7 +57,7 @@ class Certs:
     stranger_key: Path
 
     @classmethod
-    def make(cls, folder: Path) -> "Certs":
+    def make(cls, folder: Path) -> Certs:
         openssl = shutil.which("openssl")
         if openssl is None:
             raise RuntimeError("openssl is not installed (Debian: apt-get install openssl)")
@@ -171,7 +172,7 @@ class Etcd:
         context.load_cert_chain(str(self.certs.client_cert), str(self.certs.client_key))
         return context
 
-    def __enter__(self) -> "Etcd":
+    def __enter__(self) -> Etcd:
         binary = shutil.which("etcd")
         if binary is None:
             raise RuntimeError("etcd is not installed (Debian: apt-get install etcd-server)")
@@ -241,7 +242,9 @@ class Etcd:
         the root role, then every other user with a role that may read and write ``prefix``."""
         import base64
 
-        b64 = lambda text: base64.b64encode(text.encode()).decode()
+        def b64(text: str) -> str:
+            return base64.b64encode(text.encode()).decode()
+
         end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
         for name, password in users.items():
             self.call("/v3/auth/user/add", {"name": name, "password": password})
@@ -378,11 +381,13 @@ class Cluster:
         }
         for n in [0, 1] if node is None else [node]:
             self.runs += 1
-            log = open(self.tmp / f"node{n}.log", "a")
-            self.procs[n] = subprocess.Popen(
-                self.command(n), env={**env, NODE_ENV: str(n)}, stdout=log, stderr=subprocess.STDOUT
-            )
-            log.close()
+            with open(self.tmp / f"node{n}.log", "a") as log:
+                self.procs[n] = subprocess.Popen(
+                    self.command(n),
+                    env={**env, NODE_ENV: str(n)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
 
     def wait(self, timeout: float = 150) -> dict[int, int]:
         """Every node's supervisor's exit status."""
@@ -428,12 +433,8 @@ class Cluster:
     def stop_all(self) -> None:
         """Kill whatever is left (after a failed assertion), so no test leaks processes."""
         for proc in self.processes():
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
-            except psutil.NoSuchProcess:
-                pass
         for p in self.procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(10)
-            except subprocess.TimeoutExpired:
-                pass

@@ -5,8 +5,9 @@
 
 Global rank ``--fault-rank`` injects ``--fault`` (SIGKILL or SIGSTOP of itself) at
 ``--fault-step``, once per ``--ckpt`` (a marker file there keeps a restarted job from repeating
-it); ``--others-pause`` keeps the other ranks out of any collective meanwhile. Every rank appends one JSON line to ``--out`` when it has resumed (its step, the time, the
-restart counters it was started with) and one when it finishes.
+it); ``--others-pause`` keeps the other ranks out of any collective meanwhile. Every rank
+appends one JSON line to ``--out`` when it has resumed (its step, the time, the restart counters
+it was started with) and one when it finishes.
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ def main() -> int:
     )
     args = parser.parse_args()
 
+    from support.models import TINY, TinyGPT, random_batches
+
     import torchvitals
-    from support.models import TinyGPT, random_batches
-    from support.models import TINY
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))

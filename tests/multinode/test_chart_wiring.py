@@ -15,8 +15,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 
-from test_helm_chart import VALUE_SETS, chart, container_env, one, render  # noqa: E402,F401
-from torchvitals.collector.supervisor.options import SupervisorConfig, node_rank  # noqa: E402
+import test_helm_chart
+from test_helm_chart import VALUE_SETS, container_env, one, render
+
+from torchvitals.collector.supervisor.options import SupervisorConfig, node_rank
+
+chart = test_helm_chart.chart
+"""The loaded chart, the fixture tests/deploy/test_helm_chart.py uses (one per module)."""
 
 
 def pods(docs):
@@ -82,5 +87,5 @@ def test_one_node_acts_alone(chart):
 
 @pytest.mark.parametrize("bad", [{"storeUrl": 5}, {"nodeTtlSeconds": 0}, {"peerTimeout": 3}])
 def test_wrong_supervisor_values_fail_at_install(chart, bad):
-    with pytest.raises(Exception, match="(?i)schema|values"):
+    with pytest.raises(Exception, match=r"(?i)schema|values"):
         render(chart, {"exampleJob": {"enabled": True, "supervisor": bad}})

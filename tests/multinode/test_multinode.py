@@ -20,8 +20,8 @@ import urllib.request
 import uuid
 
 import pytest
-
 from cluster import JOB, PYTHONPATH, Cluster, Etcd, free_port
+
 from torchvitals import protocol
 
 pytestmark = pytest.mark.timeout(240)

@@ -83,7 +83,7 @@ def test_a_store_with_client_certificates_refuses_a_client_without_the_right_one
     stranger = client_tls(certs, certfile=str(certs.stranger_cert), keyfile=str(certs.stranger_key))
     with pytest.raises(StoreError, match="needs store_certfile and store_keyfile"):
         EtcdStore(url, tls=stranger).get(KEY_ROOT + "x")
-    with pytest.raises(StoreError, match="use an https:// store_url|TLS handshake"):
+    with pytest.raises(StoreError, match=r"use an https:// store_url|TLS handshake"):
         EtcdStore(url.replace("https://", "http://")).get(KEY_ROOT + "x")
 
     store = EtcdStore(url, tls=client_tls(certs))
@@ -96,7 +96,7 @@ def test_a_store_with_client_certificates_refuses_a_client_without_the_right_one
 def test_unreadable_tls_files_are_named_before_any_call(tmp_path, certs):
     with pytest.raises(StoreError, match=r"store_cafile .*nope\.crt"):
         EtcdStore("https://127.0.0.1:1", tls=StoreTLS(cafile=str(tmp_path / "nope.crt")))
-    with pytest.raises(StoreError, match="store_certfile .* store_keyfile"):
+    with pytest.raises(StoreError, match=r"store_certfile .* store_keyfile"):
         EtcdStore("https://127.0.0.1:1", tls=client_tls(certs, keyfile=str(certs.ca)))
     with pytest.raises(StoreError, match="needs an https:// store_url"):
         EtcdStore("http://127.0.0.1:1", tls=client_tls(certs))

@@ -16,8 +16,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -69,7 +70,7 @@ def _child(fn: Callable, rank: int, world: int, port: int, queue: Any, args: tup
             queue.put((rank, "ok", result))
         finally:
             dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - report every failure to the parent
+    except BaseException:  # report every failure to the parent
         queue.put((rank, "error", traceback.format_exc()))
         raise
 
@@ -168,7 +169,7 @@ def _job_child(
             dist.destroy_process_group()
         _write_result(path, ("ok", value))
         code = 0
-    except BaseException as exc:  # noqa: BLE001 - the parent reads it; the exit code is the exception's
+    except BaseException as exc:  # the parent reads it; the exit code is the exception's
         _write_result(path, ("raised", traceback.format_exc()))
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
     # Leave without interpreter teardown: destroying a DDP/gloo rank's C++ objects after its peer
@@ -223,9 +224,9 @@ def spawn_job(
             if now > deadline:
                 hung.update(alive)
                 doomed = alive
-            elif any(c is not None and c < 0 for c in codes):
-                doomed = alive
-            elif first_failure is not None and now - first_failure > grace:
+            elif any(c is not None and c < 0 for c in codes) or (
+                first_failure is not None and now - first_failure > grace
+            ):
                 doomed = alive
             for r in doomed:
                 killed_by_parent.add(r)

@@ -121,7 +121,7 @@ def test_the_store_password_is_never_a_flag_and_comes_from_a_file_or_the_environ
     missing = SupervisorConfig(
         store_url="http://etcd:2379", store_user="tv", store_password_file=str(tmp_path / "absent")
     )
-    with pytest.raises(ValueError, match="store_password_file .*absent"):
+    with pytest.raises(ValueError, match=r"store_password_file .*absent"):
         missing.password()
 
 
