@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,18 @@ up on purpose (the supervisor must not restart it); refused to resume the checkp
 
 HEARTBEAT_GLOB = "heartbeat-rank*.json"
 
+STACK_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else None
+"""The signal on which a rank's agent writes every thread's Python stack into its stack file
+(``faulthandler``, registered at ``watch()``: written from the signal handler itself, so a rank
+spinning in Python or blocked in a collective answers without the interpreter's cooperation).
+A real-time signal: the usual ones are taken (SIGUSR1: Lightning's SLURM requeue). None where
+the platform has none. The heartbeat names the one a rank registered."""
+
+
+def stack_path(folder: str | os.PathLike, rank: int) -> Path:
+    """The stack file of ``rank`` in its heartbeat ``folder``."""
+    return Path(folder) / f"stack-rank{rank:05d}.txt"
+
 
 def heartbeat_path(folder: str | os.PathLike, rank: int) -> Path:
     """The heartbeat file of ``rank`` in ``folder``."""
@@ -109,11 +122,14 @@ def write_heartbeat(
     pid: int,
     rank: int,
     metrics_url: str | None = None,
+    stack_signal: int | None = None,
 ) -> None:
     """Replace a rank's heartbeat file (a temporary file renamed, so a reader never sees half).
 
     ``metrics_url`` is where the rank's /metrics really serves (after a port fallback), so
-    whoever reads the heartbeats (the supervisor, a person) finds it.
+    whoever reads the heartbeats (the supervisor, a person) finds it. ``stack_signal`` is the
+    signal on which the rank writes its stacks into ``stack_path(folder, rank)`` (None: it
+    registered none).
 
     No fsync: the reader is on this host, and a crash of the host ends the job anyway.
     """
@@ -128,6 +144,8 @@ def write_heartbeat(
     }
     if metrics_url:
         record["metrics_url"] = metrics_url
+    if stack_signal is not None:
+        record["stack_signal"] = int(stack_signal)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record), encoding="utf-8")
     os.replace(tmp, path)
@@ -149,6 +167,42 @@ class Beat:
     """Whether any rank REFUSED to resume the checkpoint folder."""
     pids: tuple[int, ...] = ()
     """The ranks' process ids."""
+
+
+@dataclass(frozen=True)
+class RankBeat:
+    """One rank's heartbeat file."""
+
+    rank: int
+    """The global rank."""
+    step: int
+    time: float
+    """When it was written (wall clock)."""
+    phase: str
+    pid: int
+    stack_signal: int | None = None
+    """The signal on which it writes its stacks into ``stack_path`` (None: none registered)."""
+
+
+def read_rank_beats(folder: str | os.PathLike) -> dict[int, RankBeat]:
+    """Every rank's heartbeat in ``folder``, by global rank (files that do not parse skipped)."""
+    beats: dict[int, RankBeat] = {}
+    for path in Path(folder).glob(HEARTBEAT_GLOB):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            stack = record.get("stack_signal")
+            beat = RankBeat(
+                rank=int(record["rank"]),
+                step=int(record["step"]),
+                time=float(record["time"]),
+                phase=str(record.get("phase")),
+                pid=int(record["pid"]),
+                stack_signal=None if stack is None else int(stack),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        beats[beat.rank] = beat
+    return beats
 
 
 def read_heartbeats(folder: str | os.PathLike) -> Beat | None:
