@@ -1,5 +1,6 @@
 """Two simulated nodes on loopback for the multi-node tests: a real etcd, and per node a
-``torchvitals supervise`` wrapping a real torchrun agent (c10d rendezvous, one gloo rank).
+``torchvitals supervise`` wrapping a real torchrun agent (c10d rendezvous, gloo ranks: one per
+node unless told).
 
     with Etcd(tmp_path) as etcd:
         nodes = Cluster(tmp_path, etcd.url, job="job-a", fault="kill")
@@ -280,7 +281,11 @@ class Cluster:
         supervise: extra ``torchvitals supervise`` flags.
         metrics_port: node 0's supervisor's /metrics port (0: none).
         torchrun: extra torchrun flags.
-        job_args: extra flags of ``node_job.py``.
+        job_args: extra flags of the job script.
+        script: the job torchrun starts on each node (default ``node_job.py``).
+        nproc_per_node: ranks per node (torchrun's ``--nproc-per-node``).
+        timeouts: pass the short hang and startup timeouts a test on loopback can afford;
+            False leaves the supervisor's defaults (its learned bounds).
     """
 
     def __init__(
@@ -293,6 +298,9 @@ class Cluster:
         torchrun=(),
         job_args=(),
         metrics_port: int = 0,
+        script: Path = JOB,
+        nproc_per_node: int = 1,
+        timeouts: bool = True,
     ) -> None:
         self.tmp, self.store_url, self.job = tmp_path, store_url, job
         self.rdzv = free_port()
@@ -307,6 +315,7 @@ class Cluster:
         """torchrun's ``--nnodes`` (``1:2``: the job may go on with one node)."""
         self.metrics_port = metrics_port
         """Node 0's supervisor serves /metrics here (0: not)."""
+        self.script, self.nproc_per_node, self.timeouts = script, nproc_per_node, timeouts
         self.procs: dict[int, subprocess.Popen] = {}
         self.runs = 0
 
@@ -338,10 +347,7 @@ class Cluster:
             "3",
             "--backoff-s",
             "0.1",
-            "--hang-timeout-s",
-            "8",
-            "--startup-timeout-s",
-            "90",
+            *(["--hang-timeout-s", "8", "--startup-timeout-s", "90"] if self.timeouts else []),
             "--metrics-port",
             str(self.metrics_port if node == 0 else 0),
             *self.supervise,
@@ -352,7 +358,7 @@ class Cluster:
             "--nnodes",
             self.command_nnodes,
             "--nproc-per-node",
-            "1",
+            str(self.nproc_per_node),
             "--rdzv-backend",
             "c10d",
             "--rdzv-endpoint",
@@ -362,7 +368,7 @@ class Cluster:
             "--monitor-interval",
             "0.2",
             *self.torchrun,
-            str(JOB),
+            str(self.script),
             "--ckpt",
             str(self.ckpt),
             "--out",
