@@ -5,6 +5,8 @@
     torchvitals diagnose torchvitals_runs/<run>/events.jsonl
     torchvitals preflight mypkg.train:preflight_setup --steps 300 --png lr_range.png
     torchvitals supervise --checkpoint-dir ckpt -- torchrun --nproc-per-node 8 train.py
+    torchvitals incidents ckpt [--json]
+    torchvitals goodput ckpt [--json]
     python -m torchvitals --help            # the same program
 
 ``demo`` trains a small GPT on the bundled text with ``--ranks`` CPU ranks (gloo) under the agent,
@@ -24,6 +26,19 @@ one-line error when the log is missing or corrupt).
 stalls (collector/supervisor/: exit 0 when the job exits 0, 76 when restarts stop making
 progress, 77 when the restart budget is spent). Its flags are read from
 ``TORCHVITALS_SUPERVISOR_<FLAG>`` too (``--help`` lists them).
+
+``incidents`` lists the job's incidents (a hang, a crash, a lost node, a non-finite step...):
+when, what, at which step, the culprit (global rank, node, host, pid), the cause, the seconds
+from detection to localization and to recovery, and what each cost. DIR is the job's folder
+(the checkpoint_dir the ranks and supervisors share, or the run folder without one) or its
+``incidents/``; ``--json`` prints the records as a list of objects. A corrupt record is named on
+stderr and skipped; exit 2 when DIR is not a folder.
+
+``goodput`` prints the job's wall time, its productive time and their ratio, the rest (badput)
+by cause and each incident's lost seconds, across every attempt (the rules: goodput.py);
+``--json`` prints them as one object. DIR as for ``incidents`` (or its ``goodput/``); exit 2
+with a one-line error when it holds no records. Both read ``--json`` from
+``TORCHVITALS_INCIDENTS_JSON`` / ``TORCHVITALS_GOODPUT_JSON`` too.
 
 ``preflight`` imports MODULE, calls FACTORY() and runs the memorization test, the learning-rate
 range test and the wiring checks (exit 0 when all pass, 1 when one fails, 2 when the factory
@@ -52,8 +67,11 @@ the environment; precedence: argument > environment > default. ``--steps``
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 from .agent.tools.demo import FAULTS
 from .collector.supervisor.options import SupervisorConfig
@@ -140,6 +158,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the watchdog's ledger.json (default: found in the run folder or one below it)",
     )
+    job_commands = {
+        "incidents": "the job's incidents: what stopped it, who and where, what it cost",
+        "goodput": "the job's productive time over its wall time, and the rest by cause",
+    }
+    for name, what in job_commands.items():
+        c = sub.add_parser(name, help=what, description=what)
+        c.add_argument(
+            "folder",
+            metavar="DIR",
+            help=f"the job's folder (the shared checkpoint_dir, or the run folder) or its {name}/",
+        )
+        c.add_argument(
+            "--json",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"print JSON (default: False; env TORCHVITALS_{name.upper()}_JSON)",
+        )
     s = sub.add_parser(
         "supervise",
         help="run a training command, restart it on a crash or hang",
@@ -154,6 +189,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         argv, command = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
     args.job_command = command
+    if args.command in job_commands and args.json is None:
+        key = f"TORCHVITALS_{args.command.upper()}_JSON"
+        text = env(key, "").strip().lower()
+        if text not in ("", "0", "false", "no", "off", "1", "true", "yes", "on"):
+            sub.choices[args.command].error(f"{key}={text!r}: expected true or false")
+        args.json = text in ("1", "true", "yes", "on")
     return args
 
 
@@ -171,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         return _supervise(args)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "incidents":
+        return _incidents(args)
+    if args.command == "goodput":
+        return _goodput(args)
     try:
         if args.command == "diagnose":
             from .agent.tools.diagnose import diagnose_events
@@ -221,6 +266,97 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"torchvitals demo: {exc}", file=sys.stderr)
         return 2
     return run_demo(run, world=args.ranks, timeout_s=args.timeout_s)
+
+
+def _job_folder(given: str, sub: str) -> Path:
+    """The job's folder from DIR, which may also be its ``sub`` folder itself."""
+    folder = Path(given)
+    if folder.name == sub and not (folder / sub).is_dir():
+        return folder.parent
+    return folder
+
+
+def _incidents(args: argparse.Namespace) -> int:
+    from .incidents import FOLDER, IncidentLog
+
+    folder = _job_folder(args.folder, FOLDER)
+    if not folder.is_dir():
+        print(f"torchvitals incidents: {args.folder}: not a folder", file=sys.stderr)
+        return 2
+    found, problems = IncidentLog(folder).read()
+    for problem in problems:
+        print(f"torchvitals incidents: skipped {problem}", file=sys.stderr)
+    if args.json:
+        print(json.dumps([i.to_dict() for i in found], indent=1))
+    elif not found:
+        print(f"no incidents recorded in {folder / FOLDER}")
+    else:
+        print(_incident_table(found, _accounted(folder)))
+    return 0
+
+
+def _accounted(folder: Path) -> dict[str, float | None]:
+    """Each incident's lost seconds as the goodput accounting finds them ({} without records)."""
+    from .goodput import GoodputError, account
+
+    try:
+        return {i.key: i.lost_seconds for i in account(folder).incidents}
+    except GoodputError:
+        return {}
+
+
+def _incident_table(found: list, accounted: dict[str, float | None]) -> str:
+    """One row per incident: when, what, who, how fast it was found and fixed, what it cost
+    (``~`` before what the goodput accounting found for a record that says nothing)."""
+
+    def after(t: float | None, t0: float) -> str:
+        return "-" if t is None else f"+{t - t0:.1f}"
+
+    def shown(v: object) -> str:
+        return "-" if v is None else str(v)
+
+    def lost(key: str, seconds: float | None) -> str:
+        if seconds is not None:
+            return f"{seconds:.1f}"
+        found = accounted.get(key)
+        return "-" if found is None else f"~{found:.1f}"
+
+    header = ("detected", "kind", "step", "rank", "node", "host", "pid", "localized", "recovered")
+    rows = [(*header, "lost s", "cause")]
+    for i in found:
+        c = i.culprit
+        rows.append(
+            (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.detected_at)),
+                i.kind,
+                shown(i.step),
+                shown(c.rank),
+                shown(c.node),
+                shown(c.host),
+                shown(c.pid),
+                after(i.localized_at, i.detected_at),
+                after(i.recovered_at, i.detected_at),
+                lost(i.key, i.lost_seconds),
+                i.cause,
+            )
+        )
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join(v.ljust(w) for v, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+        for r in rows
+    )
+
+
+def _goodput(args: argparse.Namespace) -> int:
+    from .goodput import FOLDER, GoodputError, account
+
+    try:
+        figures = account(_job_folder(args.folder, FOLDER))
+    except GoodputError as exc:
+        print(f"torchvitals goodput: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(figures.to_dict(), indent=1) if args.json else figures.render())
+    return 0
 
 
 def _supervise(args: argparse.Namespace) -> int:
