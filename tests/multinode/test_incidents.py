@@ -356,3 +356,48 @@ def test_a_lost_node_is_named_with_the_step_the_job_really_reached(cluster):
         f"[lost node] survivors at step {survivors}, the lost node's ranks at {lost_ranks}; "
         f"replacement started {killed['replaced'] - at:.1f} s after the kill"
     )
+
+
+def test_torchrun_restarts_stuck_at_rendezvous_are_a_hang_within_the_learned_bound(cluster):
+    # The supervisors at their defaults: no hang or startup timeout given. torchrun restarts
+    # the workers after the SIGKILL, and every restarted worker hangs before its rendezvous;
+    # only the supervisors' learned bound for a re-start (not the 600 s cold-start timeout)
+    # can end it.
+    job = cluster(
+        timeouts=False,
+        torchrun=["--max-restarts", "2"],
+        job_args=["--steps", str(STEPS), "--fault", "kill:3:12", "--hang-restarts"],
+    )
+    result = run(job, 280)
+    finished_everywhere(result, STEPS)
+    fault = result.fault
+    stuck = result.records("stuck")
+    assert stuck, "no restarted worker hung: the scenario did not happen"
+    assert {r["attempt"] for r in stuck} == {fault["attempt"]}
+    hangs = [i for i in result.incidents if i["kind"] == "hang"]
+    kinds = [(i["kind"], i["key"], i["culprit"]) for i in result.incidents]
+    assert len(hangs) == 1, kinds
+    (incident,) = hangs
+    assert incident["attempt"] == fault["attempt"], incident
+    recovered = first_step_after(result, fault["attempt"])
+    assert recovered is not None
+    stuck_since = min(r["time"] for r in stuck)
+    bound = learned_bound(incident)
+    # Stopped within the bound from the re-start (and a poll), the job trained again after.
+    assert incident["detected_at"] - stuck_since <= bound + 5, (incident, bound)
+    summary("stuck restart", result, incident, fault["at"], recovered)
+    print(
+        f"[stuck restart] learned bound {bound:.1f} s; the restarted workers hung from "
+        f"{stuck_since - fault['at']:.1f} s after the kill; detected "
+        f"{incident['detected_at'] - stuck_since:.1f} s after they hung; trained again "
+        f"{recovered - fault['at']:.1f} s after the kill; incidents {kinds}"
+    )
+
+
+def learned_bound(incident: dict) -> float:
+    """The learned re-start bound the supervisor judged by, as its evidence gives it."""
+    evidence = incident["evidence"]
+    for name in ("bound_s", "timeout_s", "restart_bound_s", "learned_bound_s"):
+        if isinstance(evidence.get(name), (int, float)):
+            return float(evidence[name])
+    raise AssertionError(f"no learned bound in the evidence: {evidence}")
