@@ -52,6 +52,7 @@ from .recover.batches import SkipAwareBatches
 from .recover.directives import DirectivePoller
 from .recover.heartbeat import Heartbeat
 from .recover.ledger import LedgerError
+from .recover.stacks import StackDumps
 from .recover.watchdog import Watchdog
 from .report import Report
 from .signals.base import Signal
@@ -198,6 +199,8 @@ class Agent:
         self.heartbeat = (
             Heartbeat(config.heartbeat_dir, self.rank) if config.heartbeat_dir else None
         )
+        if self.heartbeat is not None and config.heartbeat_dir:
+            self._stacks(config.heartbeat_dir, self.heartbeat, built)
         try:
             self.watchdog = Watchdog.open(config, self.group) if config.checkpoint_dir else None
         except LedgerError:
@@ -276,6 +279,21 @@ class Agent:
         self._patches.capture_clipping(self.capture_gradients, self.params)
         if self.steps.sampled(self.steps.step_count + 1):
             self.steps.arm()
+
+    def _stacks(self, folder: str, heartbeat: Heartbeat, built: contextlib.ExitStack) -> None:
+        """Every thread's stack on the stack signal, for the supervisor (``recover/stacks.py``),
+        named in every heartbeat; unregistered, and the heartbeat told, on every exit path."""
+        stacks = StackDumps.open(folder, heartbeat.rank)
+        if stacks is None:
+            return
+        heartbeat.stack_signal = stacks.signum
+
+        def release() -> None:
+            heartbeat.forget_stacks()  # first: nothing is sent once it is unregistered
+            stacks.close()
+
+        built.callback(release)
+        weakref.finalize(self, release)  # an agent dropped without close() releases it too
 
     def _signals(self, extra: Sequence[Signal]) -> Signals:
         """The built-in vital signs (``signals/registry.py``), then the user's, in the order

@@ -43,12 +43,22 @@ class Heartbeat:
         self.step, self.phase, self._last = 0, TRAIN, -float("inf")
         self.metrics_url: str | None = None
         """Where this rank's /metrics serves, written into every beat (set once it is known)."""
+        self.stack_signal: int | None = None
+        """The signal on which this rank writes its stacks (``stacks.py``), written into every
+        beat; None: none registered."""
         self._failed = False
 
-    def beat(self, step: int | None = None, phase: str | None = None) -> None:
-        """Record progress; writes when the phase changed or ``interval_s`` passed."""
+    def forget_stacks(self) -> None:
+        """The stack signal is no longer registered (``agent.close()``): say so at once, so a
+        supervisor never sends a signal whose default action would end the process."""
+        if self.stack_signal is not None:
+            self.stack_signal = None
+            self.beat(force=True)
+
+    def beat(self, step: int | None = None, phase: str | None = None, force: bool = False) -> None:
+        """Record progress; writes when the phase changed, ``interval_s`` passed, or ``force``."""
         now = self._clock()
-        changed = phase is not None and phase != self.phase
+        changed = force or (phase is not None and phase != self.phase)
         self.step = self.step if step is None else step
         self.phase = self.phase if phase is None else phase
         if changed or now - self._last >= self.interval_s:
@@ -61,6 +71,7 @@ class Heartbeat:
                     pid=os.getpid(),
                     rank=self.rank,
                     metrics_url=self.metrics_url,
+                    stack_signal=self.stack_signal,
                 )
             except OSError as exc:
                 # A full or vanished folder must not stop the training it reports on; the
