@@ -224,6 +224,15 @@ class Report:
     """A NaN/Inf in any rank's loss or gradient."""
     nonfinite_loss: bool = False
     nonfinite_grad: bool = False
+    nonfinite_ranks: list[int] = field(default_factory=list)
+    """The ranks whose own loss was NaN/Inf at this step (ranks of the agent's process group:
+    the global ranks unless ``watch(group=)`` names another), exactly when one or two were;
+    empty when none was, or three and more (``nonfinite_rank_count`` says how many). A
+    non-finite gradient names no rank: the gradients are reduced over the ranks (under DDP or
+    FSDP one rank's NaN reaches every rank in the backward pass), its blocks are in
+    ``grad_norm``."""
+    nonfinite_rank_count: int = 0
+    """How many ranks' own loss was NaN/Inf at this step."""
     verdicts: list[Verdict] = field(default_factory=list)
     """Named failure patterns (filled by detection)."""
     action: Action = Action.STEP

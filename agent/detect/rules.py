@@ -64,14 +64,45 @@ class Rule(abc.ABC):
         """The verdicts that hold at this report, or None when there was nothing to judge."""
 
 
+GRAD_RANK_NOTE = (
+    "the gradients' norms are reduced over the ranks, so a non-finite gradient is told by its "
+    "blocks, not its rank; under DDP or FSDP the backward pass has already averaged one rank's "
+    "NaN into every rank's gradients. The rank is named by its own loss when that was non-finite"
+)
+
+
+def nonfinite_ranks(report: Report) -> dict[str, object]:
+    """Which ranks' own loss was non-finite, as evidence: the ranks, their count, and why they
+    are not named when they cannot be."""
+    found: dict[str, object] = {
+        "ranks": list(report.nonfinite_ranks),
+        "rank_count": report.nonfinite_rank_count,
+    }
+    if report.nonfinite_rank_count > 2:
+        found["ranks_unknown"] = (
+            f"{report.nonfinite_rank_count} ranks' losses were non-finite: which ones cannot be "
+            "told from the step's sums (each rank's torchvitals_local_loss names it)"
+        )
+    return found
+
+
 class NonFinite(Rule):
+    """A NaN/Inf loss or gradient, with the ranks whose own loss it was (one or two named
+    exactly, from the step's sums) and the blocks whose gradient norm it reached."""
+
     patterns = (NONFINITE_LOSS, NONFINITE_GRAD)
 
     def observe(self, report, seen):
         found = []
         if report.nonfinite_loss:
             found.append(
-                Verdict(NONFINITE_LOSS, CRITICAL, report.step, None, {"loss": report.loss})
+                Verdict(
+                    NONFINITE_LOSS,
+                    CRITICAL,
+                    report.step,
+                    None,
+                    {"loss": report.loss, **nonfinite_ranks(report)},
+                )
             )
         if report.nonfinite_grad and not report.overflow:
             bad = [
@@ -79,14 +110,15 @@ class NonFinite(Rule):
                 for b, v in report.grad_norm.items()
                 if not math.isfinite(v) and b not in report.grad_norm_missing
             ]
+            evidence = {
+                "blocks": bad,
+                "grad_norm_total": report.grad_norm_total,
+                **nonfinite_ranks(report),
+            }
+            if report.world_size > 1:
+                evidence["ranks_note"] = GRAD_RANK_NOTE
             found.append(
-                Verdict(
-                    NONFINITE_GRAD,
-                    CRITICAL,
-                    report.step,
-                    bad[0] if bad else None,
-                    {"blocks": bad, "grad_norm_total": report.grad_norm_total},
-                )
+                Verdict(NONFINITE_GRAD, CRITICAL, report.step, bad[0] if bad else None, evidence)
             )
         return found
 

@@ -19,8 +19,8 @@ ranks, and the median needs every value.
 from __future__ import annotations
 
 import dataclasses
-import math
 
+from ..measure import ranksum
 from .rules import Rule
 from .thresholds import Thresholds
 from .verdict import STRAGGLER, WARNING, Verdict
@@ -63,9 +63,8 @@ class RankTiming:
             and own_seconds - others >= self.t.straggler_min_seconds
         )
         self.run = self.run + 1 if slow else 0
-        r = float(self.rank)
         self._flag = (
-            [1.0, r, r * r, own_seconds, others, float(self.run), data_wait]
+            [*ranksum.encode(self.rank, 1.0), own_seconds, others, float(self.run), data_wait]
             if self.run >= self.t.straggler_steps
             else [0.0] * SLOTS
         )
@@ -78,17 +77,8 @@ def slow_ranks(summed: list[float]) -> tuple[int, list[int | None]]:
         ``(count, ranks)``: ``ranks`` names one or two ranks exactly; with three or more it is
         ``[None]`` (their own ``compute_duration_seconds`` series tell them apart).
     """
-    count = round(summed[0])
-    if count <= 0:
-        return 0, []
-    if count == 1:
-        return 1, [round(summed[1])]
-    if count == 2:
-        # r1 + r2 = s and r1² + r2² = q  =>  r1, r2 = (s ∓ sqrt(2q - s²)) / 2
-        s, q = summed[1], summed[2]
-        d = math.sqrt(max(2.0 * q - s * s, 0.0))
-        return 2, [round((s - d) / 2), round((s + d) / 2)]
-    return count, [None]
+    count, named = ranksum.decode(*summed[: ranksum.SLOTS])
+    return count, ([None] if count > 2 else list(named))
 
 
 class Straggler(Rule):

@@ -3,6 +3,11 @@
 Packed without a host sync: a tensor loss rides the SUM vector on its device, a float the host
 part. The report's loss is the mean over the ranks that knew theirs (NaN when none did: the
 step measured gradients only, which no rule takes for a non-finite loss).
+
+The non-finite flag rides as ``[f, rank·f, rank²·f]`` (``measure/ranksum.py``), so every rank
+learns which rank's loss was NaN or Inf, one or two exactly, more counted, in the same SUM at
+any world size: two more floats on each side, no collective, no sync (on the device the flag is
+multiplied by a cached ``[1, rank, rank²]``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import math
 import torch
 
 from ..detect.observed import Observed
+from ..measure import ranksum
 from ..measure.reduce import Packer, Reduced, Slot
 from ..measure.stats import local
 from ..report import Report
@@ -28,39 +34,49 @@ class LossSlots:
     none: a pipeline's earlier stages), since every rank's vector is summed slot by slot."""
 
     device: Slot
-    """(value, non-finite flag) of a tensor loss; zeros otherwise."""
+    """(value, flag, rank·flag, rank²·flag) of a tensor loss (flag: non-finite); zeros
+    otherwise."""
     host: Slot
-    """(value, non-finite flag, known) of a float loss; (0, 0, 1) for a tensor loss."""
+    """(value, known, flag, rank·flag, rank²·flag) of a float loss; (0, 1, 0, 0, 0) for a tensor
+    loss."""
     local: Slot
 
 
 class Loss(Signal):
     rules = ("NonFinite", "LossSpike", "DeadPipeline", "GeneralizationGap")
     metrics = ("torchvitals_loss", "torchvitals_local_loss", "torchvitals_nonfinite_steps_total")
-    fills = ("loss", "nonfinite_loss", "local_loss")
+    fills = ("loss", "nonfinite_loss", "nonfinite_ranks", "nonfinite_rank_count", "local_loss")
 
     def __init__(self) -> None:
         self._zeros: dict[torch.device, torch.Tensor] = {}
+        self._powers: dict[torch.device, torch.Tensor] = {}
 
     def pack(self, ctx: StepContext, packer: Packer) -> LossSlots:
         loss = ctx.loss
         if isinstance(loss, torch.Tensor):
             value = local(loss.detach()).reshape(()).to(F64).to(ctx.device)
+            powers = self._powers.get(ctx.device)
+            if powers is None:
+                powers = self._powers[ctx.device] = torch.tensor(
+                    ranksum.powers(ctx.rank), dtype=F64, device=ctx.device
+                )
+            flags = (~torch.isfinite(value)).to(F64) * powers
             return LossSlots(
-                packer.add_sum(torch.stack([value, (~torch.isfinite(value)).to(F64)])),
-                packer.add_host_sum([0.0, 0.0, 1.0]),
+                packer.add_sum(torch.cat([value.reshape(1), flags])),
+                packer.add_host_sum([0.0, 1.0, 0.0, 0.0, 0.0]),
                 packer.add_local(value),
             )
         known = loss is not None
         number = float(loss) if loss is not None else 0.0
         zeros = self._zeros.get(ctx.device)
         if zeros is None:
-            zeros = self._zeros[ctx.device] = torch.zeros(2, dtype=F64, device=ctx.device)
+            zeros = self._zeros[ctx.device] = torch.zeros(
+                1 + ranksum.SLOTS, dtype=F64, device=ctx.device
+            )
+        flag = 0.0 if math.isfinite(number) else 1.0
         return LossSlots(
             packer.add_sum(zeros),
-            packer.add_host_sum(
-                [number, 0.0 if math.isfinite(number) else 1.0, 1.0 if known else 0.0]
-            ),
+            packer.add_host_sum([number, 1.0 if known else 0.0, *ranksum.encode(ctx.rank, flag)]),
             packer.add_local(
                 torch.full((1,), number if known else math.nan, dtype=F64, device=ctx.device)
             ),
@@ -69,11 +85,13 @@ class Loss(Signal):
     def unpack(
         self, ctx: StepContext, handle: LossSlots, reduced: Reduced, report: Report, seen: Observed
     ) -> None:
-        value, flagged = reduced[handle.device]
-        number, flagged_host, known = reduced[handle.host]  # known: ranks that knew theirs
+        value, *flags = reduced[handle.device]
+        number, known, *host_flags = reduced[handle.host]  # known: ranks that knew theirs
         total = value + number
         report.loss = total / known if known else math.nan
-        report.nonfinite_loss = flagged + flagged_host > 0 or not math.isfinite(total)
+        count, ranks = ranksum.decode(*(a + b for a, b in zip(flags, host_flags)))
+        report.nonfinite_loss = count > 0 or not math.isfinite(total)
+        report.nonfinite_rank_count, report.nonfinite_ranks = count, ranks
         report.local.loss = reduced.scalar(handle.local)
 
 
