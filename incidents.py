@@ -183,7 +183,7 @@ def _typed(d: dict, name: str, kind: type, where: str, *, optional: bool = False
         value = float(value)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise IncidentError(f"{where}: {name}: expected {kind.__name__}, got {value!r:.80}")
-    if kind is float and not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise IncidentError(f"{where}: {name}: not a finite number")
     return value
 
@@ -194,11 +194,19 @@ def _bounded(evidence: dict[str, Any]) -> dict[str, Any]:
     if len(text) <= EVIDENCE_MAX_BYTES:
         return json.loads(text)
     out = json.loads(text)
-    budget = EVIDENCE_MAX_BYTES // max(1, _count_strings(out))
-    out = _cut(out, max(200, budget))
-    if len(json.dumps(out)) > EVIDENCE_MAX_BYTES:
-        return {"truncated": True, "summary": json.dumps(out)[: EVIDENCE_MAX_BYTES // 2]}
-    return out
+    size = max(200, EVIDENCE_MAX_BYTES // max(1, _count_strings(out)))
+    while True:
+        # JSON escapes a stack's newlines (and quotes, control characters) to two characters
+        # or more: cut shorter until the escaped text fits, so a big stack keeps its innermost
+        # frames rather than falling to the summary below.
+        cut = _cut(out, size)
+        if len(json.dumps(cut)) <= EVIDENCE_MAX_BYTES:
+            return cut
+        if size == 200:
+            break
+        size = max(200, size // 2)
+    # Escaped once more inside the summary (at most doubled), it still fits.
+    return {"truncated": True, "summary": json.dumps(cut)[: EVIDENCE_MAX_BYTES // 2 - 64]}
 
 
 def _count_strings(value: Any) -> int:
@@ -257,7 +265,7 @@ class IncidentLog:
         finally:
             tmp.unlink(missing_ok=True)
         log.warning("torchvitals incident: %s", incident.line())
-        self._prune()
+        self._prune(keep=final)
         return True
 
     def update(self, key: str, **changes: Any) -> Incident | None:
@@ -316,12 +324,14 @@ class IncidentLog:
             f.write("\n")
         return Path(name)
 
-    def _prune(self) -> None:
+    def _prune(self, keep: Path) -> None:
         files = list(self._files())
         if len(files) <= self.limit:
             return
-        files.sort(key=_mtime)
-        for old in files[: len(files) - self.limit]:
+        # Never the record just written: on a shared filesystem another node's clock may have
+        # stamped older records later, and a coarse clock stamps several alike.
+        files = sorted((f for f in files if f != keep), key=_mtime)
+        for old in files[: len(files) + 1 - self.limit]:
             with contextlib.suppress(OSError):
                 old.unlink()
 

@@ -4,7 +4,8 @@
 - ``reference``: float64 references the exactness tests compare the agent against;
 - ``world``: spawned gloo ranks (``run_world``, ``spawn_job``), free ports, DDP/FSDP2 wrapping;
 - ``preflight_factories``: the setups ``torchvitals preflight support.preflight_factories:<name>``
-  loads.
+  loads;
+- ``goodput_jobs``: goodput record folders (a crash and a rollback) the accounting's tests read.
 
 What the examples train ships with the package, and the tests import it from there:
 ``torchvitals.agent.tools.examples`` (the Lightning module, the Hugging Face GPT-2, the nanoGPT
