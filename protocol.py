@@ -32,6 +32,10 @@ HEARTBEAT_DIR_ENV = ENV_PREFIX + "HEARTBEAT_DIR"
 ATTEMPT_ENV = ENV_PREFIX + "SUPERVISOR_ATTEMPT"
 """The supervisor's attempt number (1, 2, ...), for the job's own logs."""
 
+NODE_ENV = ENV_PREFIX + "SUPERVISOR_NODE"
+"""The supervisor's node rank, for the job's ranks: the node an agent's incident names (torchrun's
+``GROUP_RANK`` is handed out in arrival order by a c10d rendezvous, so it may differ)."""
+
 TOKEN_ENV = ENV_PREFIX + "WEBHOOK_TOKEN"
 """The collector's bearer token itself (agent and collector alike)."""
 
