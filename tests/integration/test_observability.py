@@ -7,6 +7,12 @@ checkpoint folder: its NaN fires TorchvitalsLossNonFinite, Alertmanager delivers
 collector issues a rollback directive and the job takes it. Every dashboard panel's PromQL, with
 the dashboard's variables substituted, returns data from the live Prometheus.
 
+Job "vitals" has a third target: ``StandInSupervisor``, node 0's supervisor's goodput series and
+incident counter, made here with prometheus_client under the names the supervisor exports (this
+test runs the job under torchrun, not ``torchvitals supervise``). Its hang incident is born
+mid-run, so the incident alert and the dashboard's incident annotation are proven on a counter
+series that starts at 1.
+
 The static checks (promtool, amtool, the rule and dashboard conventions) need no server.
 """
 
@@ -25,6 +31,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from promstack import (
     ALERTMANAGER_CONFIG,
     DASHBOARDS,
@@ -217,6 +225,67 @@ def test_the_provisioning_files_point_at_the_dashboards_and_a_prometheus():
 
 # ------------------------------------------------------------------ the live stack
 
+BADPUT_CAUSES = (
+    "startup",
+    "checkpoint",
+    "detection",
+    "restart",
+    "lost_progress",
+    "data_wait",
+    "peers",
+    "teardown",
+    "unattributed",
+)
+HANG_AFTER_S = 8.0
+"""When the stand-in supervisor's hang incident is born: after Prometheus has scraped it."""
+CULPRIT = {"kind": "hang", "rank": "1", "node": "0", "host": socket.gethostname()}
+
+
+class StandInSupervisor:
+    """Node 0's supervisor's goodput series and incident counter, computed from the clock at each
+    scrape: 2 s of startup, then training until a hang of rank 1 at ``HANG_AFTER_S`` costs 1 s of
+    detection and 2 s of restart. Productive plus badput is the wall time, as in the real
+    accounting."""
+
+    def __init__(self) -> None:
+        self.start = time.time()
+
+    def collect(self):
+        now = time.time()
+        wall = max(now - self.start, 1e-3)
+        after = max(0.0, now - self.start - HANG_AFTER_S)
+        badput = dict.fromkeys(BADPUT_CAUSES, 0.0)
+        badput.update(
+            startup=min(wall, 2.0), detection=min(after, 1.0), restart=min(max(after - 1, 0), 2.0)
+        )
+        productive = wall - sum(badput.values())
+        yield GaugeMetricFamily(
+            "torchvitals_supervisor_goodput_ratio",
+            "Productive seconds over wall seconds.",
+            value=productive / wall,
+        )
+        yield CounterMetricFamily(
+            "torchvitals_supervisor_productive_seconds",
+            "Wall seconds spent in steps that count.",
+            value=productive,
+        )
+        family = CounterMetricFamily(
+            "torchvitals_supervisor_badput_seconds",
+            "Wall seconds lost, by cause.",
+            labels=["cause"],
+        )
+        for cause, seconds in badput.items():
+            family.add_metric([cause], seconds)
+        yield family
+        incidents = CounterMetricFamily(
+            "torchvitals_supervisor_incidents",
+            "Incidents this supervisor recorded, by kind and culprit.",
+            labels=list(CULPRIT),
+        )
+        if after > 0:
+            incidents.add_metric(list(CULPRIT.values()), 1.0)
+        yield incidents
+
 
 def free_base_port() -> int:
     """A port P with P and P + 1 free: a 2-rank job serves /metrics on P + LOCAL_RANK."""
@@ -314,6 +383,10 @@ def stack(tmp_path_factory):
         route.update(group_interval="1s")
     servers: list = []
     jobs: list[subprocess.Popen] = []
+    registry = CollectorRegistry()
+    registry.register(StandInSupervisor())
+    supervisor_port = free_port()
+    supervisor, _ = start_http_server(supervisor_port, addr="127.0.0.1", registry=registry)
     try:
         am = Alertmanager(tmp / "am", am_config)
         servers.append(am)
@@ -321,7 +394,11 @@ def stack(tmp_path_factory):
         prom = Prometheus(
             tmp / "prom",
             {
-                "vitals": [f"127.0.0.1:{vitals_port}", f"127.0.0.1:{vitals_port + 1}"],
+                "vitals": [
+                    f"127.0.0.1:{vitals_port}",
+                    f"127.0.0.1:{vitals_port + 1}",
+                    f"127.0.0.1:{supervisor_port}",
+                ],
                 "bare": [f"127.0.0.1:{bare_port}", f"127.0.0.1:{bare_port + 1}"],
             },
             [RULES],
@@ -358,6 +435,7 @@ def stack(tmp_path_factory):
             if (
                 acked
                 and firing(prom, "TorchvitalsRolledBack", "vitals")
+                and firing(prom, "TorchvitalsIncident", "vitals")
                 and time.time() - started > 30
             ):
                 break
@@ -371,6 +449,7 @@ def stack(tmp_path_factory):
             "nan_alerts": prom.query_range(
                 'ALERTS{alertname="TorchvitalsLossNonFinite"}', time.time() - started + 5
             ),
+            "alerts": prom.alerts(),
         }
         (tmp / "stop").write_text("stop")
         codes = {}
@@ -394,6 +473,8 @@ def stack(tmp_path_factory):
                 job.wait(10)
         for server in reversed(servers):
             server.stop()
+        supervisor.shutdown()
+        supervisor.server_close()
         collector.stop()
 
 
@@ -458,3 +539,18 @@ def test_the_dashboard_variables_resolve_against_the_live_prometheus(stack):
         f'{prom.url}/api/v1/label/block/values?match[]=torchvitals_grad_norm{{job="vitals"}}'
     )["data"]
     assert {"emb", "blocks.0", "blocks.1", "head"} <= set(blocks), blocks
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_incident_pages_with_its_culprit_in_the_labels_and_the_summary(stack):
+    hangs = [
+        a
+        for a in stack["alerts"]
+        if a["labels"]["alertname"] == "TorchvitalsIncident" and a["labels"]["kind"] == "hang"
+    ]
+    assert len(hangs) == 1, stack["alerts"]
+    labels, notes = hangs[0]["labels"], hangs[0]["annotations"]
+    assert labels["job"] == "vitals" and labels["severity"] == "critical"
+    assert {k: labels.get(k) for k in CULPRIT} == CULPRIT
+    assert notes["summary"] == f"vitals: rank 1 on node 0 (host {CULPRIT['host']}) hung."
