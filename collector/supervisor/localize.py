@@ -1,0 +1,205 @@
+"""Who stopped the job: the culprit of a hang or a crash, decided from every node's findings.
+
+    ranks, deaths = union(findings_of_every_node)
+    verdict = hang_verdict(ranks)       # Verdict(culprit, cause, evidence, rule)
+    verdict = crash_verdict(deaths)     # None: no rank's death was seen
+
+Pure functions of the findings, sorted before they are read, so every node that holds the same
+findings names the same culprit (the incident's first writer wins, whichever node it is).
+
+A hang's culprit, first rule that names one:
+
+1. ``stopped``: a rank whose process is stopped (``T``: SIGSTOP; ``t``: under a tracer).
+2. ``gone``: a rank whose process is gone while others still run.
+3. ``spinning``: a rank whose stack shows no collective while other ranks' stacks wait in one
+   (it runs user code, or waits on something else: its innermost user frame is the evidence).
+4. ``silent``: a rank asked for its stack that did not answer while others answered from a
+   collective (uninterruptible sleep, a signal handler that cannot run).
+5. ``behind``: the rank(s) with the lowest heartbeat step whose last heartbeat is older than
+   every other rank's by more than ``BEAT_SLACK_S``.
+6. none: every rank waits alike; the culprit is null and the evidence lists them all.
+
+A crash's culprit: the rank whose process was seen gone first, across nodes (ties: the lower
+rank), with its exit status or signal.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...incidents import Culprit
+from .findings import GONE, STOPPED_STATES, NodeFindings, RankDeath, RankFinding
+
+BEAT_SLACK_S = 2.0
+"""The agents write their heartbeat at most once a second: two ranks' last writes less than this
+apart say nothing about which of them stopped first."""
+
+LISTED_RANKS = 64
+"""Ranks an incident lists in its evidence (the culprit and the others' summaries)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The culprit of one disruption and what proves it."""
+
+    culprit: Culprit
+    """Null fields where unknown (``Culprit()``: no rank stands out)."""
+    cause: str
+    """One line: ``rank 3 (node 1, host h, pid 4711) is stopped (SIGSTOP)``."""
+    rule: str
+    """Which rule named it (``stopped``, ``spinning``, ``first death``...; ``none``)."""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def union(
+    findings: Sequence[NodeFindings],
+) -> tuple[tuple[RankFinding, ...], tuple[RankDeath, ...]]:
+    """Every node's findings as one, in a fixed order (by rank, then node); a rank reported by
+    two nodes (a stale heartbeat folder) counts once, the lower node's."""
+    ranks: dict[int, RankFinding] = {}
+    for f in sorted(findings, key=lambda f: f.node):
+        for r in f.ranks:
+            ranks.setdefault(r.rank, r)
+    deaths = {(d.node, d.pid): d for f in findings for d in f.deaths}
+    return (
+        tuple(ranks[r] for r in sorted(ranks)),
+        tuple(sorted(deaths.values(), key=_death_order)),
+    )
+
+
+def culprit_of(r: RankFinding | RankDeath) -> Culprit:
+    return Culprit(rank=r.rank, node=r.node, host=r.host, pid=r.pid)
+
+
+def hang_verdict(ranks: Sequence[RankFinding]) -> Verdict:
+    """The culprit of a hang, from every rank's finding (see the module's rules)."""
+    ranks = sorted(ranks, key=lambda r: (r.rank, r.node))
+    listed = [r.summary() for r in ranks[:LISTED_RANKS]]
+    alive = [r for r in ranks if r.state != GONE]
+    waiting = [r for r in alive if r.waiting]
+    top = max((r.step for r in ranks), default=None)
+
+    def named(rule: str, suspects: list[RankFinding], cause: str, **more: Any) -> Verdict:
+        first = suspects[0]
+        evidence = {
+            "rule": rule,
+            "state": first.state,
+            "step": first.step,
+            "frame": first.frame,
+            "stack": first.stack,
+            "suspects": [r.rank for r in suspects],
+            **more,
+            "ranks": listed,
+        }
+        return Verdict(culprit_of(first), f"{culprit_of(first).describe()} {cause}", rule, evidence)
+
+    stopped = [r for r in alive if r.state in STOPPED_STATES]
+    if stopped:
+        how = "(SIGSTOP)" if stopped[0].state == "T" else "under a tracer"
+        return named("stopped", stopped, f"is stopped {how}")
+    gone = [r for r in ranks if r.state == GONE]
+    if gone and alive:
+        return named("gone", gone, "is gone (its process exited) while the others still run")
+    busy = [r for r in alive if r.waiting is False]
+    if busy and waiting:
+        return named(
+            "spinning",
+            busy,
+            f"is not in a collective: it runs {busy[0].frame} while {_ranks(waiting)} wait in one",
+            waiting=[r.rank for r in waiting],
+        )
+    silent = [r for r in alive if r.asked and r.waiting is None]
+    if silent and waiting:
+        return named(
+            "silent",
+            silent,
+            f"does not answer its stack signal (state {silent[0].state}) while "
+            f"{_ranks(waiting)} wait in a collective",
+            waiting=[r.rank for r in waiting],
+        )
+    behind = _behind(alive)
+    if behind:
+        newest = max(r.beat_time for r in alive)
+        return named(
+            "behind",
+            behind,
+            f"is behind: its last heartbeat says step {behind[0].step}, "
+            f"{newest - behind[0].beat_time:.0f} s older than the others' (step {top})",
+        )
+    if not alive:
+        cause = "no rank runs: every rank's process is gone (a start or a restart that hangs)"
+    else:
+        where = "in a collective" if len(waiting) == len(alive) else "alike"
+        cause = f"no rank stands out: every rank waits {where} (step {top})"
+    return Verdict(Culprit(), cause, "none", {"rule": "none", "step": top, "ranks": listed})
+
+
+def _behind(alive: list[RankFinding]) -> list[RankFinding]:
+    if len(alive) < 2:
+        return []
+    low = min(r.step for r in alive)
+    if low == max(r.step for r in alive):
+        return []
+    others = [r.beat_time for r in alive if r.step > low]
+    return [r for r in alive if r.step == low and r.beat_time < min(others) - BEAT_SLACK_S]
+
+
+def _ranks(found: list[RankFinding]) -> str:
+    names = [str(r.rank) for r in found[:8]]
+    more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+    return ("rank " if len(found) == 1 else "ranks ") + ", ".join(names) + more
+
+
+def _death_order(d: RankDeath) -> tuple:
+    return (d.at, d.rank if d.rank is not None else 1 << 30, d.node, d.pid)
+
+
+def ended_by(status: int | None) -> str:
+    """``exit status 13``, ``killed by SIGKILL``, or ``exit status unknown``."""
+    if status is None:
+        return "exit status unknown"
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}"
+
+
+def crash_verdict(deaths: Sequence[RankDeath]) -> Verdict | None:
+    """The rank that died first, across nodes (None: no rank's death was seen)."""
+    deaths = sorted(deaths, key=_death_order)
+    if not deaths:
+        return None
+    first = deaths[0]
+    who = culprit_of(first)
+    status = first.status
+    killed = status is not None and status < 0
+    evidence = {
+        "rule": "first death",
+        "exit_status": None if status is None or killed else status,
+        "signal": ended_by(status).removeprefix("killed by ") if killed else None,
+        "died_at": first.at,
+        "torchrun": first.line or None,
+        "deaths": [
+            {
+                "rank": d.rank,
+                "node": d.node,
+                "host": d.host,
+                "pid": d.pid,
+                "at": d.at,
+                "status": d.status,
+                "after_s": round(d.at - first.at, 3),
+            }
+            for d in deaths[:LISTED_RANKS]
+        ],
+    }
+    name = (
+        who.describe()
+        if first.rank is not None
+        else f"the worker with pid {first.pid} on node {first.node} (host {first.host})"
+    )
+    return Verdict(who, f"{name} died first: {ended_by(status)}", "first death", evidence)
