@@ -4,7 +4,7 @@
                       keyfile="c.key"), user="torchvitals", password=secret)
     lease = store.grant(30); store.put("k", "v", lease=lease); store.keepalive(lease)
     store.create("k2", "v", lease=lease)   # True only for the first writer
-    store.get("k2"), store.prefix("k")
+    store.get("k2"), store.prefix("k"), store.delete_prefix("k")
 
 etcd is a rendezvous backend torchrun itself supports, so a multi-node job may already run one;
 its gateway (``/v3/kv/...``, keys and values base64, on the client port) needs no client
@@ -180,6 +180,13 @@ class EtcdStore:
         """Every key starting with ``prefix``, sorted by key."""
         kvs = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)})
         return [_entry(kv) for kv in kvs.get("kvs", [])]
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every key starting with ``prefix``; how many there were."""
+        answer = self._call(
+            "/v3/kv/deleterange", {"key": _b64(prefix), "range_end": _prefix_end(prefix)}
+        )
+        return int(answer.get("deleted", 0))
 
     def create(self, key: str, value: str, lease: int = 0) -> bool:
         """Set ``key`` only if it does not exist; whether this call set it."""

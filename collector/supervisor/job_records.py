@@ -3,6 +3,8 @@
     <KEY_ROOT><job>/attempt          JobAttempt  the job's attempt and the restart policy's state
     <KEY_ROOT><job>/final            JobFinal    the end of the job for good, which every node obeys
     <KEY_ROOT><job>/nodes/<rank>     NodeState   one node's supervisor: host, pid, attempt, state
+    <KEY_ROOT><job>/findings/<rank>/a<attempt>/<incident key>   one node's findings (findings.py)
+    <KEY_ROOT><job>/wanted/<rank>/a<attempt>/<incident key>     a node asks the others for theirs
 
 Each record is a frozen dataclass written as JSON; ``*_json`` and ``*_of`` turn one into the
 other, so the key layout and the field names live here once.
@@ -108,6 +110,25 @@ class NodeState:
 def node_key(node: int) -> str:
     """The key of node rank ``node``'s record, under the job's prefix."""
     return f"nodes/{node:05d}"
+
+
+def findings_key(node: int, attempt: int, key: str) -> str:
+    """Where node ``node`` publishes its findings for incident ``key`` of ``attempt``."""
+    return f"findings/{node:05d}/a{attempt:04d}/{key}"
+
+
+def wanted_key(node: int, attempt: int, key: str) -> str:
+    """Where node ``node`` asks every node for its findings for incident ``key``."""
+    return f"wanted/{node:05d}/a{attempt:04d}/{key}"
+
+
+def exchange_of(name: str) -> tuple[int, int, str] | None:
+    """(node, attempt, incident key) of a ``findings/`` or ``wanted/`` key (its part after the
+    job's prefix), or None for a key of another shape."""
+    parts = name.split("/")
+    if len(parts) != 4 or not parts[1].isdigit() or not parts[2][1:].isdigit():
+        return None
+    return int(parts[1]), int(parts[2][1:]), parts[3]
 
 
 def node_json(state: NodeState) -> str:

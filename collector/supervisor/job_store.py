@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from .etcd import EtcdStore, StoreError
+from .etcd import Entry, EtcdStore, StoreError
 from .job_records import (
     KEY_ROOT,
     JobAttempt,
@@ -25,11 +25,14 @@ from .job_records import (
     NodeState,
     attempt_json,
     attempt_of,
+    exchange_of,
     final_json,
     final_of,
+    findings_key,
     node_json,
     node_key,
     node_of,
+    wanted_key,
 )
 
 log = logging.getLogger("torchvitals.supervisor")
@@ -111,6 +114,40 @@ class JobStore:
             node_json(state),
             lease=self.node_lease if lease is None else lease,
         )
+
+    def put_findings(self, node: int, attempt: int, key: str, value: str) -> None:
+        """Publish node ``node``'s findings for incident ``key``, under its own lease (they go
+        with the node)."""
+        self.store.put(self._key(findings_key(node, attempt, key)), value, lease=self.node_lease)
+
+    def want(self, node: int, attempt: int, key: str) -> None:
+        """Ask every node for its findings for incident ``key`` of ``attempt``."""
+        self.store.put(self._key(wanted_key(node, attempt, key)), "", lease=self.node_lease)
+
+    def findings(self, attempt: int, key: str) -> dict[int, str]:
+        """Every node's findings for incident ``key`` of ``attempt``, by node."""
+        return {
+            where[0]: entry.value
+            for entry, where in self._exchange("findings/")
+            if where[1] == attempt and where[2] == key
+        }
+
+    def wanted(self, attempt: int) -> set[str]:
+        """The incident keys of ``attempt`` some node asked findings for."""
+        return {where[2] for _, where in self._exchange("wanted/") if where[1] == attempt}
+
+    def forget_exchange(self, node: int) -> None:
+        """Remove node ``node``'s findings and requests (of attempts that are over)."""
+        for part in ("findings/", "wanted/"):
+            self.store.delete_prefix(self._key(f"{part}{node:05d}/"))
+
+    def _exchange(self, part: str) -> list[tuple[Entry, tuple[int, int, str]]]:
+        found = []
+        for entry in self.store.prefix(self._key(part)):
+            where = exchange_of(entry.key[len(self.prefix) :])
+            if where is not None:
+                found.append((entry, where))
+        return found
 
     def _key(self, name: str) -> str:
         return self.prefix + name

@@ -6,10 +6,14 @@
     members.lost(nodes, attempt)          # the members missing from ``nodes``, as last seen
 
 A node is alive while its record's lease holds; a node that is gone is named by the last state
-it published (``node 1 (host h, supervisor pid p) lost at step 57``).
+it published (``node 1 (host h, supervisor pid p) lost at step 57``), and when that step was
+first seen (a node publishes its step at most once per lease renewal, so it lags).
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from .job_records import RUNNING, WAITING, NodeState
 from .job_store import JobStore
@@ -27,9 +31,15 @@ class Membership:
     """
 
     def __init__(
-        self, keys: JobStore, *, node: int, nnodes: int, metrics: SupervisorMetrics
+        self,
+        keys: JobStore,
+        *,
+        node: int,
+        nnodes: int,
+        metrics: SupervisorMetrics,
+        wall: Callable[[], float] = time.time,
     ) -> None:
-        self.keys, self.node, self.metrics = keys, node, metrics
+        self.keys, self.node, self.metrics, self._wall = keys, node, metrics, wall
         self.members: set[int] = set(range(nnodes))
         """The node ranks the job runs on (fewer than ``nnodes`` after it went on without a lost
         node, ``min_nodes`` allowing)."""
@@ -37,10 +47,18 @@ class Membership:
         """The last state each node published (to name a lost one with its host and step)."""
         self.alive: dict[int, NodeState] = {}
         """The nodes present at the last ``ready``."""
+        self.published_at: dict[int, float] = {}
+        """When each node's last published step (its attempt and step) was first seen (unix
+        seconds)."""
 
     def nodes(self) -> dict[int, NodeState]:
         """The nodes alive (their lease held) or done, by node rank; updates the metrics."""
         nodes = self.keys.nodes()
+        now = self._wall()
+        for n, s in nodes.items():
+            before = self.seen.get(n)
+            if before is None or (before.attempt, before.step) != (s.attempt, s.step):
+                self.published_at[n] = now
         self.seen.update({n: s for n, s in nodes.items() if s.pid})
         # Each node publishes its own presence only: O(nodes) series for the job, not O(nodes^2).
         self.metrics.node_present.labels(str(self.node)).set(1 if self.node in nodes else 0)

@@ -3,6 +3,8 @@
     record = peers.join()                     # the job's current attempt
     go = peers.wait_for_peers(record.number)  # StartAttempt(n): every node ready; or JobEnded
     order = peers.watch(go.attempt, step)     # each poll: None, JobRestarted, NodesLost or JobEnded
+    every = peers.gather(attempt, mine)       # a hang or a crash: every node's findings
+    peers.wanted(attempt)                     # each poll: the incidents others want findings for
     peers.restart(next_record)                # a restart here is a restart of the job everywhere
 
 One node, no store: ``SoloPeers`` (nothing to agree on). Several: ``StorePeers``
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from .findings import NodeFindings
 from .job_records import JobAttempt, NodeState
 
 
@@ -41,7 +44,13 @@ class NodesLost:
     lost: tuple[NodeState, ...]
     """Their last published state (host, pid, step)."""
     reason: str
-    """``node 1 (host h, supervisor pid p) lost at step 57``, one per lost node."""
+    """``node 1 (host h, supervisor pid p) lost at step 57 (...)``, one per lost node."""
+    step: int | None = None
+    """The step this node's ranks had reached when the loss was seen: in synchronous training
+    the step the lost node reached too (what it published lags by up to a lease renewal)."""
+    published_at: tuple[float | None, ...] = ()
+    """For each of ``lost``: when its published step was first seen (unix seconds; None:
+    never)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,12 @@ class Peers(Protocol):
     def watch(self, attempt: int, step: int) -> JobRestarted | NodesLost | JobEnded | None: ...
 
     def restart(self, record: JobAttempt) -> JobAttempt: ...
+
+    def gather(self, attempt: int, mine: NodeFindings) -> list[NodeFindings]: ...
+
+    def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]: ...
+
+    def answer(self, attempt: int, mine: NodeFindings) -> None: ...
 
     def finish(self, code: int, reason: str) -> int: ...
 
@@ -103,6 +118,15 @@ class SoloPeers:
     def restart(self, record: JobAttempt) -> JobAttempt:
         self._record = record
         return record
+
+    def gather(self, attempt: int, mine: NodeFindings) -> list[NodeFindings]:
+        return [mine]
+
+    def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]:
+        return ()
+
+    def answer(self, attempt: int, mine: NodeFindings) -> None:
+        pass
 
     def finish(self, code: int, reason: str) -> int:
         return code

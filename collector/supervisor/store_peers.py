@@ -37,6 +37,8 @@ from dataclasses import replace
 
 from .barrier import StartBarrier
 from .etcd import EtcdStore, StoreError, StoreTLS
+from .findings import NodeFindings
+from .findings_exchange import FindingsExchange
 from .job_records import DONE, RUNNING, WAITING, JobAttempt, JobFinal, NodeState
 from .job_store import JobStore, StoreOutage
 from .membership import Membership
@@ -82,6 +84,15 @@ class StorePeers:
         self._clock = clock
         self.membership = Membership(self.keys, node=node, nnodes=config.nnodes, metrics=metrics)
         self._outage = StoreOutage()
+        self.exchange = FindingsExchange(
+            self.keys,
+            self.membership,
+            config,
+            node=node,
+            outage=self._outage,
+            clock=clock,
+            sleep=sleep,
+        )
         self._barrier = StartBarrier(
             self.keys,
             self.membership,
@@ -159,8 +170,20 @@ class StorePeers:
         return self._barrier.wait(attempt)
 
     def started(self, attempt: int) -> None:
-        """This node's launcher runs ``attempt``."""
+        """This node's launcher runs ``attempt`` (the findings of the attempts before go)."""
         self._quietly(self._publish, replace(self.me, attempt=attempt, state=RUNNING, step=0))
+        self.exchange.forget(attempt)
+
+    def gather(self, attempt: int, mine: NodeFindings) -> list[NodeFindings]:
+        """Every node's findings about one incident (``findings_exchange``)."""
+        return self.exchange.gather(attempt, mine)
+
+    def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]:
+        """The incidents of ``attempt`` other nodes want this node's findings for."""
+        return self.exchange.wanted(attempt, now=now)
+
+    def answer(self, attempt: int, mine: NodeFindings) -> None:
+        self.exchange.answer(attempt, mine)
 
     def watch(self, attempt: int, step: int) -> JobRestarted | NodesLost | JobEnded | None:
         """While ``attempt`` runs (called every poll; asks the store every ``store_poll_s``):
@@ -192,7 +215,13 @@ class StorePeers:
         # makes a new attempt itself (``join``), which the record shows at the next poll.
         lost = self.membership.lost(nodes, attempt)
         if lost:
-            return NodesLost(lost, "; ".join(f"{s.name()} lost at step {s.step}" for s in lost))
+            at = tuple(self.membership.published_at.get(s.node) for s in lost)
+            return NodesLost(
+                lost,
+                "; ".join(_lost_line(s, step, t) for s, t in zip(lost, at, strict=True)),
+                step=step,
+                published_at=at,
+            )
         return None
 
     def finish(self, code: int, reason: str) -> int:
@@ -280,6 +309,18 @@ class StorePeers:
                     self.keys.ensure_attempt(self.keys.record, self.config.job_ttl_s)
             except StoreError as exc:
                 self._outage.failed(exc)
+
+
+def _lost_line(state: NodeState, step: int, published_at: float | None) -> str:
+    """``node 1 (...) lost at step 25 (it last published step 9, 14 s before; this node's ranks
+    are at step 25)``: in synchronous training every rank completes the same steps, so the
+    survivors' step is the one the lost node reached; what it published lags by up to a lease
+    renewal."""
+    ago = "" if published_at is None else f", {max(0.0, time.time() - published_at):.0f} s before"
+    return (
+        f"{state.name()} lost at step {step} (it last published step {state.step}{ago}; "
+        f"this node's ranks are at step {step})"
+    )
 
 
 def store_of(config: SupervisorConfig) -> EtcdStore:
