@@ -1,6 +1,6 @@
 """One attempt of the supervised job: start the launcher, watch it, stop its processes.
 
-    runner = AttemptRunner(config, command, environ, metrics, peers)
+    runner = AttemptRunner(config, command, environ, metrics, peers, localizer)
     outcome = runner.run(number=2, folder=root / "attempt-0002")   # Exited, Hung or Ordered
 
 The launcher runs in its own process group with ``TORCHVITALS_HEARTBEAT_DIR`` set to the
@@ -9,37 +9,79 @@ attempt's fresh folder, where every rank's agent keeps ``heartbeat-rank<r>.json`
 SIGSTOPped or holds its GIL (``hang_clock``). The attempt ends when the launcher exits, when the
 heartbeat stops advancing, or when the job's other nodes order it stopped; the whole group is
 then stopped (SIGTERM, SIGKILL after ``grace_s``) before the outcome is returned.
+
+Every disruption is localized before anything is stopped (``localizer``): a hang's ranks are
+looked at where they hang, a crash's first death is named with its exit status, a lost node
+with the step the job reached. torchrun restarting its own workers within the attempt
+(``--max-restarts``) is seen as the ranks' pids vanishing while the launcher runs: one crash
+incident per worker group, and the new group's start is bounded like any re-start.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ...protocol import ATTEMPT_ENV, HEARTBEAT_DIR_ENV, HEARTBEAT_GLOB, read_heartbeats
+from ...incidents import CRASH, HANG
+from ...protocol import (
+    ABORTED,
+    ATTEMPT_ENV,
+    CHECKPOINT,
+    HEARTBEAT_DIR_ENV,
+    HEARTBEAT_GLOB,
+    REFUSED,
+    Beat,
+    RankBeat,
+    read_heartbeats,
+    read_rank_beats,
+)
+from .disruptions import Disruptions
 from .hang_clock import HangClock
+from .localizer import Localizer, incident_key
 from .options import SupervisorConfig
 from .outcomes import Exited, Hung, Ordered, Outcome
 from .peers import JobEnded, JobRestarted, NodesLost, Peers
 from .process import die_with_parent, running, stop_group
 from .telemetry import SupervisorMetrics
+from .witness import Witness
 
 log = logging.getLogger("torchvitals.supervisor")
+
+
+class _Workers:
+    """The generations of worker processes torchrun runs within one attempt."""
+
+    def __init__(self) -> None:
+        self.pids: set[int] = set()
+        """Every pid a heartbeat of this attempt named."""
+        self.generation = 0
+        """Worker groups torchrun restarted before the current one."""
+        self.dead_at: float | None = None
+        """Unix seconds every rank of the current group was seen gone (the launcher alive)."""
+        self.crashed: set[int] = set()
+        """Generations whose crash was localized (once each)."""
+
+    @property
+    def current(self) -> int:
+        """The generation running, or starting after a dead one."""
+        return self.generation + (self.dead_at is not None)
 
 
 class AttemptRunner:
     """Runs the command once per call, watched by its heartbeats and the job's other nodes.
 
     Args:
-        config: ``grace_s``, ``poll_s``, ``peer_timeout_s`` and the hang timeouts.
+        config: ``grace_s``, ``poll_s``, ``peer_timeout_s``, the hang timeouts and bounds.
         command: the launcher and its arguments.
         environ: the job's environment (the attempt's folder and number are added).
         metrics: where the heartbeat age is shown.
         peers: the other nodes' supervisors (told of the start, asked at every poll).
+        book: where incidents are written (default: into the heartbeat folder's parent).
         clock, sleep: monotonic seconds and the wait between polls.
     """
 
@@ -50,17 +92,25 @@ class AttemptRunner:
         environ: dict[str, str],
         metrics: SupervisorMetrics,
         peers: Peers,
+        book: Disruptions,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.config, self.command, self.environ = config, list(command), environ
-        self.metrics, self.peers = metrics, peers
+        self.metrics, self.peers, self.book = metrics, peers, book
+        self.node, self.host = config.node_rank or 0, socket.gethostname()
+        self.localizer = Localizer(config, peers, book, node=self.node, host=self.host)
         self._clock, self._sleep = clock, sleep
         self.intervals: deque[float] = deque(maxlen=1000)
         """Seconds between heartbeat advances, kept across attempts (the learned timeout)."""
+        self.first_start_s: float | None = None
+        """The job's first start (attempt start to first heartbeat), learned once: a re-start's
+        bound is a multiple of it."""
         self._proc: subprocess.Popen | None = None
         self._folder: Path | None = None
+        self.running_since: float | None = None
+        """Unix seconds the running attempt started (None: none runs)."""
 
     def run(self, number: int, folder: Path) -> Outcome:
         """Attempt ``number``, with its heartbeats in ``folder``, until it exits, hangs or the
@@ -81,15 +131,47 @@ class AttemptRunner:
             env=env,
             start_new_session=True,
             preexec_fn=die_with_parent(),
+            stderr=subprocess.PIPE if self.config.tee_stderr else None,
         )
-        self.peers.started(number)
-        hang = HangClock(self.config, self.intervals, self._clock())
+        witness = Witness(
+            folder,
+            node=self.node,
+            host=self.host,
+            stderr=proc.stderr,
+            probe_wait_s=self.config.probe_wait_s,
+        )
+        self.running_since = started
+        try:
+            self.peers.started(number)
+            outcome = self._watch(number, folder, proc, witness, started)
+        except BaseException:
+            # A signal to the supervisor (its stop follows) or a store gone: the copy of the
+            # launcher's stderr goes on in the background, for its last words.
+            witness.close(0)
+            raise
+        witness.close(self.config.probe_wait_s)  # every process is stopped: the pipe ends
+        self.running_since = None
+        return outcome
+
+    def _watch(
+        self,
+        number: int,
+        folder: Path,
+        proc: subprocess.Popen,
+        witness: Witness,
+        started: float,
+    ) -> Outcome:
+        hang = HangClock(
+            self.config, self.intervals, self._clock(), first_start_s=self.first_start_s
+        )
+        workers = _Workers()
 
         def ended(kind: type[Outcome], end: float, status: int, **details) -> Outcome:
             return kind(
                 number=number,
                 started=started,
                 ended=end,
+                stopped=time.time(),
                 status=status,
                 beat=read_heartbeats(folder),  # after the stop: the ranks' last word
                 **details,
@@ -101,31 +183,123 @@ class AttemptRunner:
                 end = time.time()
                 # Ranks the launcher left behind would hold ports and files of the next attempt.
                 stop_group(proc, self.config.grace_s, _pids(folder))
-                return ended(Exited, end, status)
+                witness.close(self.config.probe_wait_s)  # the launcher's last words
+                key = None
+                if status != 0 and workers.generation not in workers.crashed:
+                    key = self._crash(number, witness, workers, hang, end, status)
+                return ended(Exited, end, status, incident=key)
             now = self._clock()
-            beat = read_heartbeats(folder)
-            hang.observe(beat, now)
-            hang.between_workers = bool(beat and beat.pids and not any(map(running, beat.pids)))
+            beats = read_rank_beats(folder)
+            beat = _beat_of(beats)
+            witness.poll(beats)
+            self._follow(workers, beats, hang, now)
+            if self.first_start_s is None:
+                self.first_start_s = hang.first_start_s
             self.metrics.heartbeat_age.set(hang.age(now))
-            order = self.peers.watch(number, 0 if hang.beat is None else hang.beat.step)
+            if workers.dead_at is not None and workers.generation not in workers.crashed:
+                self._wait_for_report(proc, witness, beats)
+                if proc.poll() is None:  # torchrun restarts its workers: a crash within
+                    self._crash(number, witness, workers, hang, workers.dead_at, None)
+                    continue
+            self.localizer.answer(number, witness)
+            order = self.peers.watch(number, 0 if beat is None else beat.step)
             if order is not None:
                 end = time.time()
+                # A hang or a crash elsewhere: this node's findings before its ranks are stopped.
+                self.localizer.answer(number, witness, now=True)
+                if isinstance(order, NodesLost):
+                    self.localizer.lost(
+                        number, order, detected_at=end, last_advance=_last_advance(hang, started)
+                    )
                 self._log_order(order)
                 status = stop_group(proc, self.config.grace_s, _pids(folder))
                 return ended(Ordered, end, status, order=order)
             if hang.hung(now):
+                end = time.time()
                 age, timeout = hang.age(now), hang.timeout()
+                key = incident_key(HANG, number, workers.current)
+                incident = self.localizer.hang(number, key, witness, clock=hang, detected_at=end)
                 log.warning(
                     "torchvitals supervise: no heartbeat advance for %.1f s (timeout "
-                    "%.1f s, last %s); stopping the job",
+                    "%.1f s, %s, last %s): %s; stopping the job",
                     age,
                     timeout,
+                    hang.phase(),
                     hang.beat,
+                    incident.cause,
                 )
-                end = time.time()
                 status = stop_group(proc, self.config.grace_s, _pids(folder))
-                return ended(Hung, end, status, age_s=age, timeout_s=timeout)
+                return ended(
+                    Hung,
+                    end,
+                    status,
+                    age_s=age,
+                    timeout_s=timeout,
+                    phase=hang.phase(),
+                    incident=key,
+                )
             self._sleep(self.config.poll_s)
+
+    def _follow(
+        self, workers: _Workers, beats: dict[int, RankBeat], hang: HangClock, now: float
+    ) -> None:
+        """Follow the worker groups: a new pid after a dead group is torchrun's restart (the
+        job trains again: the pending incidents recovered); every pid gone while the launcher
+        runs is a dead group (torchrun restarting it: a re-start for the hang clock)."""
+        beat = _beat_of(beats)
+        pids = {b.pid for b in beats.values()}
+        new = pids - workers.pids
+        if new:
+            if workers.dead_at is not None:
+                workers.generation += 1
+                workers.dead_at = None
+            workers.pids |= new
+            self.book.recovered(min(b.time for b in beats.values() if b.pid in new))
+        dead = bool(pids) and not any(map(running, pids))
+        if dead and workers.dead_at is None:
+            workers.dead_at = time.time()
+        hang.observe(beat, now)
+        hang.between_workers(dead, now)
+
+    def _wait_for_report(
+        self, proc: subprocess.Popen, witness: Witness, beats: dict[int, RankBeat]
+    ) -> None:
+        """Wait up to ``probe_wait_s`` for the launcher's report of the dead group (torchrun
+        logs it once it has stopped the rest), or for the launcher to exit."""
+        pids = {b.pid for b in beats.values()}
+        deadline = self._clock() + self.config.probe_wait_s
+        while self._clock() < deadline and proc.poll() is None:
+            if pids & set(witness.failures()):
+                return
+            self._sleep(min(0.05, self.config.poll_s))
+
+    def _crash(
+        self,
+        number: int,
+        witness: Witness,
+        workers: _Workers,
+        hang: HangClock,
+        seen: float,
+        launcher_status: int | None,
+    ) -> str | None:
+        """Localize the crash of the current worker group (unless the ranks ended on purpose:
+        an abort, a refused folder); returns the incident's key."""
+        workers.crashed.add(workers.generation)
+        beat = read_heartbeats(witness.folder)
+        if beat is not None and (beat.aborted or beat.refused):
+            return None
+        key = incident_key(CRASH, number, workers.generation)
+        first = min((d.at for d in witness.deaths() if d.at <= seen), default=seen)
+        self.localizer.crash(  # the incident log says it when written
+            number,
+            key,
+            witness,
+            step=None if hang.beat is None else hang.beat.step,
+            detected_at=first,
+            last_advance=_last_advance(hang, None),
+            launcher_status=launcher_status,
+        )
+        return key
 
     def stop(self) -> None:
         """Stop the running attempt's processes (a signal to the supervisor itself)."""
@@ -153,6 +327,26 @@ class AttemptRunner:
                 order.attempt,
                 order.reason,
             )
+
+
+def _beat_of(beats: dict[int, RankBeat]) -> Beat | None:
+    """The ranks' heartbeats combined, as ``protocol.read_heartbeats`` combines them."""
+    if not beats:
+        return None
+    found = beats.values()
+    return Beat(
+        step=max(b.step for b in found),
+        time=max(b.time for b in found),
+        checkpointing=any(b.phase == CHECKPOINT for b in found),
+        aborted=any(b.phase == ABORTED for b in found),
+        refused=any(b.phase == REFUSED for b in found),
+        pids=tuple(b.pid for _, b in sorted(beats.items())),
+    )
+
+
+def _last_advance(hang: HangClock, started: float | None) -> float | None:
+    """Unix seconds of the job's last heartbeat (its ranks' own clock), else ``started``."""
+    return hang.beat.time if hang.beat is not None else started
 
 
 def _pids(folder: Path) -> tuple[int, ...]:

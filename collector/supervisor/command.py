@@ -69,11 +69,11 @@ def supervise(config: SupervisorConfig, command: Sequence[str]) -> int:
             "torchvitals supervise: the job's store does not answer (%s); stopping this node's job",
             exc,
         )
-        supervisor.stop()
+        supervisor.stop(1)
         return 1
     except _Stopped as stopped:
         log.warning("torchvitals supervise: signal %d; stopping the job", stopped.args[0])
-        supervisor.stop()
+        supervisor.stop(128 + stopped.args[0])
         return 128 + stopped.args[0]
     finally:
         for s, handler in previous.items():

@@ -74,6 +74,33 @@ class SupervisorConfig:
     startup_timeout_s: float = 600.0
     """Seconds an attempt may take to write its first heartbeat (imports, rendezvous, resume)."""
 
+    restart_floor_s: float = 60.0
+    """Least time a re-start may take to write its first heartbeat (torchrun restarting its
+    workers, or a new attempt of the job) before it is a hang: the bound is this or
+    ``restart_factor`` x the job's first start, whichever is larger. The first start itself has
+    ``startup_timeout_s``."""
+
+    restart_factor: float = 3.0
+    """A re-start taking longer than this many times the job's first start (attempt start to
+    first heartbeat) is stuck (at least ``restart_floor_s``)."""
+
+    probe_wait_s: float = 2.0
+    """Seconds the supervisor waits for a hung rank's stack after sending its stack signal,
+    and for the launcher's report of a dead worker, before deciding without."""
+
+    findings_wait_s: float = 5.0
+    """Seconds a node that saw a hang or a crash waits for every other node's findings (through
+    the store) before naming the culprit from what it has."""
+
+    job_dir: str | None = None
+    """The job's folder, where incidents (``incidents/``) and the supervisor's goodput timeline
+    (``goodput/``) are written. None: ``checkpoint_dir``, else the heartbeat root."""
+
+    tee_stderr: bool = True
+    """Pass the launcher's stderr through the supervisor, byte for byte, to read torchrun's
+    reports of failed workers (their exit status) from it. False: the launcher writes to the
+    supervisor's stderr directly, and a crash is named without torchrun's line."""
+
     grace_s: float = 10.0
     """Seconds between SIGTERM and SIGKILL when the job's process group is stopped."""
 
@@ -197,6 +224,8 @@ class SupervisorConfig:
             "hang_floor_s",
             "checkpoint_timeout_s",
             "startup_timeout_s",
+            "restart_floor_s",
+            "restart_factor",
             "poll_s",
             "node_ttl_s",
             "peer_timeout_s",
@@ -207,6 +236,8 @@ class SupervisorConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
             raise ValueError(f"hang_timeout_s must be > 0 or None, got {self.hang_timeout_s}")
+        if self.probe_wait_s < 0 or self.findings_wait_s < 0:
+            raise ValueError("need probe_wait_s >= 0 and findings_wait_s >= 0")
         if self.grace_s < 0 or self.backoff_s < 0 or self.backoff_max_s < self.backoff_s:
             raise ValueError("need grace_s >= 0 and 0 <= backoff_s <= backoff_max_s")
         if self.max_restarts < 0 or self.no_progress_restarts < 1:

@@ -6,9 +6,10 @@
         case Hung(age_s=age, timeout_s=limit): ...  # no heartbeat advance within the timeout
         case Ordered(order=order): ...              # the job restarted or ended on another node
 
-Every outcome says when the attempt started and ended, the launcher's exit status and the
-ranks' last heartbeat (read once the group was stopped: "refused" and "aborted" live there).
-The incident an ending makes (its culprit: rank, node, host, pid) belongs on ``AttemptEnd``.
+Every outcome says when the attempt started, when its end was seen and when its processes were
+stopped, the launcher's exit status, the ranks' last heartbeat (read once the group was stopped:
+"refused" and "aborted" live there) and the key of the incident it made (the culprit: its record
+in the job's folder).
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ class AttemptEnd:
     started: float
     """Wall-clock start."""
     ended: float
-    """Wall-clock time the exit or the hang was seen (before the group was stopped)."""
+    """Wall-clock time the exit, the hang or the order was seen (before the group was
+    stopped)."""
     status: int
     """The launcher's exit status (negative: the signal that ended it)."""
     beat: Beat | None = None
     """The ranks' last heartbeat, read after the group was stopped (None: no rank wrote one)."""
+    stopped: float | None = None
+    """Wall-clock time the group was stopped (after the culprit was named); None: unknown."""
+    incident: str | None = None
+    """The key of the incident this ending made here (``hang-a0002``), if it made one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +60,10 @@ class Hung(AttemptEnd):
     age_s: float
     """Seconds since the last advance when the hang was seen."""
     timeout_s: float
-    """The timeout that applied (startup, checkpoint, fixed or learned)."""
+    """The timeout that applied (startup, restart, checkpoint, fixed or learned)."""
+    phase: str = "train"
+    """The hang clock's phase: "startup", "restart" (a re-start beyond its learned bound),
+    "checkpoint" or "train"."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,12 +20,18 @@ With ``store_url``, the supervisors of the job's ``nnodes`` nodes agree through 
 (``store_peers``): the attempt and the restart policy's state are the job's, not the node's, so
 a restart anywhere stops and restarts every node's launcher together, and the end of the job is
 every node's.
+
+Each disruption (a hang, a crash, a lost node) becomes an incident in the job's folder
+(``job_dir``, else ``checkpoint_dir``, else the heartbeat root) naming its culprit
+(``localizer``), and each node writes its goodput timeline there: the wait for the other nodes,
+every attempt's start, detection and end, and the end of its supervision (``disruptions``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import tempfile
 import time
 import uuid
@@ -37,10 +43,11 @@ from ...agent.recover.jobid import job_identity, launcher_job_id
 from ...agent.recover.ledger import Ledger, LedgerError
 from ...protocol import JOB_ID_ENV, LEDGER_FILE, read_heartbeats
 from .attempt import AttemptRunner
+from .disruptions import Disruptions
 from .job_records import JobAttempt
 from .options import SupervisorConfig, node_rank
 from .outcomes import Outcome
-from .peers import JobEnded, Peers, SoloPeers
+from .peers import JobEnded, Peers, SoloPeers, StartAttempt
 from .restart_policy import (
     Decision,
     Follow,
@@ -82,6 +89,8 @@ class Supervisor:
     runner: AttemptRunner
     root: Path
     """Holds one heartbeat folder per attempt (``attempt-0001`` ...)."""
+    book: Disruptions
+    """This node's incidents and goodput timeline, in the job's folder."""
     attempt: int
     """The attempt running or last run (0 before the first)."""
     restarts: int
@@ -122,29 +131,57 @@ class Supervisor:
             )
         self.peers = peers
         self.policy = RestartPolicy.from_config(config) if policy is None else policy
-        self.runner = AttemptRunner(
-            config, self.command, environ, self.metrics, peers, clock=clock, sleep=sleep
-        )
         self.root = Path(config.heartbeat_root or tempfile.mkdtemp(prefix="torchvitals-supervise-"))
+        self.book = Disruptions(
+            Path(config.job_dir or config.checkpoint_dir or self.root),
+            node=config.node_rank or 0,
+            host=socket.gethostname(),
+            metrics=self.metrics,
+        )
+        self.runner = AttemptRunner(
+            config, self.command, environ, self.metrics, peers, self.book, clock=clock, sleep=sleep
+        )
         self.attempt = self.restarts = 0
         self.history = []
 
     def run(self) -> int:
         """Supervise until the job succeeds or the policy gives up; returns the exit status."""
         try:
-            return self._run()
+            code = self._run()
         finally:
             self.peers.close()
+        self.ended(code)
+        return code
+
+    def ended(self, code: int) -> None:
+        """Supervision ends with ``code`` (also when a signal stopped it): the timeline's last
+        line."""
+        self.book.timeline.ended(at=time.time(), code=code)
+        self.book.close()
 
     def _run(self) -> int:
         job = self.peers.join()
         while True:
+            waited = time.time()
             go = self.peers.wait_for_peers(job.number)
+            self.book.timeline.waited(
+                go.attempt if isinstance(go, StartAttempt) else job.number,
+                start=waited,
+                end=time.time(),
+            )
             if isinstance(go, JobEnded):
                 return go.code
             job = self._enter(go.attempt, job)
             outcome = self.runner.run(self.attempt, self._folder())
             self.history.append(outcome)
+            self.book.timeline.attempt(
+                outcome.number,
+                start=outcome.started,
+                end=outcome.stopped if outcome.stopped is not None else time.time(),
+                reason=outcome.reason,
+                status=outcome.status,
+                detected=outcome.ended,
+            )
             decision = self.policy.settle(outcome, job)
             if decision is None:  # a crash or a hang: the limits decide
                 decision = self._after_failure(outcome)
@@ -153,9 +190,22 @@ class Supervisor:
             else:
                 return self._end(decision)
 
-    def stop(self) -> None:
-        """Stop the running attempt's processes (a signal to the supervisor itself)."""
+    def stop(self, code: int | None = None) -> None:
+        """Stop the running attempt's processes (a signal to the supervisor itself); with
+        ``code``, supervision ends with it (the timeline's last lines)."""
+        started = self.runner.running_since
         self.runner.stop()
+        if code is not None:
+            if started is not None:
+                self.book.timeline.attempt(
+                    self.attempt,
+                    start=started,
+                    end=time.time(),
+                    reason="exit",
+                    status=code,
+                    detected=time.time(),
+                )
+            self.ended(code)
 
     def _enter(self, attempt: int, job: JobAttempt) -> JobAttempt:
         """Make ``attempt`` this node's; returns the job's record for it."""

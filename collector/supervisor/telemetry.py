@@ -15,8 +15,8 @@ job; lost: a node of the job was lost)."""
 
 
 class SupervisorMetrics:
-    """The supervisor's restarts, current attempt, heartbeat age and, for a job of several
-    nodes, which nodes are present, in ``registry``.
+    """The supervisor's restarts, current attempt, heartbeat age, the incidents it wrote and,
+    for a job of several nodes, which nodes are present, in ``registry``.
 
     Args:
         registry: where to register (default: a fresh registry).
@@ -66,6 +66,14 @@ class SupervisorMetrics:
             f"{SUPERVISOR_PREFIX}waiting_for_peers",
             "1 while this node waits for the other nodes "
             "at the start of an attempt (a phase of its own, never a hang), else 0.",
+            registry=self.registry,
+        )
+        self.incidents = Counter(
+            f"{SUPERVISOR_PREFIX}incidents",
+            "Incidents this node's supervisor wrote into the job's folder (a hang, a crash, a "
+            "lost node), by kind and culprit (global rank, node, host; empty where unknown); "
+            "each incident is written by one node, so the sum over the nodes counts it once.",
+            ["kind", "rank", "node", "host"],
             registry=self.registry,
         )
         for reason in RESTART_REASONS:

@@ -79,6 +79,8 @@ def test_metric_names_follow_the_conventions():
         "torchvitals_supervisor_nodes_present",
         "torchvitals_supervisor_nodes_expected",
         "torchvitals_supervisor_waiting_for_peers",
+        # the incidents this node wrote, by kind and culprit
+        "torchvitals_supervisor_incidents",
     }
     assert all(re.fullmatch(r"torchvitals_[a-z_]+", n) for n in names)
 

@@ -1,0 +1,199 @@
+"""From a hang, a crash or a lost node to its incident: this node's findings, the other nodes'
+(through the store), the culprit, the record.
+
+    localizer = Localizer(config, peers, book, node=0, host="h")
+    incident = localizer.hang(attempt, key, witness, clock=hang, detected_at=t)   # before the stop
+    incident = localizer.crash(attempt, key, witness, step=41, detected_at=t, ...)
+    localizer.lost(attempt, order, detected_at=t, last_advance=beat.time)
+    localizer.answer(attempt, witness)           # each poll: findings other nodes asked for
+
+Keys name the disruption, the same on every node (``incident_key``), so the nodes that see the
+same one write one record: ``hang-a0002`` (a hang of attempt 2), ``crash-a0002-r1`` (a crash of the
+workers torchrun started at its first restart within attempt 2), ``node_lost-a0002-n1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from ...incidents import CRASH, HANG, NODE_LOST, Culprit, Incident
+from .disruptions import Disruptions
+from .hang_clock import RESTART, STARTUP, HangClock
+from .localize import Verdict, crash_verdict, hang_verdict, union
+from .options import SupervisorConfig
+from .peers import NodesLost, Peers
+from .witness import Witness
+
+log = logging.getLogger("torchvitals.supervisor")
+
+
+def incident_key(kind: str, attempt: int, generation: int = 0) -> str:
+    """``hang-a0002``, or ``crash-a0002-r1`` for the workers of torchrun's first restart within
+    the attempt (``generation``: how many times torchrun restarted them before)."""
+    return f"{kind}-a{attempt:04d}" + (f"-r{generation}" if generation else "")
+
+
+class Localizer:
+    """Names the culprit of each disruption this node sees and records it.
+
+    Args:
+        config: ``restart_floor_s``, ``restart_factor`` (named in a stuck restart's evidence).
+        peers: the other nodes (their findings).
+        book: where incidents are written.
+        node, host: this node.
+        wall: unix seconds.
+    """
+
+    def __init__(
+        self,
+        config: SupervisorConfig,
+        peers: Peers,
+        book: Disruptions,
+        *,
+        node: int,
+        host: str,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config, self.peers, self.book = config, peers, book
+        self.node, self.host, self._wall = node, host, wall
+
+    def hang(
+        self, attempt: int, key: str, witness: Witness, *, clock: HangClock, detected_at: float
+    ) -> Incident:
+        """A hang seen here: every node's ranks looked at (before anything is stopped), the
+        culprit named, the incident recorded (unless another node was first)."""
+        verdict = self._verdict(attempt, key, witness)
+        now_age = detected_at - (clock.beat.time if clock.beat is not None else detected_at)
+        evidence = dict(verdict.evidence)
+        cause = verdict.cause
+        phase = clock.phase()
+        if phase in (STARTUP, RESTART):
+            evidence.update(_startup_evidence(self.config, clock))
+            if phase == RESTART:
+                cause = (
+                    f"startup after restart took more than {clock.timeout():.0f} s (the first "
+                    f"start took {clock.first_start_s or 0:.1f} s)"
+                    + ("" if verdict.rule == "none" else f"; {verdict.cause}")
+                )
+        evidence.update(phase=phase, timeout_s=round(clock.timeout(), 3))
+        if clock.beat is not None:
+            evidence["last_heartbeat_age_s"] = round(now_age, 3)
+        step = clock.beat.step if clock.beat is not None else None
+        incident = self._incident(HANG, key, attempt, verdict, cause, evidence, step, detected_at)
+        self.book.record(incident, last_advance=clock.beat.time if clock.beat is not None else None)
+        return incident
+
+    def crash(
+        self,
+        attempt: int,
+        key: str,
+        witness: Witness,
+        *,
+        step: int | None,
+        detected_at: float,
+        last_advance: float | None,
+        launcher_status: int | None,
+    ) -> Incident:
+        """A crash seen here (the launcher exited, or torchrun's workers all died): the rank that
+        died first across nodes, with its exit status."""
+        every = self.peers.gather(attempt, witness.findings(key))
+        _, deaths = union(every)
+        verdict = crash_verdict(deaths)
+        if verdict is None:
+            status = "" if launcher_status is None else f" with status {launcher_status}"
+            verdict = Verdict(
+                Culprit(node=self.node, host=self.host),
+                f"the launcher exited{status} and no rank was seen dying (none had written a "
+                "heartbeat, or every rank ended cleanly)",
+                "none",
+                {"rule": "none"},
+            )
+        evidence = {**verdict.evidence, "launcher_status": launcher_status}
+        incident = self._incident(
+            CRASH, key, attempt, verdict, verdict.cause, evidence, step, detected_at
+        )
+        self.book.record(incident, last_advance=last_advance)
+        return incident
+
+    def lost(
+        self, attempt: int, order: NodesLost, *, detected_at: float, last_advance: float | None
+    ) -> list[Incident]:
+        """The lost nodes of ``order``, one incident each (the node alone: no rank)."""
+        found = []
+        at = order.published_at or (None,) * len(order.lost)
+        for state, published_at in zip(order.lost, at, strict=False):
+            step = order.step if order.step is not None else state.step
+            incident = Incident(
+                kind=NODE_LOST,
+                key=f"{incident_key(NODE_LOST, attempt)}-n{state.node}",
+                step=step,
+                culprit=Culprit(node=state.node, host=None if state.host == "?" else state.host),
+                cause=(
+                    f"{state.name()} stopped renewing its lease at step {step} "
+                    f"(it last published step {state.step})"
+                ),
+                evidence={
+                    "survivor_step": order.step,
+                    "survivor_node": self.node,
+                    "last_published_step": state.step,
+                    "last_published_at": published_at,
+                    "supervisor_pid": state.pid or None,
+                    "node_ttl_s": self.config.node_ttl_s,
+                },
+                detected_at=detected_at,
+                localized_at=detected_at,
+                attempt=attempt,
+                writer=self.book.writer,
+            )
+            self.book.record(incident, last_advance=last_advance)
+            found.append(incident)
+        return found
+
+    def answer(self, attempt: int, witness: Witness, *, now: bool = False) -> None:
+        """Publish this node's findings for every incident another node asked about."""
+        for key in self.peers.wanted(attempt, now=now):
+            log.info("torchvitals supervise: node findings for %s asked; answering", key)
+            self.peers.answer(attempt, witness.findings(key))
+
+    def _verdict(self, attempt: int, key: str, witness: Witness) -> Verdict:
+        ranks, _ = union(self.peers.gather(attempt, witness.findings(key)))
+        return hang_verdict(ranks)
+
+    def _incident(
+        self,
+        kind: str,
+        key: str,
+        attempt: int,
+        verdict: Verdict,
+        cause: str,
+        evidence: dict,
+        step: int | None,
+        detected_at: float,
+    ) -> Incident:
+        """The record; localized now when a culprit was named (a node, at least)."""
+        return Incident(
+            kind=kind,
+            key=key,
+            step=step,
+            culprit=verdict.culprit,
+            cause=cause,
+            evidence=evidence,
+            detected_at=detected_at,
+            localized_at=self._wall() if verdict.culprit != Culprit() else None,
+            attempt=attempt,
+            writer=self.book.writer,
+        )
+
+
+def _startup_evidence(config: SupervisorConfig, clock: HangClock) -> dict:
+    if clock.phase() == STARTUP:
+        return {"startup_timeout_s": config.startup_timeout_s}
+    return {
+        "stuck": "startup after restart",
+        "bound_s": round(clock.restart_bound(), 3),
+        "first_start_s": None if clock.first_start_s is None else round(clock.first_start_s, 3),
+        "restart_floor_s": config.restart_floor_s,
+        "restart_factor": config.restart_factor,
+    }

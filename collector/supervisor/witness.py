@@ -1,0 +1,116 @@
+"""What this node's supervisor sees of one attempt's ranks, kept from its start to its end.
+
+    witness = Witness(folder, node=0, host="h", stderr=proc.stderr, probe_wait_s=2.0)
+    witness.poll(beats)                  # each poll: watch every pid the heartbeats name
+    witness.deaths()                     # RankDeath per rank seen gone (when, how)
+    witness.findings("hang-a0002")       # NodeFindings: states and stacks, or deaths for a crash
+    witness.close(timeout_s=1.0)
+
+The ranks' deaths are watched from the start (``deaths``: to the millisecond, with the exit
+status the kernel keeps for a zombie), and the launcher's stderr is read for its own reports
+(``launcher_log``: torchrun's ``failed (exitcode: 13) ... (pid: P)``), which fill in a status
+the kernel no longer had. A pid is mapped to its global rank through the heartbeats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import IO
+
+from ...incidents import CRASH
+from ...protocol import RankBeat
+from .deaths import DeathWatch
+from .findings import NodeFindings, RankDeath
+from .launcher_log import LauncherLog, WorkerFailure
+from .rank_probe import probe_ranks
+
+
+class Witness:
+    """One attempt's ranks, as this node sees them.
+
+    Args:
+        folder: the attempt's heartbeat folder.
+        node, host: this node (named in every finding).
+        stderr: the read end of the launcher's stderr (None: not read).
+        probe_wait_s: the wait for a rank's stack.
+        wall: unix seconds.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        node: int,
+        host: str,
+        stderr: IO[bytes] | None,
+        probe_wait_s: float,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.folder, self.node, self.host, self.probe_wait_s = folder, node, host, probe_wait_s
+        self.ranks: dict[int, int] = {}
+        """pid -> global rank, every pid a heartbeat of this attempt named."""
+        self._watch = DeathWatch(wall)
+        self._log = None if stderr is None else LauncherLog(stderr)
+
+    def poll(self, beats: dict[int, RankBeat]) -> None:
+        """Watch the pids the heartbeats name now."""
+        for rank, beat in beats.items():
+            if self.ranks.get(beat.pid) != rank:
+                self.ranks[beat.pid] = rank
+                self._watch.watch(beat.pid, rank)
+
+    def failures(self) -> dict[int, WorkerFailure]:
+        """The launcher's reports of failed workers so far, by pid."""
+        return {} if self._log is None else self._log.failures()
+
+    def deaths(self) -> tuple[RankDeath, ...]:
+        """Every rank seen gone, and every worker the launcher reported failed, first first."""
+        failures = self.failures()
+        found = {}
+        for pid, death in self._watch.deaths().items():
+            failure = failures.get(pid)
+            status = death.status
+            if status is None and failure is not None:
+                status = failure.exitcode
+            found[pid] = RankDeath(
+                rank=self.ranks.get(pid, death.rank),
+                node=self.node,
+                host=self.host,
+                pid=pid,
+                at=death.at,
+                status=status,
+                line=failure.line if failure is not None else "",
+            )
+        for pid, failure in failures.items():
+            if pid in found:
+                if found[pid].rank is None and failure.rank is not None:
+                    found[pid] = replace(found[pid], rank=failure.rank)
+                continue
+            # A worker no heartbeat named (it died before writing one): known from the report.
+            found[pid] = RankDeath(
+                rank=self.ranks.get(pid, failure.rank),
+                node=self.node,
+                host=self.host,
+                pid=pid,
+                at=failure.seen_at,
+                status=failure.exitcode,
+                line=failure.line,
+            )
+        return tuple(sorted(found.values(), key=lambda d: (d.at, d.pid)))
+
+    def findings(self, key: str) -> NodeFindings:
+        """This node's findings for incident ``key``: its ranks' deaths for a crash, their
+        states and stacks (taken now) for a hang."""
+        if key.startswith(CRASH + "-"):
+            return NodeFindings(node=self.node, host=self.host, key=key, deaths=self.deaths())
+        ranks = probe_ranks(self.folder, node=self.node, host=self.host, wait_s=self.probe_wait_s)
+        return NodeFindings(node=self.node, host=self.host, key=key, ranks=ranks)
+
+    def close(self, timeout_s: float) -> None:
+        """Stop watching; wait up to ``timeout_s`` for the launcher's last words."""
+        self._watch.close()
+        if self._log is not None:
+            self._log.close(timeout_s)
