@@ -1,8 +1,8 @@
 """torchvitals command line: the demo, a run's report or diagnosis, preflight, the supervisor.
 
     torchvitals demo --fault lr-spike --ranks 2 --steps 150 --out torchvitals_demo/run
-    torchvitals report torchvitals_runs/<run>
-    torchvitals diagnose torchvitals_runs/<run>/events.jsonl
+    torchvitals report torchvitals_runs/<run> [--job-dir ckpt]
+    torchvitals diagnose torchvitals_runs/<run>/events.jsonl [--job-dir ckpt]
     torchvitals preflight mypkg.train:preflight_setup --steps 300 --png lr_range.png
     torchvitals supervise --checkpoint-dir ckpt -- torchrun --nproc-per-node 8 train.py
     torchvitals incidents ckpt [--json]
@@ -16,11 +16,18 @@ the watchdog would resume it). Exit 0 when it finished, 1 when a rank failed (na
 options. Flags from ``TORCHVITALS_DEMO_<FLAG>`` too.
 
 ``report`` writes the run report of a run folder (the one holding events.jsonl): loss, grad norm,
-update ratio and activation plots (PNG) and report.html with the diagnosis; exit 2 when the log
-is missing or corrupt.
+update ratio and activation plots (PNG), the incident timeline and the badput breakdown when the
+job folder holds incidents and goodput records, and report.html with the diagnosis; exit 2 when
+the log is missing or corrupt.
 
-``diagnose`` prints the decision-tree diagnosis of a run's event log (exit 0; exit 2 with a
-one-line error when the log is missing or corrupt).
+``diagnose`` prints the decision-tree diagnosis of a run's event log, led by the culprit when an
+incident record or a verdict names one (exit 0; exit 2 with a one-line error when the log is
+missing or corrupt).
+
+Both look for the job's incidents/ and goodput/ in the run folder and the watchdog ledger's
+folder; ``--job-dir`` (repeatable; env ``TORCHVITALS_REPORT_JOB_DIR`` /
+``TORCHVITALS_DIAGNOSE_JOB_DIR``, one folder) names the shared checkpoint folder when it lies
+elsewhere.
 
 ``supervise`` runs the command after ``--`` and restarts it when it crashes or its heartbeat
 stalls (collector/supervisor/: exit 0 when the job exits 0, 76 when restarts stop making
@@ -88,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="torchvitals", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("diagnose", help="name the root cause of a run from its event log")
-    d.add_argument("events", help="the run's events.jsonl")
+    d.add_argument("events", help="the run's events.jsonl (or the run folder holding it)")
     p = sub.add_parser(
         "preflight", help="memorization, LR range and wiring checks before a long run"
     )
@@ -158,6 +165,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the watchdog's ledger.json (default: found in the run folder or one below it)",
     )
+    for reader in (d, r):
+        reader.add_argument(
+            "--job-dir",
+            action="append",
+            default=None,
+            help="the job's folder holding incidents/ and goodput/ (the shared checkpoint_dir), "
+            "besides the run folder and the ledger's; repeatable (default: none; env "
+            f"TORCHVITALS_{reader.prog.split()[-1].upper()}_JOB_DIR)",
+        )
     job_commands = {
         "incidents": "the job's incidents: what stopped it, who and where, what it cost",
         "goodput": "the job's productive time over its wall time, and the rest by cause",
@@ -189,6 +205,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         argv, command = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
     args.job_command = command
+    if args.command in ("diagnose", "report") and args.job_dir is None:
+        folder = env(f"TORCHVITALS_{args.command.upper()}_JOB_DIR")
+        args.job_dir = [folder] if folder else []
     if args.command in job_commands and args.json is None:
         key = f"TORCHVITALS_{args.command.upper()}_JSON"
         text = env(key, "").strip().lower()
@@ -220,12 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "diagnose":
             from .agent.tools.diagnose import diagnose_events
 
-            print(diagnose_events(args.events).render())
+            print(diagnose_events(args.events, job_dirs=args.job_dir).render())
             return 0
         if args.command == "report":
             from .agent.tools.runreport import write_report
 
-            report = write_report(args.run_dir, ledger=args.ledger)
+            report = write_report(args.run_dir, ledger=args.ledger, job_dirs=args.job_dir)
             print(report.render_summary())
             print(f"report: {report.html}")
             return 0

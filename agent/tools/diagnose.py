@@ -1,10 +1,13 @@
 """Diagnosis: one named cause, its evidence and a targeted fix, from a run's verdicts and losses.
 
-    python -m torchvitals diagnose torchvitals_runs/<run>/events.jsonl
+    python -m torchvitals diagnose torchvitals_runs/<run>/events.jsonl [--job-dir ckpt]
 
 A decision tree fed with the detector's verdicts instead of raw traces (the tree and its
 reasoning: docs/patterns.md). Several root causes share a symptom, so the tree orders the
-symptom classes by what happened first and names where it started. The causes:
+symptom classes by what happened first and names where it started. When the run's incident
+records (in its job folder: ``jobrecords.py``) or its verdicts' evidence name a culprit, the
+diagnosis leads with it (``culprit.py``): ``rank 1 (node 0, host h): non-finite loss at step
+41``. The causes:
 
 - optimization failures: "numerical instability", "gradient explosion", "vanishing gradients",
   "dead pipeline";
@@ -18,15 +21,18 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from ...incidents import Incident
 from ..detect import verdict as P
 from ..detect.verdict import Verdict
 from ..jsonsafe import json_number
 from ..outputs.eventlog import read_events
+from .culprit import from_incidents, from_verdicts
+from .jobrecords import job_folders, read_incidents
 
 NUMERICAL, EXPLOSION, VANISHING = (
     "numerical instability",
@@ -152,9 +158,16 @@ class Diagnosis:
     """The block where the cause's earliest symptom appeared, when one was named."""
     also: list[str] = field(default_factory=list)
     """Other causes seen in the run, each with its first step."""
+    culprit: str | None = None
+    """Who caused it, where and when (``rank 1 (node 0, host h): non-finite loss at step
+    41``), from an incident record or a verdict's evidence; None when nothing names one."""
+    culprit_cause: str = ""
+    """The leading incident's own one-line cause ("" without one)."""
+    incidents: list[str] = field(default_factory=list)
+    """One line per incident of the run, oldest first, and per record that could not be read."""
 
     def render(self) -> str:
-        """The diagnosis as a few readable lines for a terminal."""
+        """The diagnosis as a few readable lines for a terminal, the culprit first."""
         where = ", ".join(
             x
             for x in (
@@ -163,12 +176,16 @@ class Diagnosis:
             )
             if x
         )
-        lines = [f"cause: {self.cause}" + (f" ({where})" if where else ""), f"  {self.summary}"]
+        lines = [f"culprit: {self.culprit}"] if self.culprit else []
+        lines += [f"  {self.culprit_cause}"] if self.culprit and self.culprit_cause else []
+        lines += [f"cause: {self.cause}" + (f" ({where})" if where else ""), f"  {self.summary}"]
         if self.evidence:
             lines += ["evidence:"] + [f"  - {e}" for e in self.evidence]
         lines.append(f"fix: {self.fix}")
         if self.also:
             lines.append("also seen: " + "; ".join(self.also))
+        if self.incidents:
+            lines += ["incidents:"] + [f"  - {i}" for i in self.incidents]
         return "\n".join(lines)
 
 
@@ -176,8 +193,10 @@ def diagnose(
     verdicts: Iterable[Verdict | Mapping[str, Any]],
     losses: Iterable[tuple[int, float]],
     validation: Iterable[tuple[int, float]] = (),
+    incidents: Sequence[Incident] = (),
 ) -> Diagnosis:
-    """Walk the decision tree over a run's verdicts, backed by its loss curves.
+    """Walk the decision tree over a run's verdicts, backed by its loss curves, and lead with
+    the culprit.
 
     Args:
         verdicts: ``Verdict`` objects or their dicts (pattern, severity, step, block, evidence).
@@ -185,11 +204,29 @@ def diagnose(
             verdict.
         validation: (step, validation loss) pairs; a validation loss rising while the training
             loss falls counts as a generalization gap even without a verdict.
+        incidents: the run's incident records, oldest first (they name the culprit first;
+            without them, a verdict's evidence may).
 
     Returns:
         The Diagnosis.
     """
     found = [d for d in map(_as_dict, verdicts) if d is not None]
+    diagnosis = _tree(found, losses, validation)
+    lead = from_incidents(incidents, diagnosis.cause, found) or from_verdicts(
+        found, diagnosis.cause
+    )
+    if lead is not None:
+        diagnosis.culprit, diagnosis.culprit_cause = lead.line, lead.cause
+    diagnosis.incidents = [i.line() for i in incidents]
+    return diagnosis
+
+
+def _tree(
+    found: list[dict[str, Any]],
+    losses: Iterable[tuple[int, float]],
+    validation: Iterable[tuple[int, float]],
+) -> Diagnosis:
+    """The decision tree over the verdicts (as dicts) and the curves."""
     losses = sorted((int(s), json_number(x)) for s, x in losses)
     found += _from_curves(found, losses, [(int(s), json_number(x)) for s, x in validation])
     first = {c: _earliest(found, pats) for c, pats in CLASSES.items()}
@@ -237,20 +274,35 @@ def diagnose(
     )
 
 
-def diagnose_events(path: str | os.PathLike) -> Diagnosis:
-    """Diagnose a run from its event log.
+def diagnose_events(
+    path: str | os.PathLike,
+    *,
+    job_dirs: Iterable[str | os.PathLike] = (),
+    ledger: str | os.PathLike | None = None,
+) -> Diagnosis:
+    """Diagnose a run from its event log and the incident records of its job folder.
 
     Args:
-        path: a run's ``events.jsonl``: step reports (lines without an "event" key or with
-            ``"event": "step"``) and ``"event": "validation"`` lines with "step" and "loss".
+        path: a run's ``events.jsonl`` (or the run folder holding it): step reports (lines
+            without an "event" key or with ``"event": "step"``) and ``"event": "validation"``
+            lines with "step" and "loss".
+        job_dirs: folders holding the job's ``incidents/`` besides the run folder and the
+            ledger's (the shared ``checkpoint_dir``, when it is elsewhere).
+        ledger: the watchdog's ledger, whose folder is the checkpoint folder (default: found in
+            or below the run folder).
 
     Returns:
         The Diagnosis.
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: the file cannot be read, or a folder of ``job_dirs`` is not one.
         ValueError: a line is not JSON, or the log holds no step report.
     """
+    if os.path.isdir(path):
+        path = os.path.join(path, "events.jsonl")
+    incidents, problems = read_incidents(
+        job_folders(os.path.dirname(os.path.abspath(path)), job_dirs, ledger=ledger)
+    )
     verdicts: list[Mapping[str, Any]] = []
     losses: list[tuple[int, float]] = []
     validation: list[tuple[int, float]] = []
@@ -262,10 +314,32 @@ def diagnose_events(path: str | os.PathLike) -> Diagnosis:
             validation.append((int(event["step"]), json_number(event.get("loss"))))
         elif kind == "step" and "step" in event:
             losses.append((int(event["step"]), json_number(event.get("loss", math.nan))))
-            verdicts += [v for v in event.get("verdicts") or [] if isinstance(v, dict)]
+            verdicts += [
+                _with_loss_ranks(v, event.get("nonfinite_ranks"))
+                for v in event.get("verdicts") or []
+                if isinstance(v, dict)
+            ]
     if not losses:
         raise ValueError(f"{path}: no step reports in the event log")
-    return diagnose(verdicts, losses, validation)
+    diagnosis = diagnose(verdicts, losses, validation, incidents)
+    diagnosis.incidents += [f"unreadable: {p}" for p in problems]
+    return diagnosis
+
+
+def _with_loss_ranks(verdict: dict[str, Any], ranks: Any) -> dict[str, Any]:
+    """A non-finite loss verdict with the ranks whose own loss was NaN/Inf (the step report's
+    ``nonfinite_ranks``) in its evidence, where the verdict does not name them itself."""
+    evidence = verdict.get("evidence")
+    if (
+        verdict.get("pattern") != P.NONFINITE_LOSS
+        or not isinstance(ranks, list)
+        or not ranks
+        or not isinstance(evidence, dict)
+        or "ranks" in evidence
+        or "rank" in evidence
+    ):
+        return verdict
+    return {**verdict, "evidence": {**evidence, "ranks": ranks}}
 
 
 def _as_dict(v: Any) -> dict[str, Any] | None:

@@ -1,13 +1,17 @@
 """The run report: plots of a finished (or running) run and one HTML page with its diagnosis.
 
     torchvitals report torchvitals_runs/<run>          # the folder holding events.jsonl
+    torchvitals report torchvitals_runs/<run> --job-dir ckpt   # incidents/ and goodput/ there
 
-Read from what the run left behind: the event log (every step report rank 0 wrote) and, when
-found, the watchdog's ledger (checkpoints, rollbacks, LR scale, skipped batches). Writes into the
+Read from what the run left behind: the event log (every step report rank 0 wrote), when found
+the watchdog's ledger (checkpoints, rollbacks, LR scale, skipped batches), and the job folder's
+incident records and goodput accounting (``jobrecords.py`` says where it looks). Writes into the
 run folder ``loss.png`` (with verdict and rollback markers), ``grad_norm.png`` (per block),
 ``update_ratio.png`` (per block, against the healthy 1e-3 band) and ``activations.png`` (abs max
-per block), and ``report.html``, a page that needs nothing but those files beside it. The
-diagnosis is ``diagnose_events`` on the same log, as ``torchvitals diagnose`` prints it.
+per block), ``incidents.png`` (the incident timeline) and ``badput.png`` (the wall time by
+cause) when there are incidents and goodput records, and ``report.html``, a page that needs
+nothing but those files beside it. The diagnosis is ``diagnose_events`` on the same log and
+records, as ``torchvitals diagnose`` prints it.
 
 Steps repeat after a rollback (training resumes from the checkpoint's step): every plot draws the
 abandoned branch faded and dashed, and the branch the run kept solid.
@@ -23,13 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...protocol import LEDGER_FILE
+from ...goodput import Goodput
+from ...incidents import Incident
 from ..detect.verdict import CRITICAL, HOT_LR, INFO, WARNING
 from ..jsonsafe import json_number
 from ..outputs.eventlog import read_events
 from ..recover.ledger import Ledger
 from ..report import Action, Rollback
 from .diagnose import Diagnosis, diagnose_events
+from .incidentplots import goodput_html, incidents_html, plot_badput, plot_incidents
+from .jobrecords import JobRecords, find_ledger, read_job_records
 
 PLOTS = ("loss", "grad_norm", "update_ratio", "activations")
 HEALTHY_BAND = (10**-3.5, 10**-2.5)
@@ -45,7 +52,7 @@ class RunReport:
     run_dir: Path
     html: Path
     images: dict[str, Path]
-    """Plot name (PLOTS) -> its PNG."""
+    """Plot name (PLOTS, then "incidents" and "badput" when drawn) -> its PNG."""
     diagnosis: Diagnosis
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
     """The rollbacks as the ledger records them (or the event log, without a ledger)."""
@@ -55,6 +62,16 @@ class RunReport:
     skipped: list[list[int]] = field(default_factory=list)
     healthy_at_end: bool | None = None
     """Whether the run ended healthy, when the caller knows it (None: unknown)."""
+    records: JobRecords | None = None
+    """The job folder's incidents and goodput (None: not read)."""
+
+    @property
+    def incidents(self) -> tuple[Incident, ...]:
+        return self.records.incidents if self.records is not None else ()
+
+    @property
+    def goodput(self) -> Goodput | None:
+        return self.records.goodput if self.records is not None else None
 
     def render_summary(self) -> str:
         """A few lines for a terminal: the outcome, the rollbacks and the diagnosis."""
@@ -75,15 +92,19 @@ class RunReport:
             f"lr scale {r['lr_scale']:g}, {_skipped(r['skipped'])}"
             for r in self.rollbacks
         ]
+        if self.goodput is not None:
+            g = self.goodput
+            worst = max(g.badput, key=lambda c: g.badput[c]) if g.badput else None
+            lines.append(
+                f"goodput {g.goodput:.1%} of {g.wall_seconds:.1f} s wall"
+                + (
+                    f", most badput: {worst} ({g.badput[worst]:.1f} s)"
+                    if worst is not None and g.badput[worst] > 0
+                    else ""
+                )
+            )
+        lines += [f"incident: {i.line()}" for i in self.incidents]
         return "\n".join([*lines, "diagnosis:", self.diagnosis.render()])
-
-
-def find_ledger(run_dir: Path) -> Path | None:
-    """The ledger of a run folder: ``ledger.json`` in it or in one of its sub-folders."""
-    for path in [run_dir / LEDGER_FILE, *sorted(run_dir.glob(f"*/{LEDGER_FILE}"))]:
-        if path.is_file():
-            return path
-    return None
 
 
 def write_report(
@@ -93,6 +114,7 @@ def write_report(
     out_dir: str | os.PathLike | None = None,
     healthy_at_end: bool | None = None,
     facts: Sequence[tuple[str, str]] = (),
+    job_dirs: Sequence[str | os.PathLike] = (),
 ) -> RunReport:
     """Plot a run and write its HTML page.
 
@@ -102,25 +124,29 @@ def write_report(
         out_dir: where the PNGs and ``report.html`` go (default: ``run_dir``).
         healthy_at_end: whether the run ended healthy, when the caller knows (the demo does).
         facts: more (name, value) rows for the page's table, first (the demo's injected fault).
+        job_dirs: folders holding the job's ``incidents/`` and ``goodput/`` besides the run
+            folder and the ledger's (the shared ``checkpoint_dir``, when it is elsewhere).
 
     Returns:
         The RunReport.
 
     Raises:
-        OSError: the event log cannot be read.
+        OSError: the event log cannot be read, or a folder of ``job_dirs`` is not one.
         ValueError: the event log is corrupt or holds no step report.
     """
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir
     out.mkdir(parents=True, exist_ok=True)
     events_path = run_dir / "events.jsonl"
-    diagnosis = diagnose_events(events_path)  # raises on a missing, corrupt or empty log
+    ledger_path = Path(ledger) if ledger is not None else find_ledger(run_dir)
+    records = read_job_records(run_dir, job_dirs, ledger=ledger_path)
+    # raises on a missing, corrupt or empty log
+    diagnosis = diagnose_events(events_path, job_dirs=job_dirs, ledger=ledger_path)
     steps = [
         e
         for e in read_events(events_path)
         if isinstance(e, dict) and e.get("event", "step") == "step" and "step" in e
     ]
-    ledger_path = Path(ledger) if ledger is not None else find_ledger(run_dir)
     book = Ledger(ledger_path, writer=False).load() if ledger_path is not None else None
     rollbacks = (
         [e for e in book.entries if e["event"] == "rollback"]
@@ -153,6 +179,17 @@ def write_report(
         else [list(r["skipped"]) for r in rollbacks if r["skipped"]],
     )
     report.images = _plots(steps, out)
+    report.records = records
+    if records.incidents:
+        g = records.goodput
+        report.images["incidents"] = plot_incidents(
+            records.incidents,
+            out / "incidents.png",
+            started_at=g.started_at if g is not None else None,
+            ended_at=g.ended_at if g is not None else None,
+        )
+    if records.goodput is not None:
+        report.images["badput"] = plot_badput(records.goodput, out / "badput.png")
     report.healthy_at_end = healthy_at_end
     report.html.write_text(_page(report, steps, book, facts), encoding="utf-8")
     return report
@@ -374,6 +411,10 @@ def _page(
     ]
     if report.healthy_at_end is not None:
         facts.append(("finished healthy", "yes" if report.healthy_at_end else "no"))
+    if report.records is not None:
+        facts.append(("incidents", len(report.incidents)))
+    if report.goodput is not None:
+        facts.append(("goodput", f"{report.goodput.goodput:.1%}"))
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in facts)
     timeline = []
     for e in steps:
@@ -397,6 +438,13 @@ def _page(
     images = "".join(
         f"<h2>{esc(name.replace('_', ' '))}</h2><img src='{esc(path.name)}' alt='{esc(name)}'>"
         for name, path in report.images.items()
+        if name in PLOTS
+    )
+    disruptions = (
+        incidents_html(report.records, report.images.get("incidents"))
+        + goodput_html(report.records, report.images.get("badput"))
+        if report.records is not None
+        else ""
     )
     title = f"torchvitals run report: {report.run_dir.name}"
     return f"""<!doctype html>
@@ -406,6 +454,7 @@ def _page(
 <table>{rows}</table>
 <h2>diagnosis</h2>
 <pre>{esc(report.diagnosis.render())}</pre>
+{disruptions}
 <h2>verdicts and rollbacks</h2>
 <ul>{"".join(timeline) or "<li>none</li>"}</ul>
 {images}

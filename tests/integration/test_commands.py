@@ -106,6 +106,7 @@ def test_the_torch_free_commands_run_where_torch_cannot_be_imported(tmp_path):
         (("torchvitals.collector", "--help"), "--state-dir"),
         (("torchvitals", "diagnose", str(run / "events.jsonl")), "cause:"),
         (("torchvitals", "report", str(run)), "report.html"),
+        (("torchvitals", "report", str(run), "--job-dir", str(run / "ckpt")), "report.html"),
     ]:
         out = _without_torch(tmp_path, *args)
         assert out.returncode == 0 and expect in out.stdout, (args, out.stderr[-2000:])
