@@ -353,7 +353,6 @@ class _Disruption:
     attempt: int | None
     at: int
     lost: int = 0
-    open: bool = True
 
 
 class _Steps:
@@ -379,6 +378,8 @@ class _Steps:
         self.head_lost = 0
         """Non-productive microseconds from this process's start to its first productive step."""
         self.rollbacks: list[_Disruption] = []
+        self._open: _Disruption | None = None
+        """The rollback whose cost is still being counted (until a step is new again)."""
         self.problems: list[str] = []
 
     def first_time(self) -> float | None:
@@ -422,15 +423,18 @@ class _Steps:
             return
         whole = data.rfind(b"\n") + 1  # a line cut short stays unread until it is whole
         self.offset += whole
-        for raw in data[:whole].splitlines():
+        for raw in data[:whole].decode("utf-8", errors="replace").split("\n")[:-1]:
             self.line_no += 1
-            where = f"{self.path}:{self.line_no}"
             try:
-                self._line(_parse(raw), where)
+                record = _parse(raw)
+                if record.get("e") == "step":
+                    self._step(record)
+                else:
+                    self._line(record)
             except ValueError as exc:
-                self.problems.append(f"{where}: {exc}")
+                self.problems.append(f"{self.path}:{self.line_no}: {exc}")
 
-    def _line(self, record: dict[str, Any], where: str) -> None:
+    def _line(self, record: dict[str, Any]) -> None:
         kind = record.get("e")
         if kind == "start":
             if self.begin is not None:
@@ -438,20 +442,29 @@ class _Steps:
             at, load = _time(record, "t"), _duration(record, "load", optional=True)
             self.start, self.begin, self.end = at, at - load, at
             self._add("checkpoint", load)
-        elif kind == "step":
-            self._step(record)
         else:
             raise ValueError(f"not a step file's record (e={kind!r:.40})")
 
     def _step(self, record: dict[str, Any]) -> None:
-        step = record.get("s")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"s: expected a step number, got {step!r:.40}")
-        end, d = _time(record, "t"), _duration(record, "d")
-        w, c = _duration(record, "w", optional=True), _duration(record, "c", optional=True)
-        action = record.get("x", "step")
-        if not isinstance(action, str):
-            raise ValueError(f"x: expected a string, got {action!r:.40}")
+        # The hot loop of a long job's file (a million lines): one check per value here, the
+        # words of what is wrong only for a line that fails it.
+        step: Any = record.get("s")
+        end: Any = record.get("t")
+        d: Any = record.get("d")
+        w: Any = record.get("w") or 0
+        c: Any = record.get("c") or 0
+        action = record.get("x")
+        if not (
+            type(step) is int
+            and step >= 0
+            and _fine(end)
+            and _fine(d)
+            and _fine(w)
+            and _fine(c)
+            and (action is None or type(action) is str)
+        ):
+            _step_problem(record)
+        end, d, w, c = round(end * _US), round(d * _US), round(w * _US), round(c * _US)
         begin = end - d
         if self.end is None:
             self.begin = begin
@@ -464,40 +477,64 @@ class _Steps:
         c = min(c, d)
         w = min(w, d - c)
         work = d - c - w
-        productive = action != "rollback" and step > self.hwm
+        rollback = action == "rollback"
+        productive = not rollback and step > self.hwm
         if productive:
-            for r in self.rollbacks:
-                r.open = False
+            self._open = None
             self.productive_seen = True
-        elif action == "rollback":
-            for r in self.rollbacks:  # a second rollback before the first recovered: its own
-                r.open = False
-            self.rollbacks.append(_Disruption("rollback", self.attempt, end - d))
-        self._add("data_wait", w)
-        self._add("checkpoint", c)
-        self._add(_PRODUCTIVE if productive else "lost_progress", work)
-        if action != "rollback":
+        elif rollback:  # a second rollback before the first recovered: a disruption of its own
+            self._open = _Disruption("rollback", self.attempt, begin)
+            self.rollbacks.append(self._open)
+        parts = self.parts
+        parts["data_wait"] += w
+        parts["checkpoint"] += c
+        parts[_PRODUCTIVE if productive else "lost_progress"] += work
+        lost = w + c + (0 if productive else work)
+        if not self.productive_seen:
+            self.head_lost += lost
+        if self._open is not None:
+            self._open.lost += lost
+        if not rollback:
             self.steps += 1
-            self.hwm = max(self.hwm, step)
+            if step > self.hwm:
+                self.hwm = step
         self.end = end
 
     def _add(self, cause: str, us: int) -> None:
+        """Badput outside a step's own parts (a checkpoint load, a gap between steps)."""
         self.parts[cause] += us
-        if cause == _PRODUCTIVE:
-            return
         if not self.productive_seen:
             self.head_lost += us
-        for r in self.rollbacks:
-            if r.open:
-                r.lost += us
+        if self._open is not None:
+            self._open.lost += us
 
 
-def _parse(raw: bytes) -> dict[str, Any]:
+def _fine(value: Any) -> bool:
+    """A finite, non-negative number (NaN fails both comparisons)."""
+    return (type(value) is float or type(value) is int) and 0 <= value < math.inf
+
+
+def _step_problem(record: dict[str, Any]) -> None:
+    """Raise what is wrong with a step line that failed ``_fine``, naming the field."""
+    step = record.get("s")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"s: expected a step number, got {step!r:.40}")
+    _time(record, "t")
+    _duration(record, "d")
+    _duration(record, "w", optional=True)
+    _duration(record, "c", optional=True)
+    raise ValueError(f"x: expected a string, got {record.get('x')!r:.40}")
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _parse(raw: str | bytes) -> dict[str, Any]:
     try:
-        record = json.loads(raw)
+        record = _DECODER.decode(raw) if isinstance(raw, str) else json.loads(raw)
     except ValueError:
         raise ValueError(f"not JSON: {raw[:60]!r}") from None
-    if not isinstance(record, dict):
+    if type(record) is not dict:
         raise ValueError("not a JSON object")
     return record
 
@@ -805,9 +842,7 @@ def _sweep(pieces: list[_Piece]) -> tuple[dict[str, int], list[_Disruption], int
     current: _Disruption | None = None
     for i in order:
         p = pieces[i]
-        if p.opens is not None:
-            if current is not None:
-                current.open = False
+        if p.opens is not None:  # a new fault: the one before it stops counting
             current = p.opens
             disruptions.append(current)
         if p.start > cursor:
@@ -832,7 +867,6 @@ def _sweep(pieces: list[_Piece]) -> tuple[dict[str, int], list[_Disruption], int
                     p.proc.head_lost, sum(p.parts.values()) - p.parts.get(_PRODUCTIVE, 0)
                 )
                 if p.proc.productive_seen:
-                    current.open = False
                     current = None
         cursor = max(cursor, p.end)
     totals = dict.fromkeys((_PRODUCTIVE, *CAUSES), 0)
