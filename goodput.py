@@ -16,6 +16,43 @@ flushed one at a time (a crash loses at most the line being written):
   wait for the other nodes before each attempt, each attempt's start and end (and how it ended,
   and when the fault was detected), and the end of the job.
 
+How the records become seconds (the rules ``account`` applies):
+
+- The wall clock runs from the job's first record (the earliest supervisor wait or attempt
+  start, or the first process's start, less the checkpoint load it reports) to its last (the
+  last supervisor attempt end or end line, or the last step's end, whichever is later). Node
+  0's supervisor file is the job's clock of attempts (every node writes the same attempts);
+  another node's when node 0 wrote none.
+- A step line covers [t - d, t]: its ``w`` is data_wait, its ``c`` checkpoint (both clamped
+  into d), and the rest is productive when its step number is above the job's high-water mark
+  (the highest step completed before it, across every attempt and process, in time order),
+  else lost_progress: work done again after a rollback or a crash. A rollback line's rest is
+  lost_progress too (its ``c`` is the restore) and does not raise the mark. Each line only
+  adds seconds, so the figures only grow while a job runs: they can be live counters.
+- A process's start line: the ``load`` seconds before it are checkpoint. Steps of one process
+  that overlap (rounding) are clipped to the previous step's end; a gap between them is
+  unattributed.
+- Per attempt: the supervisor's wait [t0, t1] is peers; [attempt start, first process start]
+  is startup. Between two processes of one attempt (torchrun restarted its workers), the old
+  one's last step end to the new one's start is restart, the new one's own startup included
+  (a restart's startup is the restart's cost). A failed attempt: its last step end (its last
+  process's start without steps) to the supervisor's ``detected`` is detection, ``detected``
+  to the attempt's end is restart; an attempt that failed before any process started spent
+  its time to ``detected`` in startup. A successful attempt's last step end to its end is
+  teardown; so are, once the supervisor wrote its end line, the failed last attempt's
+  ``detected`` to its end, and the last attempt's end to the end line. Between an attempt's
+  end and the next wait (or the next attempt's start) is restart; without supervisors,
+  between one process's last step and the next process's start.
+- Whatever none of the above covers is unattributed: gaps, and time that two of them claim
+  (each claim's overlap moves there), so productive + sum(badput) == wall exactly (every sum
+  is taken in whole microseconds).
+- An incident's lost seconds are its record's; a record without them gets what the accounting
+  finds: the badput from the fault (a failed attempt's last step, a rollback, a restart of the
+  workers) until a step is productive again, matched to the record by attempt, kind and time.
+- A last line cut short by a crash is dropped silently (a line is read once it is whole); any
+  other line that is not a record, or whose values make no sense (not finite, a negative
+  duration, an end before its start), is named in ``problems`` and skipped.
+
 Torch-free: the agent, the supervisor and the command line all import it.
 """
 
@@ -186,44 +223,6 @@ class SupervisorTimeline:
 
 
 # ---------------------------------------------------------------- the accounting
-#
-# How the records become seconds (the rules ``account`` applies; they are the module's contract):
-#
-# - The wall clock runs from the job's first record (the earliest supervisor wait or attempt
-#   start, or the first process's start, less the checkpoint load it reports) to its last (the
-#   last supervisor attempt end or end line, or the last step's end, whichever is later). Node
-#   0's supervisor file is the job's clock of attempts (every node writes the same attempts);
-#   another node's when node 0 wrote none.
-# - A step line covers [t - d, t]: its ``w`` is data_wait, its ``c`` checkpoint (both clamped
-#   into d), and the rest is productive when its step number is above the job's high-water mark
-#   (the highest step completed before it, across every attempt and process, in time order),
-#   else lost_progress: work done again after a rollback or a crash. A rollback line's rest is
-#   lost_progress too (its ``c`` is the restore) and does not raise the mark. Each line only
-#   adds seconds, so the figures only grow while a job runs: they can be live counters.
-# - A process's start line: the ``load`` seconds before it are checkpoint. Steps of one process
-#   that overlap (rounding) are clipped to the previous step's end; a gap between them is
-#   unattributed.
-# - Per attempt: the supervisor's wait [t0, t1] is peers; [attempt start, first process start]
-#   is startup. Between two processes of one attempt (torchrun restarted its workers), the old
-#   one's last step end to the new one's start is restart, the new one's own startup included
-#   (a restart's startup is the restart's cost). A failed attempt: its last step end (its last
-#   process's start without steps) to the supervisor's ``detected`` is detection, ``detected``
-#   to the attempt's end is restart; an attempt that failed before any process started spent
-#   its time to ``detected`` in startup. The final attempt of an ended job: last step end to
-#   its end is teardown (a failed one's detection comes first), and so is its end to the
-#   supervisor's end line. Between an attempt's end and the next wait (or the next attempt's
-#   start) is restart; without supervisors, between one process's last step and the next
-#   process's start.
-# - Whatever none of the above covers is unattributed: gaps, and time that two of them claim
-#   (each claim's overlap moves there), so productive + sum(badput) == wall exactly (every sum
-#   is taken in whole microseconds).
-# - An incident's lost seconds are its record's; a record without them gets what the accounting
-#   finds: the badput from the fault (a failed attempt's last step, a rollback, a restart of the
-#   workers) until a step is productive again, matched to the record by attempt, kind and time.
-# - A last line cut short by a crash is dropped silently (a line is read once it is whole); any
-#   other line that is not a record, or whose values make no sense (not finite, a negative
-#   duration, an end before its start), is named in ``problems`` and skipped.
-
 CAUSES = (
     "startup",
     "checkpoint",
