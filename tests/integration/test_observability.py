@@ -7,11 +7,10 @@ checkpoint folder: its NaN fires TorchvitalsLossNonFinite, Alertmanager delivers
 collector issues a rollback directive and the job takes it. Every dashboard panel's PromQL, with
 the dashboard's variables substituted, returns data from the live Prometheus.
 
-Job "vitals" has a third target: ``StandInSupervisor``, node 0's supervisor's goodput series and
-incident counter, made here with prometheus_client under the names the supervisor exports (this
-test runs the job under torchrun, not ``torchvitals supervise``). Its hang incident is born
-mid-run, so the incident alert and the dashboard's incident annotation are proven on a counter
-series that starts at 1.
+Job "vitals" has a third target: node 0's supervisor's metrics and goodput exporter, fed by its
+own incident and timeline writers (``NodeZeroSupervisor``). Its hang incident is born mid-run, so
+the incident alert and the dashboard's incident annotation are proven on a counter series that
+starts at 1.
 
 The static checks (promtool, amtool, the rule and dashboard conventions) need no server.
 """
@@ -26,13 +25,13 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import start_http_server
 from promstack import (
     ALERTMANAGER_CONFIG,
     DASHBOARDS,
@@ -47,6 +46,11 @@ from promstack import (
 from support.world import free_port
 
 from torchvitals.collector import CollectorConfig, CollectorServer
+from torchvitals.collector.supervisor.disruptions import Disruptions
+from torchvitals.collector.supervisor.goodput_export import GoodputCollector
+from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
+from torchvitals.goodput import StepTimeline
+from torchvitals.incidents import Culprit, Incident
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "observed_job.py"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
@@ -225,66 +229,77 @@ def test_the_provisioning_files_point_at_the_dashboards_and_a_prometheus():
 
 # ------------------------------------------------------------------ the live stack
 
-BADPUT_CAUSES = (
-    "startup",
-    "checkpoint",
-    "detection",
-    "restart",
-    "lost_progress",
-    "data_wait",
-    "peers",
-    "teardown",
-    "unattributed",
-)
 HANG_AFTER_S = 8.0
-"""When the stand-in supervisor's hang incident is born: after Prometheus has scraped it."""
+"""When node 0's supervisor sees the hang: after Prometheus has scraped its counters."""
 CULPRIT = {"kind": "hang", "rank": "1", "node": "0", "host": socket.gethostname()}
 
 
-class StandInSupervisor:
-    """Node 0's supervisor's goodput series and incident counter, computed from the clock at each
-    scrape: 2 s of startup, then training until a hang of rank 1 at ``HANG_AFTER_S`` costs 1 s of
-    detection and 2 s of restart. Productive plus badput is the wall time, as in the real
-    accounting."""
+class NodeZeroSupervisor:
+    """Node 0's supervisor as Prometheus scrapes it: its real metrics (``SupervisorMetrics``,
+    the incident counter with them) and goodput exporter (``GoodputCollector`` over the job's
+    folder), fed by its real writers (``Disruptions``: the incident record and the goodput
+    timeline) and global rank 0's step timeline, written here as time passes: attempt 1 trains a
+    step every 0.25 s until rank 1 hangs at ``HANG_AFTER_S``; attempt 2 resumes 4 steps back.
+    This test runs its jobs under torchrun, not ``torchvitals supervise``, so the supervisor's
+    part is played here with its own code."""
 
-    def __init__(self) -> None:
-        self.start = time.time()
+    def __init__(self, folder: Path) -> None:
+        self.metrics = SupervisorMetrics()
+        self.metrics.registry.register(GoodputCollector(folder, refresh_s=0))
+        self.book = Disruptions(folder, node=0, host=CULPRIT["host"], metrics=self.metrics)
+        self.folder = folder
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="node0-supervisor", daemon=True)
 
-    def collect(self):
-        now = time.time()
-        wall = max(now - self.start, 1e-3)
-        after = max(0.0, now - self.start - HANG_AFTER_S)
-        badput = dict.fromkeys(BADPUT_CAUSES, 0.0)
-        badput.update(
-            startup=min(wall, 2.0), detection=min(after, 1.0), restart=min(max(after - 1, 0), 2.0)
-        )
-        productive = wall - sum(badput.values())
-        yield GaugeMetricFamily(
-            "torchvitals_supervisor_goodput_ratio",
-            "Productive seconds over wall seconds.",
-            value=productive / wall,
-        )
-        yield CounterMetricFamily(
-            "torchvitals_supervisor_productive_seconds",
-            "Wall seconds spent in steps that count.",
-            value=productive,
-        )
-        family = CounterMetricFamily(
-            "torchvitals_supervisor_badput_seconds",
-            "Wall seconds lost, by cause.",
-            labels=["cause"],
-        )
-        for cause, seconds in badput.items():
-            family.add_metric([cause], seconds)
-        yield family
-        incidents = CounterMetricFamily(
-            "torchvitals_supervisor_incidents",
-            "Incidents this supervisor recorded, by kind and culprit.",
-            labels=list(CULPRIT),
-        )
-        if after > 0:
-            incidents.add_metric(list(CULPRIT.values()), 1.0)
-        yield incidents
+    def serve(self, port: int) -> NodeZeroSupervisor:
+        self.server, _ = start_http_server(port, addr="127.0.0.1", registry=self.metrics.registry)
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.server.shutdown()
+        self.server.server_close()
+        self.book.close()
+
+    def _run(self) -> None:
+        t0 = time.time()
+        self.book.timeline.waited(1, start=t0, end=t0 + 0.5)
+        steps = StepTimeline(self.folder, attempt=1, pid=101)
+        steps.start(at=t0 + 1.5, resumed=0)
+        step, last, attempt = 0, t0 + 1.5, 1
+        while not self.stop.wait(0.25):
+            now = time.time()
+            if attempt == 1 and now - t0 >= HANG_AFTER_S:
+                self.book.record(
+                    Incident(
+                        kind=CULPRIT["kind"],
+                        key="hang-a0001",
+                        step=step,
+                        culprit=Culprit(rank=1, node=0, host=CULPRIT["host"], pid=4711),
+                        cause="rank 1 is stopped (SIGSTOP)",
+                        detected_at=now,
+                        localized_at=now,
+                        attempt=1,
+                        writer="supervisor node 0",
+                    ),
+                    last_advance=last,
+                )
+                self.book.timeline.attempt(
+                    1, start=t0 + 0.5, end=now + 1, reason="hang", status=-15, detected=now
+                )
+                steps.close()
+                self.book.timeline.waited(2, start=now + 1, end=now + 1.5)
+                steps = StepTimeline(self.folder, attempt=2, pid=202)
+                steps.start(at=now + 2.5, resumed=max(0, step - 4), load_seconds=0.5)
+                step, last, attempt = max(0, step - 4), now + 2.5, 2
+                self.stop.wait(2.5)
+                continue
+            step += 1
+            steps.step(step, end=now, seconds=now - last)
+            last = now
+        steps.close()
 
 
 def free_base_port() -> int:
@@ -383,10 +398,8 @@ def stack(tmp_path_factory):
         route.update(group_interval="1s")
     servers: list = []
     jobs: list[subprocess.Popen] = []
-    registry = CollectorRegistry()
-    registry.register(StandInSupervisor())
     supervisor_port = free_port()
-    supervisor, _ = start_http_server(supervisor_port, addr="127.0.0.1", registry=registry)
+    supervisor = NodeZeroSupervisor(tmp / "job").serve(supervisor_port)
     try:
         am = Alertmanager(tmp / "am", am_config)
         servers.append(am)
@@ -473,8 +486,7 @@ def stack(tmp_path_factory):
                 job.wait(10)
         for server in reversed(servers):
             server.stop()
-        supervisor.shutdown()
-        supervisor.server_close()
+        supervisor.close()
         collector.stop()
 
 
