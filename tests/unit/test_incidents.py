@@ -43,10 +43,12 @@ def incident(key: str = "hang-a0002", **changes) -> Incident:
 RACER = """
 import json, sys, time
 from torchvitals.incidents import Culprit, Incident, IncidentLog
-folder, me, go = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+from pathlib import Path
+folder, me = sys.argv[1], int(sys.argv[2])
 log = IncidentLog(folder, limit=100_000)
-while time.time() < go:
-    pass
+Path(folder, f"ready-{me}").touch()  # both start together: the race is on every key
+while not Path(folder, f"ready-{1 - me}").exists():
+    time.sleep(0.001)
 won = [
     k for k in range(300)
     if log.record(Incident(kind="crash", key=f"crash-a{k:04d}", step=k, culprit=Culprit(node=me),
@@ -58,10 +60,9 @@ print(json.dumps(won))
 
 
 def test_two_processes_racing_on_the_same_keys_write_each_once(tmp_path):
-    go = time.time() + 2.0  # both are past their imports by then
     racers = [
         subprocess.Popen(
-            [sys.executable, "-c", RACER, str(tmp_path), str(me), str(go)],
+            [sys.executable, "-c", RACER, str(tmp_path), str(me)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
