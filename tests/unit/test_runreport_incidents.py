@@ -16,6 +16,8 @@ from matplotlib.image import imread
 
 from torchvitals.agent.outputs.eventlog import EventLog
 from torchvitals.agent.report import Report
+from torchvitals.agent.tools.incidentplots import goodput_html, incidents_html
+from torchvitals.agent.tools.jobrecords import read_job_records
 from torchvitals.agent.tools.runreport import write_report
 from torchvitals.goodput import CAUSES, StepTimeline, SupervisorTimeline, account
 from torchvitals.incidents import Culprit, Incident, IncidentLog
@@ -103,24 +105,13 @@ def test_the_report_draws_the_incidents_and_the_badput_of_a_job_folder_elsewhere
     assert report.diagnosis.culprit == "rank 3 (node 1, host h1): hung at step 90"
 
 
-def test_the_accounting_splits_the_two_attempts_as_the_records_say(tmp_path):
+def test_without_the_job_folder_the_sections_say_where_they_looked(tmp_path):
     run, ckpt = tmp_path / "runs" / "r", tmp_path / "ckpt"
     write_run(run, ckpt)
-    g = write_report(run, job_dirs=[ckpt]).goodput
-    assert g is not None and g.attempts == 2 and g.last_step == 250
-    assert math.isclose(g.productive_seconds + sum(g.badput.values()), g.wall_seconds)
-    # Steps 81..90 were done twice: the second time is lost progress, not productive.
-    assert g.badput["lost_progress"] >= 10.0 - 1e-6
-    assert g.badput["peers"] >= 4.0 - 1e-6
-
-
-def test_without_the_job_folder_the_page_says_where_it_looked(tmp_path):
-    run, ckpt = tmp_path / "runs" / "r", tmp_path / "ckpt"
-    write_run(run, ckpt)
-    report = write_report(run)
-    assert not report.incidents and report.goodput is None
-    assert "incidents" not in report.images and "badput" not in report.images
-    page = report.html.read_text()
-    assert "no incident records (looked in" in page and "--job-dir" in page
-    assert "no goodput records" in page
-    assert not (run / "incidents.png").exists()
+    records = read_job_records(run)
+    assert records.folders == (run,) and not records.incidents and records.goodput is None
+    incidents = incidents_html(records, None)
+    assert f"no incident records (looked in {run}" in incidents and "--job-dir" in incidents
+    assert "no goodput records" in goodput_html(records, None)
+    # Named, the checkpoint folder is looked in first.
+    assert read_job_records(run, [ckpt]).folders == (ckpt, run)
