@@ -393,10 +393,12 @@ class _Steps:
         try:
             record = json.loads(line)
             if record.get("e") == "start":
-                return float(record["t"]) - float(record.get("load", 0.0))
-            return float(record["t"]) - float(record.get("d", 0.0))
+                at = float(record["t"]) - float(record.get("load", 0.0))
+            else:
+                at = float(record["t"]) - float(record.get("d", 0.0))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
+        return at if math.isfinite(at) else None
 
     def fold(self, hwm_in: int) -> None:
         """Read the lines added since the last call, the high-water mark before this process
