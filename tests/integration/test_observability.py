@@ -136,6 +136,10 @@ def test_every_alert_follows_the_conventions_and_has_a_runbook_section():
         "TorchvitalsRollbacksTooFrequent": "critical",
         "TorchvitalsStraggler": "warning",
         "TorchvitalsAgentDown": "critical",
+        "TorchvitalsIncident": "critical",
+        "TorchvitalsIncidentWarning": "warning",
+        "TorchvitalsGoodputLow": "warning",
+        "TorchvitalsBadput": "warning",
     }
     assert {
         a["alert"]: a["labels"]["severity"] for a in alerts() if a["alert"] in expected
