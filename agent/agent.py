@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -30,7 +31,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..protocol import CHECKPOINT, REFUSED, TRAIN, token_from_env
+from ..goodput import StepTimeline
+from ..incidents import IncidentLog
+from ..protocol import ATTEMPT_ENV, CHECKPOINT, REFUSED, TRAIN, token_from_env
 from .backends import OptimizerBackend, choose
 from .backends.optimizers import Optimizers
 from .backends.wrappers import unwrap_scheduler
@@ -46,7 +49,9 @@ from .measure.loss import LossBook
 from .measure.reduce import Reducer
 from .measure.stages import Agreed, agree
 from .measure.stats import local
+from .outputs.incidents import IncidentWriter, gather_places, supervisor_attempt
 from .outputs.sinks import Outputs, Sink
+from .outputs.timeline import Timeline
 from .patches import AttributePatch, PatchSet
 from .recover.batches import SkipAwareBatches
 from .recover.directives import DirectivePoller
@@ -102,6 +107,11 @@ class Agent:
     loss_book: LossBook
     """Where each step's loss comes from (``record_loss``, the model's outputs)."""
     heartbeat: Heartbeat | None
+    incidents: IncidentWriter | None
+    """Global rank 0's incident records in the job's folder (None on the other ranks, and
+    without a checkpoint or log folder)."""
+    timeline: Timeline | None
+    """Global rank 0's step records for the goodput accounting (likewise)."""
     watchdog: Watchdog | None
     """Checkpoints and rollbacks (None without ``checkpoint_dir``)."""
     poller: DirectivePoller | None
@@ -244,11 +254,13 @@ class Agent:
             self.watchdog.on_phase = lambda phase: heartbeat.beat(phase=phase)
         if self.heartbeat is not None:
             self.heartbeat.beat(0, CHECKPOINT if self.watchdog is not None else TRAIN)
+        loading = time.time()
         self.resumed_from = (
             self.watchdog.resume(model, self.state_holder, self.scheduler)
             if self.watchdog is not None
             else None
         )
+        loaded = time.time() - loading if self.resumed_from is not None else 0.0
         if self.heartbeat is not None:
             self.heartbeat.beat(0, TRAIN)
         built.callback(
@@ -270,6 +282,7 @@ class Agent:
         self.signals = self._signals(signals)
         for signal in self.signals.all:
             built.callback(signal.close)
+        self.incidents, self.timeline = self._job_records(built, loaded)
         self.steps = Steps(self._step_deps(), step_count=self.resumed_from or 0)
         # Always on and O(1): the end of each forward pass, for per-rank compute time.
         built.callback(model.register_forward_hook(self.steps.on_forward).remove)
@@ -279,6 +292,40 @@ class Agent:
         self._patches.capture_clipping(self.capture_gradients, self.params)
         if self.steps.sampled(self.steps.step_count + 1):
             self.steps.arm()
+
+    def _job_records(
+        self, built: contextlib.ExitStack, load_seconds: float
+    ) -> tuple[IncidentWriter | None, Timeline | None]:
+        """Global rank 0's incidents and goodput step records, in the job's folder (the
+        checkpoint folder, else the run's); every rank first says who it is (one gather, here
+        and never again)."""
+        config = self.config
+        if not (config.checkpoint_dir or config.log_dir):  # the same on every rank
+            return None, None
+        places = gather_places(self.group, self.rank, self.world_size)
+        folder = config.checkpoint_dir or self.run_dir
+        if self.rank != 0 or folder is None:
+            return None, None
+        attempt = supervisor_attempt()
+        exporter = self.outputs.exporter
+        incidents = IncidentWriter(
+            IncidentLog(folder),
+            places,
+            attempt=attempt,
+            supervised=ATTEMPT_ENV in os.environ,
+            on_record=lambda i: exporter.count_incident(
+                i.kind, i.culprit.rank, i.culprit.node, i.culprit.host
+            ),
+        )
+        built.callback(incidents.close)
+        timeline = Timeline(
+            StepTimeline(folder, attempt=attempt),
+            at=time.time(),
+            resumed=self.resumed_from or 0,
+            load_seconds=load_seconds,
+        )
+        built.callback(timeline.close)
+        return incidents, timeline
 
     def _stacks(self, folder: str, heartbeat: Heartbeat, built: contextlib.ExitStack) -> None:
         """Every thread's stack on the stack signal, for the supervisor (``recover/stacks.py``),
@@ -338,6 +385,8 @@ class Agent:
             outputs=self.outputs,
             heartbeat=self.heartbeat,
             poller=self.poller,
+            incidents=self.incidents,
+            timeline=self.timeline,
             loss_book=self.loss_book,
             model=self.model,
             optimizer=self.optimizer,

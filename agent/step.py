@@ -34,7 +34,9 @@ from .measure import scaler as amp
 from .measure.loss import LossBook
 from .measure.reduce import Packer, Reducer
 from .measure.stats import local
+from .outputs.incidents import IncidentWriter
 from .outputs.sinks import Outputs
+from .outputs.timeline import Timeline
 from .recover.directives import DirectivePoller
 from .recover.heartbeat import Heartbeat
 from .recover.watchdog import TrainingAborted, Watchdog
@@ -98,6 +100,10 @@ class StepDeps:
     outputs: Outputs
     heartbeat: Heartbeat | None
     poller: DirectivePoller | None
+    incidents: IncidentWriter | None
+    """Global rank 0's incident records (None elsewhere, and without a job folder)."""
+    timeline: Timeline | None
+    """Global rank 0's step records for the goodput accounting (likewise)."""
     loss_book: LossBook
     model: nn.Module
     optimizer: Any
@@ -229,8 +235,11 @@ class Steps:
         if laps:
             laps.lap("reduce")
 
-        # detect: the rules over the report, and a collector's order
+        # detect: the rules over the report (an incident written now, before any rollback), and a
+        # collector's order
         report.verdicts = d.detector.observe(report, seen)
+        if d.incidents is not None:
+            d.incidents.seen(report, d.detector.active.values())
         self._directive(report, CODES.get(seen.directive) if d.config.collector_url else None)
         self.losses.append((step, report.loss))
         self.ticks += 1
@@ -247,13 +256,21 @@ class Steps:
                 report, watchdog=d.watchdog is not None, skip_nonfinite=d.config.skip_nonfinite
             )
         )
+        checkpoint = 0.0  # seconds of the step spent in a restore or a save (goodput)
         if decision.action == Action.ROLLBACK:
+            start = d.clock()
             self._rollback(report, decision.reason)
+            checkpoint = d.clock() - start
         elif decision.action == Action.SKIP:
             report.action = Action.SKIP
         else:
             self._optimizer_step(report, inp, laps)
+            start = d.clock()
             self._save(report, inp)
+            if report.checkpoint.saved:
+                checkpoint = d.clock() - start
+        if d.incidents is not None:
+            d.incidents.acted(report)
         if scaler is not None:
             amp.finish(
                 scaler, d.optimizer, overflow=report.action != Action.STEP, update=inp.update_scaler
@@ -268,6 +285,8 @@ class Steps:
         self._publish(report)
         if d.heartbeat is not None:
             d.heartbeat.beat(self.ticks)
+        if d.timeline is not None:
+            d.timeline.step(report, checkpoint_seconds=checkpoint)
         self.last_end = d.clock()
         if laps is not None and self.stage_times is not None:
             laps.lap("publish")
@@ -411,13 +430,18 @@ class Steps:
     def _abort(self, report: Report, aborted: TrainingAborted, verdict: Verdict) -> NoReturn:
         """Publish the abort, tell the supervisor it is on purpose (torchrun turns every worker
         failure into exit status 1, so the exit code alone cannot say it), and raise."""
+        d = self.deps
         self.aborted = aborted
         report.verdicts.append(verdict)
-        self.deps.detector.history.append(verdict)
+        d.detector.history.append(verdict)
         report.action = Action.ABORT
+        if d.incidents is not None:
+            d.incidents.aborted(report, verdict)
         self._publish(report)
-        if self.deps.heartbeat is not None:
-            self.deps.heartbeat.beat(self.ticks, phase=ABORTED)
+        if d.heartbeat is not None:
+            d.heartbeat.beat(self.ticks, phase=ABORTED)
+        if d.timeline is not None:
+            d.timeline.step(report)
         raise aborted
 
     def _publish(self, report: Report) -> None:

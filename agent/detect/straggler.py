@@ -5,8 +5,13 @@ whatever the world size), so after the reduction each rank knows its own compute
 and the sum over all ranks, hence the mean of the others. A rank whose compute time stays at
 least ``straggler_factor`` times the others' mean (and ``straggler_min_seconds`` above it) for
 ``straggler_steps`` steps raises its flag, and its flag rides the next step's SUM as
-``[1, rank, rank², seconds, others' mean, steps, data wait]`` (its own wait for its batch, so
-the verdict can say whether data or compute made it slow). The sum of the flags, identical on every
+``[1, rank, rank², seconds, others' mean, steps, data wait, communication]`` (its own wait for
+its batch, so the verdict can say whether data or compute made it slow). A rank whose compute
+time is normal but whose whole step time stays as far above the others' is slow after its
+forward pass, where the backward's collectives are: it flags itself with ``communication`` 1 and
+its step times in ``seconds`` and ``others' mean``. (Under DDP the backward's all-reduce makes
+every rank wait for the slowest, so the step times agree and this rarely fires; it does where
+the ranks synchronise only in the agent's reduction.) The sum of the flags, identical on every
 rank, names one slow rank exactly (its rank is the sum), two exactly (from the sums of ranks and
 of their squares), and counts more. The verdict comes one step after the rank judged itself,
 the price of not sending every rank's time to every rank (at 16,384 ranks that was 32,768
@@ -25,8 +30,9 @@ from .rules import Rule
 from .thresholds import Thresholds
 from .verdict import STRAGGLER, WARNING, Verdict
 
-SLOTS = 7
-"""Floats a rank adds to the SUM: flag, rank, rank², seconds, others' mean, steps, data wait."""
+SLOTS = 8
+"""Floats a rank adds to the SUM: flag, rank, rank², seconds, others' mean, steps, data wait,
+communication."""
 
 
 class RankTiming:
@@ -47,26 +53,39 @@ class RankTiming:
         """What this rank adds to the step's SUM (zeros unless it is a straggler)."""
         return self._flag
 
-    def observe(self, own_seconds: float, total_seconds: float, data_wait: float = 0.0) -> None:
+    def observe(
+        self,
+        own_seconds: float,
+        total_seconds: float,
+        data_wait: float = 0.0,
+        step: tuple[float, float] | None = None,
+    ) -> None:
         """Judge this rank's compute time of the step against the mean of the others'.
 
         Args:
             own_seconds: this rank's compute time of the step.
             total_seconds: the sum over the ranks it is judged among (from the reduction).
             data_wait: this rank's wait for its batch in the step (part of its compute time).
+            step: this rank's whole step time and the others' mean of theirs, judged when its
+                compute time is not slow (None: compute only).
         """
         if self.world_size < 2:
             return
         others = (total_seconds - own_seconds) / (self.world_size - 1)
-        slow = (
-            own_seconds >= self.t.straggler_factor * others
-            and own_seconds - others >= self.t.straggler_min_seconds
-        )
+        judged, communication = (own_seconds, others), 0.0
+        if not self._slow(own_seconds, others) and step is not None and self._slow(*step):
+            judged, communication = step, 1.0
+        slow = self._slow(*judged)
         self.run = self.run + 1 if slow else 0
         self._flag = (
-            [*ranksum.encode(self.rank, 1.0), own_seconds, others, float(self.run), data_wait]
+            [*ranksum.encode(self.rank, 1.0), *judged, float(self.run), data_wait, communication]
             if self.run >= self.t.straggler_steps
             else [0.0] * SLOTS
+        )
+
+    def _slow(self, own: float, others: float) -> bool:
+        return (
+            own >= self.t.straggler_factor * others and own - others >= self.t.straggler_min_seconds
         )
 
 
@@ -106,29 +125,41 @@ class Straggler(Rule):
             "fired": "straggler_factor",
             "straggler_factor": self.t.straggler_factor,
         }
+        communication = len(flags) >= SLOTS and flags[7] / count >= 0.5
         return [
             straggler_cause(
                 Verdict(STRAGGLER, WARNING, report.step, None, dict(evidence, rank=r)),
                 flags[6] / count,
+                communication=communication,
             )
             for r in ranks
         ]
 
 
-def straggler_cause(verdict: Verdict, data_wait: float | None) -> Verdict:
-    """A straggler verdict with what made the rank slow: its own data wait, or compute.
+def straggler_cause(
+    verdict: Verdict, data_wait: float | None, *, communication: bool = False
+) -> Verdict:
+    """A straggler verdict with what made the rank slow: its own data wait, compute, or the time
+    after its forward pass (communication).
 
     Args:
         verdict: a ``straggler`` verdict (evidence ``seconds`` and ``others_mean``).
         data_wait: the slow rank's wait for its batch in the step (None when unknown).
+        communication: the rank's compute time was normal, its whole step time was not (then
+            ``seconds`` and ``others_mean`` are step times).
 
     Returns:
         The verdict, its evidence extended by ``data_wait_seconds`` and ``cause``: "data_wait"
-        when the wait accounts for at least half of the rank's excess over the others.
+        when the wait accounts for at least half of the rank's excess over the others,
+        "communication" when its compute was normal, else "compute".
     """
-    if data_wait is None:
+    if data_wait is None and not communication:
         return verdict
     excess = verdict.evidence["seconds"] - verdict.evidence["others_mean"]
-    cause = "data_wait" if data_wait >= 0.5 * excess else "compute"
+    wait = 0.0 if data_wait is None else data_wait
+    if wait >= 0.5 * excess and data_wait is not None:
+        cause = "data_wait"
+    else:
+        cause = "communication" if communication else "compute"
     evidence = {**verdict.evidence, "data_wait_seconds": data_wait, "cause": cause}
     return dataclasses.replace(verdict, evidence=evidence)

@@ -16,6 +16,7 @@ import logging
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -36,6 +37,8 @@ from .metrics import (
     BLOCK,
     CUSTOM,
     GROUP,
+    INCIDENT,
+    INCIDENT_LABELS,
     METRICS,
     PATTERN,
     RANK,
@@ -118,6 +121,7 @@ class Exporter:
         self._active: dict[str, int] = {}
         self._recovery: dict[str, float] | None = None
         self._replica_checks = 0
+        self._incidents: dict[tuple[str, str, str, str], int] = {}
         # Each histogram's per-bucket counts and sum; each report-summed counter's total.
         self._observed = [m for m in METRICS if m.kind == "histogram"]
         self._summed = [m for m in METRICS if m.from_report]
@@ -275,6 +279,14 @@ class Exporter:
                 self._active = active
             self._recovery = recovery
 
+    def count_incident(self, kind: str, rank: Any, node: Any, host: Any) -> None:
+        """One more incident of ``kind`` caused by the culprit (None: "" as its label)."""
+        labels = (kind, _label(rank), _label(node), _label(host))
+        with self._lock:
+            counts = dict(self._incidents)  # a new dict: a scrape reads it without the lock
+            counts[labels] = counts.get(labels, 0) + 1
+            self._incidents = counts
+
     def _render(self, accept: str) -> tuple[bytes, str]:
         """The registry's exposition text in the format ``accept`` asks for (scrape thread)."""
         encoder, content_type = choose_encoder(accept)
@@ -303,6 +315,7 @@ class Exporter:
                 histograms,
                 dict(self._totals),
                 self._custom,
+                self._incidents,
             )
 
     def close(self) -> None:
@@ -354,6 +367,10 @@ class _ReportMetrics(Collector):
                 family = _value_family(m, ("rank", "name"))
                 for name in snap.custom:
                     _add(family, [rank, name], m.value(snap, name))
+            elif m.scope == INCIDENT:
+                family = _value_family(m, INCIDENT_LABELS)
+                for labels in snap.incidents:
+                    _add(family, list(labels), m.value(snap, labels))
             elif m.scope == GROUP:
                 family = _value_family(m, ("rank", "param_group"))
                 for group in range(len(snap.report.lr) if snap.report is not None else 0):
@@ -365,6 +382,10 @@ class _ReportMetrics(Collector):
                 family = _value_family(m, ("rank", *(k for k, _ in m.labels)))
                 family.add_metric([rank] + [v for _, v in m.labels], value)
             yield family
+
+
+def _label(value: Any) -> str:
+    return "" if value is None else str(value)
 
 
 def _block_names(named: list[str], snap: _Snapshot) -> list[str]:

@@ -19,11 +19,16 @@ from dataclasses import dataclass, field
 from ..report import Report
 
 RANK, GLOBAL, BLOCK, PATTERN, GROUP = "rank", "global", "block", "pattern", "param_group"
-CUSTOM = "custom"
+CUSTOM, INCIDENT = "custom", "incident"
 """Scopes: every rank exports RANK series; global rank 0 alone exports GLOBAL, BLOCK, PATTERN,
-GROUP and CUSTOM ones (PATTERN: one series per detectable pattern, labels ``pattern`` and
-``severity``; GROUP: one per optimizer param group, label ``param_group``; CUSTOM: one per name
-of ``Report.custom``, the user's own signals, label ``name``)."""
+GROUP, CUSTOM and INCIDENT ones (PATTERN: one series per detectable pattern, labels ``pattern``
+and ``severity``; GROUP: one per optimizer param group, label ``param_group``; CUSTOM: one per
+name of ``Report.custom``, the user's own signals, label ``name``; INCIDENT: one per incident
+kind and culprit recorded, labels ``kind``, ``rank`` (the culprit's global rank, not the
+exporter's), ``node`` and ``host``, "" where unknown)."""
+
+INCIDENT_LABELS = ("kind", "rank", "node", "host")
+"""The labels of an INCIDENT series, the supervisors' incident counters' too."""
 
 
 def _version(dist: str) -> str:
@@ -105,6 +110,8 @@ class _Snapshot:
     """Counters summed from the reports (samples, tokens); a key only once a report had it."""
     custom: dict[str, float] = field(default_factory=dict)
     """The last value of each name the user's signals wrote to ``Report.custom``."""
+    incidents: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    """Incidents recorded by ``INCIDENT_LABELS`` values (global rank 0's agent)."""
 
 
 def _last(
@@ -514,6 +521,15 @@ METRICS: tuple[MetricSpec, ...] = (
         "Last value of a user-defined signal (watch(signals=...)), by its Report.custom name.",
         CUSTOM,
         lambda s, name: float(s.custom[name]),
+    ),
+    MetricSpec(
+        "torchvitals_incidents_total",
+        "counter",
+        "Incidents (disruptions: non-finite steps, loss spikes, stragglers, diverging replicas, "
+        "aborts) this run's agent recorded, by kind and culprit (rank, node, host; empty where "
+        "unknown).",
+        INCIDENT,
+        lambda s, labels: float(s.incidents[labels]),
     ),
     MetricSpec(
         "torchvitals_verdicts_total",

@@ -52,8 +52,14 @@ class Timing(Signal):
         report.timing.mean_step_seconds = step_sum / ctx.world_size
         report.timing.mean_compute_seconds = sum(compute_sums) / ctx.world_size
         seen.straggler_flags = reduced[handle.flags]
+        others_step = (
+            (step_sum - ctx.step_seconds) / (ctx.world_size - 1) if ctx.world_size > 1 else 0.0
+        )
         self.timing.observe(
-            ctx.compute_seconds, compute_sums[self.stage], report.timing.data_wait_seconds
+            ctx.compute_seconds,
+            compute_sums[self.stage],
+            report.timing.data_wait_seconds,
+            step=(ctx.step_seconds, others_step),
         )
 
 

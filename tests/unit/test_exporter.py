@@ -24,6 +24,7 @@ from torchvitals.agent.outputs.metrics import (
     CUSTOM,
     GLOBAL,
     GROUP,
+    INCIDENT,
     METRICS,
     PATTERN,
     RANK,
@@ -280,7 +281,7 @@ def test_names_follow_conventions(served):
         if m.kind == "histogram":  # base unit seconds, +Inf last, bounds ascending
             assert m.name.endswith("_seconds") and m.buckets[-1] == math.inf, m.name
             assert list(m.buckets) == sorted(set(m.buckets)), m.name
-        assert m.scope in (RANK, GLOBAL, BLOCK, PATTERN, GROUP, CUSTOM), m.name
+        assert m.scope in (RANK, GLOBAL, BLOCK, PATTERN, GROUP, CUSTOM, INCIDENT), m.name
         # _total means "counter" to Prometheus tooling; a gauge with it misleads rate().
         assert m.name.endswith("_total") == (m.kind == "counter"), m.name
         assert m.doc.strip(), m.name
@@ -302,6 +303,7 @@ def test_names_follow_conventions(served):
             "checkpoint_failures": 0,
         },
     )
+    ex.count_incident("nonfinite", 3, 1, "node-b")
     got = scrape(ex.url)
     kinds = {m.name: m.kind for m in METRICS}
     histograms = {m.name for m in METRICS if m.kind == "histogram"}
@@ -327,8 +329,12 @@ def test_names_follow_conventions(served):
                 "severity",
                 "param_group",
                 "name",
+                "kind",
+                "node",
+                "host",
             }
-            assert dict(labels)["rank"] == "0"
+            # An incident's rank is its culprit's, not the exporting rank's.
+            assert dict(labels)["rank"] == ("3" if name == "torchvitals_incidents" else "0")
             if family["type"] == "counter":
                 assert sample.endswith("_total"), sample
                 counters.add(name)
@@ -565,3 +571,17 @@ def test_vitals_are_served_per_rank(served):
     finally:
         child.kill()
         child.wait(10)
+
+
+def test_incidents_are_counted_by_kind_and_culprit_on_rank_0_only(served):
+    ex = served()
+    ex.count_incident("nonfinite", 1, 0, "node-a")
+    ex.count_incident("nonfinite", 1, 0, "node-a")
+    ex.count_incident("loss_spike", None, None, None)
+    got = scrape(ex.url)
+    name = "torchvitals_incidents_total"
+    assert value(got, name, kind="nonfinite", rank="1", node="0", host="node-a") == 2
+    assert value(got, name, kind="loss_spike", rank="", node="", host="") == 1
+    other = served(rank=1)
+    other.count_incident("nonfinite", 1, 0, "node-a")
+    assert "torchvitals_incidents" not in scrape(other.url)
