@@ -374,10 +374,14 @@ def test_torchrun_restarts_stuck_at_rendezvous_are_a_hang_within_the_learned_bou
     stuck = result.records("stuck")
     assert stuck, "no restarted worker hung: the scenario did not happen"
     assert {r["attempt"] for r in stuck} == {fault["attempt"]}
-    hangs = [i for i in result.incidents if i["kind"] == "hang"]
+    # Two disruptions: the SIGKILLed rank (a crash torchrun restarted within the attempt),
+    # then its restart stuck (a hang of the restarted workers, whose culprit none of them is).
     kinds = [(i["kind"], i["key"], i["culprit"]) for i in result.incidents]
-    assert len(hangs) == 1, kinds
-    (incident,) = hangs
+    assert sorted(i["kind"] for i in result.incidents) == ["crash", "hang"], kinds
+    (crash,) = [i for i in result.incidents if i["kind"] == "crash"]
+    assert_culprit(crash, fault)
+    assert "SIGKILL" in evidence_text(crash), crash["evidence"]
+    (incident,) = [i for i in result.incidents if i["kind"] == "hang"]
     assert incident["attempt"] == fault["attempt"], incident
     recovered = first_step_after(result, fault["attempt"])
     assert recovered is not None
