@@ -38,6 +38,7 @@ TORCH_FREE = frozenset(
         "integration/test_collector_restart.py",
         "integration/test_collector_tokens.py",
         "integration/test_collector_webhook.py",
+        "integration/test_supervisor_findings.py",
         "integration/test_incident_commands.py",
     }
 )

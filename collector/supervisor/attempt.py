@@ -198,7 +198,8 @@ class AttemptRunner:
             self.metrics.heartbeat_age.set(hang.age(now))
             if workers.dead_at is not None and workers.generation not in workers.crashed:
                 self._wait_for_report(proc, witness, beats)
-                if proc.poll() is None:  # torchrun restarts its workers: a crash within
+                if proc.poll() is None and _failed(witness, beats):
+                    # torchrun goes on after a worker failed: it restarts them, a crash within.
                     self._crash(number, witness, workers, hang, workers.dead_at, None)
                     continue
             self.localizer.answer(number, witness)
@@ -342,6 +343,15 @@ def _beat_of(beats: dict[int, RankBeat]) -> Beat | None:
         refused=any(b.phase == REFUSED for b in found),
         pids=tuple(b.pid for _, b in sorted(beats.items())),
     )
+
+
+def _failed(witness: Witness, beats: dict[int, RankBeat]) -> bool:
+    """Whether a rank of ``beats`` failed: the launcher reported it, or it ended by a signal or
+    a non-zero status (ranks that all exited 0 finished: the launcher is about to exit 0)."""
+    pids = {b.pid for b in beats.values()}
+    if pids & set(witness.failures()):
+        return True
+    return any(d.status != 0 and d.status is not None for d in witness.deaths() if d.pid in pids)
 
 
 def _last_advance(hang: HangClock, started: float | None) -> float | None:

@@ -62,7 +62,9 @@ class RankFinding:
     waiting: bool | None = None
     """Whether that stack is in a collective or a wait of torch (None: no stack)."""
     frame: str | None = None
-    """Its innermost frame of user code (``File "x.py", line 12 in spin``)."""
+    """Where it is: the innermost frame it waits in (``File ".../distributed_c10d.py", line
+    3252 in all_reduce``), else its innermost frame of user code (``File "x.py", line 12 in
+    spin``)."""
 
     def summary(self) -> dict[str, Any]:
         """The record without its stack (what an incident lists for every rank)."""

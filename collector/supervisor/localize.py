@@ -108,7 +108,8 @@ def hang_verdict(ranks: Sequence[RankFinding]) -> Verdict:
         return named(
             "spinning",
             busy,
-            f"is not in a collective: it runs {busy[0].frame} while {_ranks(waiting)} wait in one",
+            f"is not in a collective: it runs {busy[0].frame} while {_ranks(waiting)} "
+            f"{_verb(waiting)} in one",
             waiting=[r.rank for r in waiting],
         )
     silent = [r for r in alive if r.asked and r.waiting is None]
@@ -117,7 +118,7 @@ def hang_verdict(ranks: Sequence[RankFinding]) -> Verdict:
             "silent",
             silent,
             f"does not answer its stack signal (state {silent[0].state}) while "
-            f"{_ranks(waiting)} wait in a collective",
+            f"{_ranks(waiting)} {_verb(waiting)} in a collective",
             waiting=[r.rank for r in waiting],
         )
     behind = _behind(alive)
@@ -151,6 +152,10 @@ def _ranks(found: list[RankFinding]) -> str:
     names = [str(r.rank) for r in found[:8]]
     more = f" and {len(found) - 8} more" if len(found) > 8 else ""
     return ("rank " if len(found) == 1 else "ranks ") + ", ".join(names) + more
+
+
+def _verb(found: list[RankFinding]) -> str:
+    return "waits" if len(found) == 1 else "wait"
 
 
 def _death_order(d: RankDeath) -> tuple:

@@ -114,8 +114,9 @@ def parse_stack(text: str) -> tuple[list[tuple[str, str, str]], bool | None, str
     Returns:
         (frames, waiting, frame): the training thread's frames (file, line, function),
         innermost first; whether any of them waits on the others (a collective, a backward
-        under DDP, a device synchronize; None: no frame at all); its innermost frame of user
-        code (not the standard library, not an installed package), else its innermost frame.
+        under DDP, a device synchronize; None: no frame at all); where it is: the innermost
+        frame it waits in, else its innermost frame of user code (not the standard library,
+        not an installed package), else its innermost frame.
     """
     threads: list[list[tuple[str, str, str]]] = []
     for line in text.splitlines():
@@ -131,9 +132,11 @@ def parse_stack(text: str) -> tuple[list[tuple[str, str, str]], bool | None, str
     if not threads:
         return [], None, None
     frames = _training_thread(threads)
-    waiting = any(_waits(f) for f in frames)
+    wait = next((f for f in frames if _waits(f)), None)
+    if wait is not None:
+        return frames, True, frame_text(*wait)
     user = next((f for f in frames if not _library(f[0])), frames[0])
-    return frames, waiting, frame_text(*user)
+    return frames, False, frame_text(*user)
 
 
 def _training_thread(threads: list[list[tuple[str, str, str]]]) -> list[tuple[str, str, str]]:

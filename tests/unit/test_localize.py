@@ -61,7 +61,7 @@ def rank(r: int, node: int | None = None, **fields) -> RankFinding:
 def test_the_stacks_say_who_waits_in_a_collective_and_who_runs_user_code():
     frames, waiting, frame = parse_stack(WAITING)
     assert waiting is True and frames[0][2] == "all_reduce"
-    assert frame == 'File "/tmp/fh/r.py", line 13 in <module>'
+    assert frame.startswith('File "/root/.pyenv/') and frame.endswith("line 3252 in all_reduce")
     frames, waiting, frame = parse_stack(SPINNING)
     assert waiting is False and frame == 'File "/tmp/fh/r.py", line 10 in spin'
     assert parse_stack("") == ([], None, None)
@@ -108,7 +108,9 @@ def test_a_rank_spinning_in_user_code_while_the_others_wait_is_the_culprit_with_
     verdict = hang_verdict([rank(0), rank(1, stack_text=SPINNING), rank(2), rank(3)])
     assert verdict.rule == "spinning" and verdict.culprit.rank == 1
     assert verdict.evidence["frame"] == 'File "/tmp/fh/r.py", line 10 in spin'
-    assert 'runs File "/tmp/fh/r.py", line 10 in spin while ranks 0, 2, 3 wait' in verdict.cause
+    assert 'runs File "/tmp/fh/r.py", line 10 in spin while ranks 0, 2, 3 wait in' in verdict.cause
+    solo = hang_verdict([rank(0, stack_text=SPINNING), rank(1)])
+    assert solo.cause.endswith("while rank 1 waits in one")
     assert verdict.evidence["waiting"] == [0, 2, 3]
 
 

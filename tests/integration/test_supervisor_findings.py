@@ -1,0 +1,280 @@
+"""Two nodes' supervisors put their findings about one incident together through a real etcd,
+and name the same culprit; a lost node is named with the step the job really reached.
+
+    python -m pytest tests/integration/test_supervisor_findings.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from torchvitals.collector.supervisor.disruptions import Disruptions
+from torchvitals.collector.supervisor.etcd import EtcdStore
+from torchvitals.collector.supervisor.findings import NodeFindings, RankDeath, RankFinding
+from torchvitals.collector.supervisor.job_records import KEY_ROOT
+from torchvitals.collector.supervisor.localize import crash_verdict, hang_verdict, union
+from torchvitals.collector.supervisor.localizer import Localizer
+from torchvitals.collector.supervisor.options import SupervisorConfig
+from torchvitals.collector.supervisor.peers import NodesLost
+from torchvitals.collector.supervisor.store_peers import StorePeers
+from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
+from torchvitals.incidents import Culprit, Incident, IncidentLog
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def etcd_url(tmp_path_factory) -> Iterator[str]:
+    binary = shutil.which("etcd")
+    if binary is None:
+        pytest.skip("etcd is not installed (Debian: apt-get install etcd-server)")
+    folder = tmp_path_factory.mktemp("etcd")
+    url, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    with open(folder / "etcd.log", "w") as out:
+        proc = subprocess.Popen(
+            [
+                binary,
+                "--data-dir",
+                str(folder / "data"),
+                "--listen-client-urls",
+                url,
+                "--advertise-client-urls",
+                url,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"default={peer}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError((folder / "etcd.log").read_text()[-2000:]) from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def running_nodes(url: str, job: str, **config) -> list[StorePeers]:
+    """Two nodes' peers, joined, through the barrier, running attempt 1."""
+    nodes = [
+        StorePeers(
+            EtcdStore(url),
+            job,
+            SupervisorConfig(
+                store_url=url,
+                nnodes=2,
+                node_rank=n,
+                node_ttl_s=3,
+                store_poll_s=0.1,
+                peer_timeout_s=20,
+                **config,
+            ),
+            SupervisorMetrics(),
+        )
+        for n in range(2)
+    ]
+    for node in nodes:
+        node.join()
+    waiter = threading.Thread(target=nodes[0].wait_for_peers, args=(1,))
+    waiter.start()
+    nodes[1].wait_for_peers(1)
+    waiter.join(20)
+    for node in nodes:
+        node.started(1)
+    return nodes
+
+
+def finding(rank: int, node: int, state: str, waiting: bool | None, frame: str | None):
+    return RankFinding(
+        rank=rank,
+        node=node,
+        host=f"host{node}",
+        pid=100 + rank,
+        step=41,
+        beat_time=1.0,
+        state=state,
+        asked=state != "T",
+        waiting=waiting,
+        frame=frame,
+    )
+
+
+NODE0 = NodeFindings(
+    node=0,
+    host="host0",
+    key="hang-a0001",
+    ranks=(
+        finding(0, 0, "S", True, "all_reduce"),
+        finding(1, 0, "S", True, "all_reduce"),
+    ),
+)
+NODE1 = NodeFindings(
+    node=1,
+    host="host1",
+    key="hang-a0001",
+    ranks=(finding(2, 1, "T", None, None), finding(3, 1, "S", True, "all_reduce")),
+)
+
+
+def test_the_node_that_saw_the_hang_waits_for_the_others_findings_and_both_name_one_culprit(
+    etcd_url,
+):
+    nodes = running_nodes(etcd_url, f"hang-{uuid.uuid4().hex[:8]}", findings_wait_s=10)
+    answered = threading.Event()
+
+    def other_node() -> None:  # node 1's watch loop: it answers at its next store poll
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for key in nodes[1].wanted(1):
+                assert key == "hang-a0001"
+                nodes[1].answer(1, NODE1)
+                answered.set()
+                return
+            time.sleep(0.05)
+
+    helper = threading.Thread(target=other_node)
+    try:
+        helper.start()
+        started = time.monotonic()
+        every = nodes[0].gather(1, NODE0)
+        took = time.monotonic() - started
+        helper.join(10)
+        assert answered.is_set() and took < 5, took  # not the whole findings_wait_s
+        assert [f.node for f in every] == [0, 1]
+        ranks, _ = union(every)
+        verdict = hang_verdict(ranks)
+        assert (verdict.culprit.rank, verdict.culprit.node) == (2, 1)
+        # Node 1, deciding on the same findings read from the store, names the same rank.
+        again = hang_verdict(union(nodes[1].gather(1, NODE1))[0])
+        assert again.culprit == verdict.culprit and again.cause == verdict.cause
+        assert nodes[1].wanted(1, now=True) == ()  # answered: not asked again
+    finally:
+        for node in nodes:
+            node.close()
+
+
+def test_a_node_that_does_not_answer_is_decided_without_after_findings_wait_s(etcd_url):
+    job = f"silent-{uuid.uuid4().hex[:8]}"
+    nodes = running_nodes(etcd_url, job, findings_wait_s=1.5)
+    store = EtcdStore(etcd_url)
+    try:
+        crash = NodeFindings(
+            node=0,
+            host="host0",
+            key="crash-a0001",
+            deaths=(RankDeath(rank=1, node=0, host="host0", pid=101, at=5.0, status=13),),
+        )
+        started = time.monotonic()
+        every = nodes[0].gather(1, crash)
+        assert 1.5 <= time.monotonic() - started < 4
+        verdict = crash_verdict(union(every)[1])
+        assert verdict is not None and verdict.culprit.rank == 1
+        names = {e.key[len(KEY_ROOT + job) + 1 :] for e in store.prefix(f"{KEY_ROOT}{job}/")}
+        assert {"findings/00000/a0001/crash-a0001", "wanted/00000/a0001/crash-a0001"} <= names
+        # The next attempt starts: this node's findings and requests of the old one are gone.
+        nodes[0].started(2)
+        names = {e.key[len(KEY_ROOT + job) + 1 :] for e in store.prefix(f"{KEY_ROOT}{job}/")}
+        assert not {n for n in names if n.startswith(("findings/00000", "wanted/00000"))}
+    finally:
+        for node in nodes:
+            node.close()
+
+
+def test_a_lost_node_is_named_at_the_step_the_survivors_reached(etcd_url, tmp_path):
+    nodes = running_nodes(etcd_url, f"lost-{uuid.uuid4().hex[:8]}")
+    try:
+        # Node 1 publishes step 9 (a lease renewal after its start: node_ttl_s / 3 = 1 s); its
+        # next steps are not written before the next renewal.
+        time.sleep(1.1)
+        assert nodes[1].watch(1, 9) is None
+        time.sleep(0.2)
+        assert nodes[0].watch(1, 9) is None
+        for step in range(10, 26):
+            time.sleep(0.02)
+            nodes[1].watch(1, step)
+        # Node 1's machine is gone: its lease revoked at once (the keeper stops renewing).
+        nodes[1]._stop.set()
+        nodes[1].store.revoke(nodes[1].keys.node_lease)
+        order = None
+        deadline = time.monotonic() + 10
+        while order is None and time.monotonic() < deadline:
+            time.sleep(0.15)
+            order = nodes[0].watch(1, 25)
+        assert isinstance(order, NodesLost), order
+        assert order.step == 25 and [s.step for s in order.lost] == [9]
+        assert "lost at step 25 (it last published step 9, " in order.reason
+        assert "this node's ranks are at step 25" in order.reason
+        metrics = SupervisorMetrics()
+        book = Disruptions(tmp_path, node=0, host="host0", metrics=metrics)
+        localizer = Localizer(nodes[0].config, nodes[0], book, node=0, host="host0")
+        (incident,) = localizer.lost(1, order, detected_at=time.time(), last_advance=time.time())
+        assert incident.key == "node_lost-a0001-n1" and incident.step == 25
+        assert (incident.culprit.node, incident.culprit.rank) == (1, None)
+        assert incident.evidence["last_published_step"] == 9
+        assert incident.evidence["survivor_step"] == 25
+        assert IncidentLog(tmp_path).get("node_lost-a0001-n1") == incident
+        book.recovered(at=incident.detected_at + 30)
+        assert IncidentLog(tmp_path).get("node_lost-a0001-n1").recovered_at is not None
+        labels = {"kind": "node_lost", "rank": "", "node": "1", "host": incident.culprit.host}
+        assert (
+            metrics.registry.get_sample_value("torchvitals_supervisor_incidents_total", labels) == 1
+        )
+    finally:
+        nodes[0].close()
+        nodes[1].close()
+
+
+def test_only_the_first_writer_of_an_incident_counts_it(tmp_path):
+    metrics = [SupervisorMetrics(), SupervisorMetrics()]
+    books = [Disruptions(Path(tmp_path), node=n, host="h", metrics=metrics[n]) for n in (0, 1)]
+    incident = Incident(
+        kind="hang",
+        key="hang-a0003",
+        step=7,
+        culprit=Culprit(rank=3, node=1, host="h", pid=9),
+        cause="rank 3 is stopped (SIGSTOP)",
+        detected_at=100.0,
+    )
+    assert books[0].record(incident, last_advance=95.0)
+    assert not books[1].record(incident, last_advance=96.0)
+    books[1].recovered(at=130.0)  # not its incident: nothing to update
+    assert IncidentLog(tmp_path).get("hang-a0003").recovered_at is None
+    books[0].recovered(at=130.0)
+    updated = IncidentLog(tmp_path).get("hang-a0003")
+    assert (updated.recovered_at, updated.lost_seconds) == (130.0, 35.0)
+    labels = {"kind": "hang", "rank": "3", "node": "1", "host": "h"}
+    counts = [
+        m.registry.get_sample_value("torchvitals_supervisor_incidents_total", labels)
+        for m in metrics
+    ]
+    assert counts == [1, None]  # the sum over the nodes counts it once
