@@ -92,16 +92,17 @@ def incident_line(incident: Incident, verdicts: Iterable[Mapping[str, Any]] = ()
     Args:
         incident: the record.
         verdicts: the run's verdicts (dicts): a non-finite incident is called what the verdict
-            of its step called it (a non-finite loss, else gradient), or its evidence's
-            ``pattern``.
+            of its step called it (a non-finite loss, else gradient), as are the verdicts its
+            evidence keeps.
     """
     what = WHAT.get(incident.kind, incident.kind)
     if incident.kind == NONFINITE:
-        patterns = {v.get("pattern") for v in verdicts if v.get("step") == incident.step}
-        pattern = next(
-            (p for p in (P.NONFINITE_LOSS, P.NONFINITE_GRAD) if p in patterns),
-            str(incident.evidence.get("pattern", "")),
-        )
+        # The verdicts of its step, in the event log or in the record (the agent keeps them).
+        recorded = incident.evidence.get("verdicts")
+        seen = [v for v in verdicts if v.get("step") == incident.step]
+        seen += [v for v in recorded if isinstance(v, dict)] if isinstance(recorded, list) else []
+        patterns = {v.get("pattern") for v in seen}
+        pattern = next((p for p in (P.NONFINITE_LOSS, P.NONFINITE_GRAD) if p in patterns), "")
         what = VERDICT_WHAT.get(pattern, what)
     step = "" if incident.step is None else f" at step {incident.step}"
     return f"{who(incident.culprit)}: {what}{step}"

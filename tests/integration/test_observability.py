@@ -570,3 +570,16 @@ def test_an_incident_pages_with_its_culprit_in_the_labels_and_the_summary(stack)
     assert labels["job"] == "vitals" and labels["severity"] == "critical"
     assert {k: labels.get(k) for k in CULPRIT} == CULPRIT
     assert notes["summary"] == f"vitals: rank 1 on node 0 (host {CULPRIT['host']}) hung."
+    # The real job's NaN on rank 1: global rank 0's agent records it and counts it with its
+    # culprit, and the same alert names the rank.
+    nonfinite = [
+        a
+        for a in stack["alerts"]
+        if a["labels"]["alertname"] == "TorchvitalsIncident"
+        and a["labels"]["kind"] == "nonfinite"
+        and a["labels"]["job"] == "vitals"
+    ]
+    assert len(nonfinite) == 1, stack["alerts"]
+    assert nonfinite[0]["labels"]["rank"] == "1"
+    assert nonfinite[0]["annotations"]["summary"].startswith("vitals: rank 1 ")
+    assert nonfinite[0]["annotations"]["summary"].endswith(" produced the first non-finite value.")

@@ -8,6 +8,7 @@ folder that may lie elsewhere.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -106,6 +107,15 @@ def test_the_incident_of_the_diagnosed_cause_leads_then_one_that_stopped_the_job
     # straggler (it only slowed it).
     (run / "incidents" / "nonfinite-a0000-s00000041.json").unlink()
     assert diagnose_events(run / "events.jsonl").culprit == "rank 0 (node 0): hung at step 20"
+
+
+def test_a_non_finite_record_is_called_what_its_verdicts_called_it(tmp_path):
+    run = tmp_path / "run"
+    write_events(run / "events.jsonl")  # the step's own report was not logged
+    grad = Verdict("nonfinite_grad", CRITICAL, 41, "layers.0", {"blocks": ["layers.0"]})
+    record = incident("nonfinite", "nonfinite-a0000-s00000041", 41, 5, rank=1, node=0)
+    IncidentLog(run).record(replace(record, evidence={"verdicts": [grad.to_dict()]}))
+    assert diagnose_events(run).culprit == "rank 1 (node 0): non-finite gradient at step 41"
 
 
 def test_a_lost_node_is_named_by_its_node(tmp_path):
