@@ -40,6 +40,7 @@ TORCH_FREE = frozenset(
         "integration/test_collector_webhook.py",
         "integration/test_supervisor_findings.py",
         "integration/test_incident_commands.py",
+        "integration/test_incident_race.py",
     }
 )
 """Test files (under tests/) that need no torch, nor a process that imports it: the collector's,
