@@ -28,8 +28,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "multinode" / "incident_job.py"
 PYTHONPATH = os.pathsep.join(p for p in (str(ROOT.parent), os.environ.get("PYTHONPATH")) if p)
-STEPS = 30
-NAN, CRASH = "nan:1:8", "exit13:1:18"
+STEPS = 40
+NAN, CRASH = "nan:1:8", "exit13:1:28"
+WORK_S = 0.3
+"""Seconds of work per step: enough that productive time is a real share of the wall (the two
+starts cost some 30 s on a shared machine), so the agreement is not won by a ratio near 0."""
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -94,7 +97,7 @@ def test_goodput_agrees_with_the_step_log_after_a_crash_and_a_rollback(tmp_path)
         "--steps",
         str(STEPS),
         "--sleep",
-        "0.1",
+        str(WORK_S),
         "--fault",
         NAN,
         "--fault",
@@ -132,7 +135,9 @@ def test_goodput_agrees_with_the_step_log_after_a_crash_and_a_rollback(tmp_path)
         f"torchvitals goodput {got['goodput']:.3f}, measured {reference:.3f}"
     )
     assert math.isclose(got["goodput"], got["productive_seconds"] / got["wall_seconds"]), got
-    assert got["badput"].get("lost_progress", 0) > 0, got["badput"]
+    # The work done again is badput of its own, as much as the step log says was redone.
+    lost = got["badput"]["lost_progress"]
+    assert abs(lost - redone) <= max(1.0, redone / 2), (lost, redone)
 
     # The two disruptions are incidents naming rank 1, each with what it cost.
     incidents = json.loads(cli("incidents", str(ckpt), "--json").stdout)
