@@ -20,6 +20,7 @@ incident per worker group, and the new group's start is bounded like any re-star
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import subprocess
 import time
@@ -59,12 +60,16 @@ class _Workers:
     def __init__(self) -> None:
         self.pids: set[int] = set()
         """Every pid a heartbeat of this attempt named."""
+        self.by_rank: dict[int, int] = {}
+        """Each rank's pid as last seen."""
         self.generation = 0
         """Worker groups torchrun restarted before the current one."""
         self.dead_at: float | None = None
         """Unix seconds every rank of the current group was seen gone (the launcher alive)."""
         self.crashed: set[int] = set()
         """Generations whose crash was localized (once each)."""
+        self.judged: set[int] = set()
+        """Dead generations told a crash or not while the launcher went on."""
 
     @property
     def current(self) -> int:
@@ -196,11 +201,12 @@ class AttemptRunner:
             if self.first_start_s is None:
                 self.first_start_s = hang.first_start_s
             self.metrics.heartbeat_age.set(hang.age(now))
-            if workers.dead_at is not None and workers.generation not in workers.crashed:
+            if workers.dead_at is not None and workers.generation not in workers.judged:
                 self._wait_for_report(proc, witness, beats)
-                if proc.poll() is None and _failed(witness, beats):
-                    # torchrun goes on after a worker failed: it restarts them, a crash within.
-                    self._crash(number, witness, workers, hang, workers.dead_at, None)
+                if proc.poll() is None:  # torchrun goes on: it restarts its workers
+                    workers.judged.add(workers.generation)
+                    if _failed(witness, beats):
+                        self._crash(number, witness, workers, hang, workers.dead_at, None)
                     continue
             self.localizer.answer(number, witness)
             order = self.peers.watch(number, 0 if beat is None else beat.step)
@@ -251,11 +257,15 @@ class AttemptRunner:
         pids = {b.pid for b in beats.values()}
         new = pids - workers.pids
         if new:
-            if workers.dead_at is not None:
+            # A rank under a new pid is a new group even if the old one was never seen all
+            # gone: the nodes of a job count torchrun's restarts alike (the incidents' keys).
+            replaced = any(workers.by_rank.get(r, b.pid) != b.pid for r, b in beats.items())
+            if workers.dead_at is not None or replaced:
                 workers.generation += 1
                 workers.dead_at = None
             workers.pids |= new
             self.book.recovered(min(b.time for b in beats.values() if b.pid in new))
+        workers.by_rank.update({r: b.pid for r, b in beats.items()})
         dead = bool(pids) and not any(map(running, pids))
         if dead and workers.dead_at is None:
             workers.dead_at = time.time()
@@ -291,7 +301,7 @@ class AttemptRunner:
             return None
         key = incident_key(CRASH, number, workers.generation)
         first = min((d.at for d in witness.deaths() if d.at <= seen), default=seen)
-        self.localizer.crash(  # the incident log says it when written
+        incident = self.localizer.crash(
             number,
             key,
             witness,
@@ -300,6 +310,7 @@ class AttemptRunner:
             last_advance=_last_advance(hang, None),
             launcher_status=launcher_status,
         )
+        log.warning("torchvitals supervise: %s of attempt %d: %s", key, number, incident.cause)
         return key
 
     def stop(self) -> None:
@@ -347,11 +358,15 @@ def _beat_of(beats: dict[int, RankBeat]) -> Beat | None:
 
 def _failed(witness: Witness, beats: dict[int, RankBeat]) -> bool:
     """Whether a rank of ``beats`` failed: the launcher reported it, or it ended by a signal or
-    a non-zero status (ranks that all exited 0 finished: the launcher is about to exit 0)."""
+    a non-zero status. Not: ranks that all exited 0 (they finished: the launcher is about to
+    exit 0), nor ranks all stopped by SIGTERM (torchrun restarting its workers for a change of
+    membership, or after another node's worker failed, which that node names)."""
     pids = {b.pid for b in beats.values()}
     if pids & set(witness.failures()):
         return True
-    return any(d.status != 0 and d.status is not None for d in witness.deaths() if d.pid in pids)
+    return any(
+        d.status not in (None, 0, -signal.SIGTERM) for d in witness.deaths() if d.pid in pids
+    )
 
 
 def _last_advance(hang: HangClock, started: float | None) -> float | None:

@@ -21,8 +21,11 @@ its own. The last node to leave a job that ended for good revokes it, so the job
 empty at once; a job whose nodes all vanished (the whole allocation killed) is gone
 ``job_ttl_s`` later, while a requeued or replaced node within that time still finds the job's
 attempt, restart budget and end. The step a node publishes is written at most once per lease
-renewal (``node_ttl_s`` / 3): it only names a lost node's last step, and the lease, not the
-value, says the node lives; state changes (waiting, running, done) are written at once.
+renewal (``node_ttl_s`` / 3): the lease, not the value, says the node lives, and a lost node is
+named at the step the survivors' own ranks reached (in synchronous training, the lost node's
+too) beside the lagging one it last published; state changes (waiting, running, done) are
+written at once. The nodes' findings about a hang or a crash travel through the store too
+(``findings_exchange``).
 """
 
 from __future__ import annotations

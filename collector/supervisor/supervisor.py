@@ -24,7 +24,8 @@ every node's.
 Each disruption (a hang, a crash, a lost node) becomes an incident in the job's folder
 (``job_dir``, else ``checkpoint_dir``, else the heartbeat root) naming its culprit
 (``localizer``), and each node writes its goodput timeline there: the wait for the other nodes,
-every attempt's start, detection and end, and the end of its supervision (``disruptions``).
+every attempt's start, detection and end, and the end of its supervision (``disruptions``);
+node 0's /metrics serves the job's goodput computed from them (``goodput_export``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ...agent.recover.ledger import Ledger, LedgerError
 from ...protocol import JOB_ID_ENV, LEDGER_FILE, read_heartbeats
 from .attempt import AttemptRunner
 from .disruptions import Disruptions
+from .goodput_export import GoodputCollector
 from .job_records import JobAttempt
 from .options import SupervisorConfig, node_rank
 from .outcomes import Outcome
@@ -132,12 +134,13 @@ class Supervisor:
         self.peers = peers
         self.policy = RestartPolicy.from_config(config) if policy is None else policy
         self.root = Path(config.heartbeat_root or tempfile.mkdtemp(prefix="torchvitals-supervise-"))
+        folder = Path(config.job_dir or config.checkpoint_dir or self.root)
         self.book = Disruptions(
-            Path(config.job_dir or config.checkpoint_dir or self.root),
-            node=config.node_rank or 0,
-            host=socket.gethostname(),
-            metrics=self.metrics,
+            folder, node=config.node_rank or 0, host=socket.gethostname(), metrics=self.metrics
         )
+        if not config.node_rank:
+            # Node 0 serves the job's goodput, computed from the folder at scrape time.
+            self.metrics.registry.register(GoodputCollector(folder))
         self.runner = AttemptRunner(
             config, self.command, environ, self.metrics, peers, self.book, clock=clock, sleep=sleep
         )
