@@ -12,9 +12,9 @@ nodes, ``peers`` is what a node asks of the others and the orders they answer wi
 ``store_peers`` their agreement through the job's etcd (``barrier`` the start of an attempt,
 ``membership`` the nodes present, ``findings_exchange`` the findings about an incident,
 ``job_store`` and ``job_records`` the keys, ``etcd`` the store's client). ``options`` holds its
-settings, ``telemetry`` its /metrics and ``command`` the CLI around it. It talks to the job only through ``torchvitals.protocol``
-(heartbeat files, exit codes), the ledger file and the job identity (``agent.recover.jobid``);
-it imports no torch.
+settings, ``telemetry`` its /metrics and ``command`` the CLI around it. It talks to the job only
+through ``torchvitals.protocol`` (heartbeat files, exit codes, the stack signal), the ledger file
+and the job identity (``agent.recover.jobid``); it imports no torch.
 """
 
 from .command import supervise

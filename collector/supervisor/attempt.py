@@ -43,7 +43,7 @@ from ...protocol import (
 )
 from .disruptions import Disruptions
 from .hang_clock import HangClock
-from .localizer import Localizer, incident_key
+from .localizer import Localizer, generation_of, incident_key
 from .options import SupervisorConfig
 from .outcomes import Exited, Hung, Ordered, Outcome
 from .peers import JobEnded, JobRestarted, NodesLost, Peers
@@ -300,6 +300,20 @@ class AttemptRunner:
         if beat is not None and (beat.aborted or beat.refused):
             return None
         key = incident_key(CRASH, number, workers.generation)
+        elsewhere = sorted(
+            k
+            for k in self.peers.asked(number)
+            if k != key and generation_of(k) == workers.generation
+        )
+        if elsewhere:
+            # Another node is naming a hang or a crash of these workers and stops its ranks:
+            # this node's died of it (their collectives failed), a consequence, not an incident.
+            log.warning(
+                "torchvitals supervise: this node's ranks died while %s was being named "
+                "elsewhere: not a crash of their own",
+                ", ".join(elsewhere),
+            )
+            return None
         first = min((d.at for d in witness.deaths() if d.at <= seen), default=seen)
         incident = self.localizer.crash(
             number,
@@ -310,8 +324,10 @@ class AttemptRunner:
             last_advance=_last_advance(hang, None),
             launcher_status=launcher_status,
         )
-        log.warning("torchvitals supervise: %s of attempt %d: %s", key, number, incident.cause)
-        return key
+        log.warning(
+            "torchvitals supervise: %s of attempt %d: %s", incident.key, number, incident.cause
+        )
+        return incident.key
 
     def stop(self) -> None:
         """Stop the running attempt's processes (a signal to the supervisor itself)."""

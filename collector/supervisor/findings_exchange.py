@@ -1,7 +1,7 @@
 """The nodes' findings about one incident, put together through the job's store.
 
     exchange = FindingsExchange(keys, membership, config, node=0)
-    every = exchange.gather(attempt, mine)     # publish, ask the others, wait for them (bounded)
+    every = exchange.gather(attempt, mine)     # Gathered: publish, ask the others, wait (bounded)
     for key in exchange.wanted(attempt):       # each poll: what others asked this node
         exchange.answer(attempt, findings_for(key))
 
@@ -22,10 +22,11 @@ from collections.abc import Callable
 
 from .etcd import StoreError
 from .findings import NodeFindings
-from .job_records import RUNNING
+from .job_records import RUNNING, NodeState
 from .job_store import JobStore, StoreOutage
 from .membership import Membership
 from .options import SupervisorConfig
+from .peers import Gathered
 
 log = logging.getLogger("torchvitals.supervisor")
 
@@ -61,43 +62,57 @@ class FindingsExchange:
         self._answered: set[tuple[int, str]] = set()
         self._looked = -float("inf")
 
-    def gather(self, attempt: int, mine: NodeFindings) -> list[NodeFindings]:
+    def gather(self, attempt: int, mine: NodeFindings, *, until_lost: bool = False) -> Gathered:
         """Publish ``mine``, ask every node for its findings under the same key, and wait up to
         ``findings_wait_s`` for each node running ``attempt``.
 
+        Args:
+            attempt: the job's attempt.
+            mine: this node's findings (their key is the incident's).
+            until_lost: a node still silent after ``findings_wait_s`` is waited for until it
+                answers or its lease expires (``node_ttl_s`` more at most): a crash whose ranks
+                died of a node's loss (their collectives failed) is that node's loss.
+
         Returns:
-            Every node's findings found (this node's included), by node.
+            Every node's findings found (this node's included), and the nodes found lost.
         """
         try:
             self._publish(attempt, mine)
             self.keys.want(self.node, attempt, mine.key)
         except StoreError as exc:
             self._outage.failed(exc)
-            return [mine]
-        deadline = self._clock() + self.config.findings_wait_s
-        while True:
-            try:
-                found = self.keys.findings(attempt, mine.key)
-                running = {
-                    n
-                    for n, s in self.membership.nodes().items()
-                    if s.attempt == attempt and s.state == RUNNING
-                }
-            except StoreError as exc:
-                self._outage.failed(exc)
-                found, running = {}, set()
-            # Only nodes running the attempt are waited for (one lost or done has nothing).
-            missing = running - set(found) - {self.node}
-            if not missing or self._clock() >= deadline:
-                break
+            return Gathered([mine])
+        start = self._clock()
+        deadline = start + self.config.findings_wait_s
+        found, missing = self._look(attempt, mine.key)
+        while missing and self._clock() < deadline:
             self._sleep(GATHER_POLL_S)
+            found, missing = self._look(attempt, mine.key)
+        lost: dict[int, NodeState] = {}
+        if missing and until_lost:
+            # Silent: lost (its lease runs out within node_ttl_s) or busy (it answers).
+            deadline = self._clock() + self.config.node_ttl_s + self.config.store_poll_s
+            while missing and self._clock() < deadline:
+                self._sleep(GATHER_POLL_S)
+                try:
+                    alive = self.membership.nodes()  # a key present: alive, or done
+                    found = self.keys.findings(attempt, mine.key)
+                except StoreError as exc:
+                    self._outage.failed(exc)
+                    continue
+                for n in sorted(missing):
+                    state = alive.get(n)
+                    if state is None and n not in found and n in self.membership.seen:
+                        lost[n] = self.membership.seen[n]  # its lease expired: gone
+                    if n in found or state is None or not _runs(state, attempt):
+                        missing.discard(n)  # answered, lost, or moved on (nothing to come)
         if missing:
             log.warning(
-                "torchvitals supervise: %s: no findings from node(s) %s within %g s "
-                "(findings_wait_s); deciding without them",
+                "torchvitals supervise: %s: no findings from node(s) %s within %.0f s; "
+                "deciding without them",
                 mine.key,
                 ", ".join(map(str, sorted(missing))),
-                self.config.findings_wait_s,
+                self._clock() - start,
             )
         out = {self.node: mine}
         for node, text in found.items():
@@ -107,7 +122,34 @@ class FindingsExchange:
                 out[node] = NodeFindings.from_json(text)
             except ValueError as exc:
                 log.warning("torchvitals supervise: node %d's findings: %s", node, exc)
-        return [out[n] for n in sorted(out)]
+        gone = tuple(lost[n] for n in sorted(lost))
+        return Gathered(
+            [out[n] for n in sorted(out)],
+            gone,
+            tuple(self.membership.published_at.get(s.node) for s in gone),
+        )
+
+    def asked(self, attempt: int) -> frozenset[str]:
+        """Every incident key of ``attempt`` any node asked findings for."""
+        try:
+            return frozenset(self.keys.wanted(attempt))
+        except StoreError as exc:
+            self._outage.failed(exc)
+            return frozenset()
+
+    def _look(self, attempt: int, key: str) -> tuple[dict[int, str], set[int]]:
+        """The findings published for ``key``, and the nodes running ``attempt`` that have not
+        published theirs (only nodes running it are waited for: one lost or done has none)."""
+        try:
+            found = self.keys.findings(attempt, key)
+            running = self._running(attempt)
+        except StoreError as exc:
+            self._outage.failed(exc)
+            return {}, set()
+        return found, set(running) - set(found) - {self.node}
+
+    def _running(self, attempt: int) -> dict[int, NodeState]:
+        return {n: s for n, s in self.membership.nodes().items() if _runs(s, attempt)}
 
     def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]:
         """The incident keys of ``attempt`` another node asked for and this node has not
@@ -141,3 +183,7 @@ class FindingsExchange:
     def _publish(self, attempt: int, mine: NodeFindings) -> None:
         self.keys.put_findings(self.node, attempt, mine.key, mine.to_json())
         self._answered.add((attempt, mine.key))
+
+
+def _runs(state: NodeState, attempt: int) -> bool:
+    return state.attempt == attempt and state.state == RUNNING

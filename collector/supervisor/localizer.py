@@ -21,6 +21,7 @@ from collections.abc import Callable
 from ...incidents import CRASH, HANG, NODE_LOST, Culprit, Incident
 from .disruptions import Disruptions
 from .hang_clock import RESTART, STARTUP, HangClock
+from .job_records import NodeState
 from .localize import Verdict, crash_verdict, hang_verdict, union
 from .options import SupervisorConfig
 from .peers import NodesLost, Peers
@@ -33,6 +34,12 @@ def incident_key(kind: str, attempt: int, generation: int = 0) -> str:
     """``hang-a0002``, or ``crash-a0002-r1`` for the workers of torchrun's first restart within
     the attempt (``generation``: how many times torchrun restarted them before)."""
     return f"{kind}-a{attempt:04d}" + (f"-r{generation}" if generation else "")
+
+
+def generation_of(key: str) -> int:
+    """The worker generation a hang's or a crash's key names (0: the attempt's first)."""
+    last = key.rsplit("-", 1)[-1]
+    return int(last[1:]) if last[:1] == "r" and last[1:].isdigit() else 0
 
 
 class Localizer:
@@ -97,9 +104,21 @@ class Localizer:
         launcher_status: int | None,
     ) -> Incident:
         """A crash seen here (the launcher exited, or torchrun's workers all died): the rank that
-        died first across nodes, with its exit status."""
-        every = self.peers.gather(attempt, witness.findings(key))
-        _, deaths = union(every)
+        died first across nodes, with its exit status. A node that never answers because it is
+        gone (its lease expired meanwhile) is the cause: its ranks died with it, and this node's
+        of their failed collectives; the incident is then that node's loss."""
+        gathered = self.peers.gather(attempt, witness.findings(key), until_lost=True)
+        if gathered.lost:
+            return self._lost(
+                attempt,
+                gathered.lost,
+                gathered.published_at,
+                step=step,
+                detected_at=detected_at,
+                last_advance=last_advance,
+                seen=f"its ranks' collectives failed here ({key})",
+            )[0]
+        _, deaths = union(gathered.findings)
         verdict = crash_verdict(deaths)
         if verdict is None:
             status = "" if launcher_status is None else f" with status {launcher_status}"
@@ -121,29 +140,52 @@ class Localizer:
         self, attempt: int, order: NodesLost, *, detected_at: float, last_advance: float | None
     ) -> list[Incident]:
         """The lost nodes of ``order``, one incident each (the node alone: no rank)."""
+        return self._lost(
+            attempt,
+            order.lost,
+            order.published_at,
+            step=order.step,
+            detected_at=detected_at,
+            last_advance=last_advance,
+            seen="it stopped renewing its lease",
+        )
+
+    def _lost(
+        self,
+        attempt: int,
+        lost: tuple[NodeState, ...],
+        published_at: tuple[float | None, ...],
+        *,
+        step: int | None,
+        detected_at: float,
+        last_advance: float | None,
+        seen: str,
+    ) -> list[Incident]:
+        """One incident per lost node, at ``step``: the step this node's ranks reached, in
+        synchronous training the lost node's too (its own published step lags)."""
         found = []
-        at = order.published_at or (None,) * len(order.lost)
-        for state, published_at in zip(order.lost, at, strict=False):
-            step = order.step if order.step is not None else state.step
+        at = published_at or (None,) * len(lost)
+        for state, published in zip(lost, at, strict=False):
+            reached = step if step is not None else state.step
             incident = Incident(
                 kind=NODE_LOST,
                 key=f"{incident_key(NODE_LOST, attempt)}-n{state.node}",
-                step=step,
+                step=reached,
                 culprit=Culprit(node=state.node, host=None if state.host == "?" else state.host),
                 cause=(
-                    f"{state.name()} stopped renewing its lease at step {step} "
-                    f"(it last published step {state.step})"
+                    f"{state.name()} was lost at step {reached}: {seen} (it last published "
+                    f"step {state.step})"
                 ),
                 evidence={
-                    "survivor_step": order.step,
+                    "survivor_step": step,
                     "survivor_node": self.node,
                     "last_published_step": state.step,
-                    "last_published_at": published_at,
+                    "last_published_at": published,
                     "supervisor_pid": state.pid or None,
                     "node_ttl_s": self.config.node_ttl_s,
                 },
                 detected_at=detected_at,
-                localized_at=detected_at,
+                localized_at=self._wall(),
                 attempt=attempt,
                 writer=self.book.writer,
             )
@@ -158,7 +200,7 @@ class Localizer:
             self.peers.answer(attempt, witness.findings(key))
 
     def _verdict(self, attempt: int, key: str, witness: Witness) -> Verdict:
-        ranks, _ = union(self.peers.gather(attempt, witness.findings(key)))
+        ranks, _ = union(self.peers.gather(attempt, witness.findings(key)).findings)
         return hang_verdict(ranks)
 
     def _incident(

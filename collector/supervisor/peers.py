@@ -5,6 +5,7 @@
     order = peers.watch(go.attempt, step)     # each poll: None, JobRestarted, NodesLost or JobEnded
     every = peers.gather(attempt, mine)       # a hang or a crash: every node's findings
     peers.wanted(attempt)                     # each poll: the incidents others want findings for
+    peers.asked(attempt)                      # every incident any node asked about
     peers.restart(next_record)                # a restart here is a restart of the job everywhere
 
 One node, no store: ``SoloPeers`` (nothing to agree on). Several: ``StorePeers``
@@ -54,6 +55,19 @@ class NodesLost:
 
 
 @dataclass(frozen=True)
+class Gathered:
+    """Every node's findings about one incident, as far as they came."""
+
+    findings: list[NodeFindings]
+    """By node, this node's included."""
+    lost: tuple[NodeState, ...] = ()
+    """Nodes that never answered because they are gone (their lease expired meanwhile), as
+    last seen: the incident is their loss."""
+    published_at: tuple[float | None, ...] = ()
+    """For each of ``lost``: when its last published step was first seen (unix seconds)."""
+
+
+@dataclass(frozen=True)
 class JobEnded:
     """The job ended for good (on any node's word): exit with ``code``, never restart."""
 
@@ -81,9 +95,11 @@ class Peers(Protocol):
 
     def restart(self, record: JobAttempt) -> JobAttempt: ...
 
-    def gather(self, attempt: int, mine: NodeFindings) -> list[NodeFindings]: ...
+    def gather(self, attempt: int, mine: NodeFindings, *, until_lost: bool = False) -> Gathered: ...
 
     def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]: ...
+
+    def asked(self, attempt: int) -> frozenset[str]: ...
 
     def answer(self, attempt: int, mine: NodeFindings) -> None: ...
 
@@ -119,11 +135,14 @@ class SoloPeers:
         self._record = record
         return record
 
-    def gather(self, attempt: int, mine: NodeFindings) -> list[NodeFindings]:
-        return [mine]
+    def gather(self, attempt: int, mine: NodeFindings, *, until_lost: bool = False) -> Gathered:
+        return Gathered([mine])
 
     def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]:
         return ()
+
+    def asked(self, attempt: int) -> frozenset[str]:
+        return frozenset()
 
     def answer(self, attempt: int, mine: NodeFindings) -> None:
         pass

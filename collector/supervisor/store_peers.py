@@ -46,7 +46,7 @@ from .job_records import DONE, RUNNING, WAITING, JobAttempt, JobFinal, NodeState
 from .job_store import JobStore, StoreOutage
 from .membership import Membership
 from .options import SupervisorConfig
-from .peers import JobEnded, JobRestarted, NodesLost, StartAttempt
+from .peers import Gathered, JobEnded, JobRestarted, NodesLost, StartAttempt
 from .telemetry import SupervisorMetrics
 
 log = logging.getLogger("torchvitals.supervisor")
@@ -177,9 +177,13 @@ class StorePeers:
         self._quietly(self._publish, replace(self.me, attempt=attempt, state=RUNNING, step=0))
         self.exchange.forget(attempt)
 
-    def gather(self, attempt: int, mine: NodeFindings) -> list[NodeFindings]:
+    def gather(self, attempt: int, mine: NodeFindings, *, until_lost: bool = False) -> Gathered:
         """Every node's findings about one incident (``findings_exchange``)."""
-        return self.exchange.gather(attempt, mine)
+        return self.exchange.gather(attempt, mine, until_lost=until_lost)
+
+    def asked(self, attempt: int) -> frozenset[str]:
+        """Every incident of ``attempt`` a node asked findings for."""
+        return self.exchange.asked(attempt)
 
     def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]:
         """The incidents of ``attempt`` other nodes want this node's findings for."""

@@ -166,7 +166,7 @@ def test_the_node_that_saw_the_hang_waits_for_the_others_findings_and_both_name_
     try:
         helper.start()
         started = time.monotonic()
-        every = nodes[0].gather(1, NODE0)
+        every = nodes[0].gather(1, NODE0).findings
         took = time.monotonic() - started
         helper.join(10)
         assert answered.is_set() and took < 5, took  # not the whole findings_wait_s
@@ -175,7 +175,7 @@ def test_the_node_that_saw_the_hang_waits_for_the_others_findings_and_both_name_
         verdict = hang_verdict(ranks)
         assert (verdict.culprit.rank, verdict.culprit.node) == (2, 1)
         # Node 1, deciding on the same findings read from the store, names the same rank.
-        again = hang_verdict(union(nodes[1].gather(1, NODE1))[0])
+        again = hang_verdict(union(nodes[1].gather(1, NODE1).findings)[0])
         assert again.culprit == verdict.culprit and again.cause == verdict.cause
         assert nodes[1].wanted(1, now=True) == ()  # answered: not asked again
     finally:
@@ -195,7 +195,7 @@ def test_a_node_that_does_not_answer_is_decided_without_after_findings_wait_s(et
             deaths=(RankDeath(rank=1, node=0, host="host0", pid=101, at=5.0, status=13),),
         )
         started = time.monotonic()
-        every = nodes[0].gather(1, crash)
+        every = nodes[0].gather(1, crash).findings
         assert 1.5 <= time.monotonic() - started < 4
         verdict = crash_verdict(union(every)[1])
         assert verdict is not None and verdict.culprit.rank == 1
@@ -249,6 +249,32 @@ def test_a_lost_node_is_named_at_the_step_the_survivors_reached(etcd_url, tmp_pa
         assert (
             metrics.registry.get_sample_value("torchvitals_supervisor_incidents_total", labels) == 1
         )
+    finally:
+        nodes[0].close()
+        nodes[1].close()
+
+
+def test_a_crash_whose_other_node_is_gone_is_that_nodes_loss(etcd_url, tmp_path):
+    # Node 1's machine dies; node 0's ranks die of their failed collectives (exit 1), and node 0
+    # asks node 1 for its findings: it never answers, its lease runs out: the node is the cause.
+    nodes = running_nodes(etcd_url, f"gone-{uuid.uuid4().hex[:8]}", findings_wait_s=0.5)
+    try:
+        time.sleep(1.1)  # a lease renewal: node 1's step is published
+        nodes[1].watch(1, 14)
+        time.sleep(0.2)
+        nodes[0].watch(1, 14)
+        nodes[1]._stop.set()  # its keeper stops renewing: the lease runs out within 3 s
+        mine = NodeFindings(
+            node=0,
+            host="host0",
+            key="crash-a0001",
+            deaths=(RankDeath(rank=0, node=0, host="host0", pid=100, at=5.0, status=1),),
+        )
+        started = time.monotonic()
+        gathered = nodes[0].gather(1, mine, until_lost=True)
+        assert time.monotonic() - started < 0.5 + 3 + 1.5
+        assert [s.node for s in gathered.lost] == [1] and gathered.lost[0].step == 14
+        assert [f.node for f in gathered.findings] == [0]
     finally:
         nodes[0].close()
         nodes[1].close()

@@ -78,7 +78,9 @@ FLAGS = (
 )
 
 
-def supervise(tmp_path: Path, *flags: str, command: list[str]) -> subprocess.CompletedProcess:
+def supervise(
+    tmp_path: Path, *flags: str, command: list[str], timeout: float = 100
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             sys.executable,
@@ -97,7 +99,7 @@ def supervise(tmp_path: Path, *flags: str, command: list[str]) -> subprocess.Com
         env={**os.environ, "PYTHONPATH": PYTHONPATH},
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=timeout,
     )
 
 
@@ -240,18 +242,19 @@ def test_a_rank_exiting_13_is_named_with_its_status_and_torchruns_report(tmp_pat
     assert "failed (exitcode: 13) local_rank: 1" in run.stderr
 
 
+@pytest.mark.timeout(180)
 def test_torchruns_restart_stuck_at_startup_is_a_hang_within_the_learned_bound(tmp_path):
     # torchrun restarts its workers after rank 1 exits 13 (--max-restarts 1), and the restarted
-    # workers never reach their first heartbeat. Bound: 1.5 x the first start, at least 4 s
-    # (the next attempt's start takes about as long as the first: 1.5 leaves it room).
+    # workers never reach their first heartbeat. Bound: the default 3 x the first start, with a
+    # floor of 4 s instead of 60 (a next attempt's start on a loaded machine can take twice the
+    # first's: a tighter factor would take it for stuck too).
     started = time.time()
     run = supervise(
         tmp_path,
         "--restart-floor-s",
         "4",
-        "--restart-factor",
-        "1.5",
         command=torchrun(tmp_path, "exit13", 1, "--stuck-restart", restarts=1),
+        timeout=160,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     truth = fault(tmp_path, "exit13")
@@ -263,7 +266,7 @@ def test_torchruns_restart_stuck_at_startup_is_a_hang_within_the_learned_bound(t
     assert (crash.culprit.rank, crash.evidence["exit_status"]) == (1, 13)
     evidence = stuck.evidence
     assert evidence["stuck"] == "startup after restart" and evidence["phase"] == "restart"
-    assert evidence["bound_s"] == pytest.approx(max(4.0, 1.5 * evidence["first_start_s"]), abs=0.01)
+    assert evidence["bound_s"] == pytest.approx(max(4.0, 3 * evidence["first_start_s"]), abs=0.01)
     assert stuck.cause.startswith(
         f"startup after restart took more than {evidence['bound_s']:.0f} s"
     )
