@@ -89,23 +89,30 @@ class FindingsExchange:
             self._sleep(GATHER_POLL_S)
             found, missing = self._look(attempt, mine.key)
         lost: dict[int, NodeState] = {}
-        if missing and until_lost:
-            # Silent: lost (its lease runs out within node_ttl_s) or busy (it answers).
+        if until_lost:
+            # A node gone (its lease expired: before the ask, or since) is the cause; one still
+            # silent is lost (its lease runs out within node_ttl_s) or busy (it answers).
             deadline = self._clock() + self.config.node_ttl_s + self.config.store_poll_s
-            while missing and self._clock() < deadline:
-                self._sleep(GATHER_POLL_S)
+            while True:
                 try:
                     alive = self.membership.nodes()  # a key present: alive, or done
                     found = self.keys.findings(attempt, mine.key)
                 except StoreError as exc:
                     self._outage.failed(exc)
-                    continue
-                for n in sorted(missing):
-                    state = alive.get(n)
-                    if state is None and n not in found and n in self.membership.seen:
-                        lost[n] = self.membership.seen[n]  # its lease expired: gone
-                    if n in found or state is None or not _runs(state, attempt):
-                        missing.discard(n)  # answered, lost, or moved on (nothing to come)
+                    alive = None
+                if alive is not None:
+                    for state in self.membership.lost(alive, attempt):
+                        if state.node not in found:
+                            lost[state.node] = state
+                    # Still to come: alive, running the attempt, silent.
+                    missing = {
+                        n
+                        for n in missing
+                        if n in alive and _runs(alive[n], attempt) and n not in found
+                    }
+                if not missing or self._clock() >= deadline:
+                    break
+                self._sleep(GATHER_POLL_S)
         if missing:
             log.warning(
                 "torchvitals supervise: %s: no findings from node(s) %s within %.0f s; "

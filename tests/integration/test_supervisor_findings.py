@@ -254,9 +254,11 @@ def test_a_lost_node_is_named_at_the_step_the_survivors_reached(etcd_url, tmp_pa
         nodes[1].close()
 
 
-def test_a_crash_whose_other_node_is_gone_is_that_nodes_loss(etcd_url, tmp_path):
+@pytest.mark.parametrize("gone", ["expiring", "expired"])
+def test_a_crash_whose_other_node_is_gone_is_that_nodes_loss(etcd_url, gone):
     # Node 1's machine dies; node 0's ranks die of their failed collectives (exit 1), and node 0
-    # asks node 1 for its findings: it never answers, its lease runs out: the node is the cause.
+    # asks node 1 for its findings: it never answers, its lease runs out (or already had): the
+    # node is the cause.
     nodes = running_nodes(etcd_url, f"gone-{uuid.uuid4().hex[:8]}", findings_wait_s=0.5)
     try:
         time.sleep(1.1)  # a lease renewal: node 1's step is published
@@ -264,6 +266,8 @@ def test_a_crash_whose_other_node_is_gone_is_that_nodes_loss(etcd_url, tmp_path)
         time.sleep(0.2)
         nodes[0].watch(1, 14)
         nodes[1]._stop.set()  # its keeper stops renewing: the lease runs out within 3 s
+        if gone == "expired":
+            nodes[1].store.revoke(nodes[1].keys.node_lease)
         mine = NodeFindings(
             node=0,
             host="host0",

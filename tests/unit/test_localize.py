@@ -231,3 +231,15 @@ def test_a_killed_rank_is_named_by_its_signal_and_ties_go_to_the_lower_rank():
         == "the worker with pid 77 on node 0 (host host0) died first: exit status unknown"
     )
     assert crash_verdict([]) is None
+
+
+def test_incident_keys_name_the_attempt_and_torchruns_worker_generation():
+    from torchvitals.collector.supervisor.localizer import generation_of, incident_key
+
+    assert incident_key("hang", 2) == "hang-a0002"
+    assert incident_key("crash", 2, 1) == "crash-a0002-r1"
+    assert [generation_of(k) for k in ("hang-a0002", "crash-a0002-r1", "node_lost-a0002-n1")] == [
+        0,
+        1,
+        0,
+    ]
