@@ -329,10 +329,14 @@ class AttemptRunner:
         )
         return incident.key
 
-    def stop(self) -> None:
-        """Stop the running attempt's processes (a signal to the supervisor itself)."""
-        if self._proc is not None and self._folder is not None and self._proc.poll() is None:
-            stop_group(self._proc, self.config.grace_s, _pids(self._folder))
+    def stop(self) -> int | None:
+        """Stop the running attempt's processes (a signal to the supervisor itself); returns
+        the launcher's exit status (None: none ran)."""
+        if self._proc is None or self._folder is None:
+            return None
+        if self._proc.poll() is None:
+            return stop_group(self._proc, self.config.grace_s, _pids(self._folder))
+        return self._proc.returncode
 
     def _log_order(self, order: JobRestarted | NodesLost | JobEnded) -> None:
         if isinstance(order, JobEnded):

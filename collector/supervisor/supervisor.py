@@ -196,17 +196,17 @@ class Supervisor:
     def stop(self, code: int | None = None) -> None:
         """Stop the running attempt's processes (a signal to the supervisor itself); with
         ``code``, supervision ends with it (the timeline's last lines)."""
-        started = self.runner.running_since
-        self.runner.stop()
+        started, seen = self.runner.running_since, time.time()
+        status = self.runner.stop()
         if code is not None:
-            if started is not None:
+            if started is not None:  # the attempt it interrupted ends with the launcher's exit
                 self.book.timeline.attempt(
                     self.attempt,
                     start=started,
                     end=time.time(),
                     reason="exit",
-                    status=code,
-                    detected=time.time(),
+                    status=code if status is None else status,
+                    detected=seen,
                 )
             self.ended(code)
 
