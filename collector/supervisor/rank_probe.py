@@ -34,6 +34,10 @@ SETTLE_S = 0.05
 """A stack file that grew and then did not change for this long is complete (faulthandler writes
 a dump in one burst of small writes)."""
 
+PID_REUSE_SLACK_S = 2.0
+"""A process that started this long after a rank's heartbeat was written is not that rank (the
+boot time and the start are known to a clock tick; the heartbeat's time is the rank's clock)."""
+
 COLLECTIVE_PATHS = (
     "/torch/distributed/",
     "/torch/nn/parallel/",
@@ -86,6 +90,21 @@ def proc_state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def proc_started(pid: int) -> float | None:
+    """Unix seconds ``pid`` started (``/proc/<pid>/stat`` field 22 after the boot time), or None
+    when there is no such process."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def exit_status(pid: int) -> int | None:
@@ -183,7 +202,7 @@ def probe_ranks(
         One finding per rank, by rank.
     """
     beats = read_rank_beats(folder)
-    states = {rank: proc_state(b.pid) for rank, b in beats.items()}
+    states = {rank: _state(b) for rank, b in beats.items()}
     asked: dict[int, tuple[Path, int]] = {}
     for rank, beat in sorted(beats.items()):
         state = states[rank]
@@ -201,6 +220,16 @@ def probe_ranks(
         _finding(beats[r], states[r], r in asked, stacks.get(r, ""), node, host)
         for r in sorted(beats)
     )
+
+
+def _state(beat: RankBeat) -> str | None:
+    """The rank's process state; None when it is gone, or when its pid now names a process
+    started after the rank's last heartbeat (the pid was reused: never signal a stranger)."""
+    state = proc_state(beat.pid)
+    started = proc_started(beat.pid) if state is not None else None
+    if started is not None and started > beat.time + PID_REUSE_SLACK_S:
+        return None
+    return state
 
 
 def _finding(
