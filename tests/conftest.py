@@ -34,6 +34,7 @@ TORCH_FREE = frozenset(
         "unit/test_rfc3339.py",
         "unit/test_supervisor_unit.py",
         "unit/test_tiers.py",
+        "unit/test_worker_groups.py",
         "integration/test_collector_bounds.py",
         "integration/test_collector_restart.py",
         "integration/test_collector_tokens.py",

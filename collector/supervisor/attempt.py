@@ -20,7 +20,6 @@ incident per worker group, and the new group's start is bounded like any re-star
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import subprocess
 import time
@@ -30,13 +29,9 @@ from pathlib import Path
 
 from ...incidents import CRASH, HANG
 from ...protocol import (
-    ABORTED,
     ATTEMPT_ENV,
-    CHECKPOINT,
     HEARTBEAT_DIR_ENV,
     HEARTBEAT_GLOB,
-    REFUSED,
-    Beat,
     RankBeat,
     read_heartbeats,
     read_rank_beats,
@@ -47,34 +42,12 @@ from .localizer import Localizer, generation_of, incident_key
 from .options import SupervisorConfig
 from .outcomes import Exited, Hung, Ordered, Outcome
 from .peers import JobEnded, JobRestarted, NodesLost, Peers
-from .process import die_with_parent, running, stop_group
+from .process import die_with_parent, stop_group
 from .telemetry import SupervisorMetrics
 from .witness import Witness
+from .worker_groups import WorkerGroups, beat_of, failed
 
 log = logging.getLogger("torchvitals.supervisor")
-
-
-class _Workers:
-    """The generations of worker processes torchrun runs within one attempt."""
-
-    def __init__(self) -> None:
-        self.pids: set[int] = set()
-        """Every pid a heartbeat of this attempt named."""
-        self.by_rank: dict[int, int] = {}
-        """Each rank's pid as last seen."""
-        self.generation = 0
-        """Worker groups torchrun restarted before the current one."""
-        self.dead_at: float | None = None
-        """Unix seconds every rank of the current group was seen gone (the launcher alive)."""
-        self.crashed: set[int] = set()
-        """Generations whose crash was localized (once each)."""
-        self.judged: set[int] = set()
-        """Dead generations told a crash or not while the launcher went on."""
-
-    @property
-    def current(self) -> int:
-        """The generation running, or starting after a dead one."""
-        return self.generation + (self.dead_at is not None)
 
 
 class AttemptRunner:
@@ -169,7 +142,7 @@ class AttemptRunner:
         hang = HangClock(
             self.config, self.intervals, self._clock(), first_start_s=self.first_start_s
         )
-        workers = _Workers()
+        workers = WorkerGroups()
 
         def ended(kind: type[Outcome], end: float, status: int, **details) -> Outcome:
             return kind(
@@ -195,7 +168,7 @@ class AttemptRunner:
                 return ended(Exited, end, status, incident=key)
             now = self._clock()
             beats = read_rank_beats(folder)
-            beat = _beat_of(beats)
+            beat = beat_of(beats)
             witness.poll(beats)
             self._follow(workers, beats, hang, now)
             if self.first_start_s is None:
@@ -205,7 +178,7 @@ class AttemptRunner:
                 self._wait_for_report(proc, witness, beats)
                 if proc.poll() is None:  # torchrun goes on: it restarts its workers
                     workers.judged.add(workers.generation)
-                    if _failed(witness, beats):
+                    if failed(witness, beats):
                         self._crash(number, witness, workers, hang, workers.dead_at, None)
                     continue
             self.localizer.answer(number, witness)
@@ -248,28 +221,15 @@ class AttemptRunner:
             self._sleep(self.config.poll_s)
 
     def _follow(
-        self, workers: _Workers, beats: dict[int, RankBeat], hang: HangClock, now: float
+        self, workers: WorkerGroups, beats: dict[int, RankBeat], hang: HangClock, now: float
     ) -> None:
-        """Follow the worker groups: a new pid after a dead group is torchrun's restart (the
-        job trains again: the pending incidents recovered); every pid gone while the launcher
-        runs is a dead group (torchrun restarting it: a re-start for the hang clock)."""
-        beat = _beat_of(beats)
-        pids = {b.pid for b in beats.values()}
-        new = pids - workers.pids
-        if new:
-            # A rank under a new pid is a new group even if the old one was never seen all
-            # gone: the nodes of a job count torchrun's restarts alike (the incidents' keys).
-            replaced = any(workers.by_rank.get(r, b.pid) != b.pid for r, b in beats.items())
-            if workers.dead_at is not None or replaced:
-                workers.generation += 1
-                workers.dead_at = None
-            workers.pids |= new
-            self.book.recovered(min(b.time for b in beats.values() if b.pid in new))
-        workers.by_rank.update({r: b.pid for r, b in beats.items()})
-        dead = bool(pids) and not any(map(running, pids))
-        if dead and workers.dead_at is None:
-            workers.dead_at = time.time()
-        hang.observe(beat, now)
+        """Follow torchrun's worker groups: the first heartbeat of new workers is the job
+        training again (the pending incidents recovered); every rank gone while the launcher
+        runs is a re-start for the hang clock."""
+        started_at, dead = workers.follow(beats)
+        if started_at is not None:
+            self.book.recovered(started_at)
+        hang.observe(beat_of(beats), now)
         hang.between_workers(dead, now)
 
     def _wait_for_report(
@@ -288,7 +248,7 @@ class AttemptRunner:
         self,
         number: int,
         witness: Witness,
-        workers: _Workers,
+        workers: WorkerGroups,
         hang: HangClock,
         seen: float,
         launcher_status: int | None,
@@ -359,34 +319,6 @@ class AttemptRunner:
                 order.attempt,
                 order.reason,
             )
-
-
-def _beat_of(beats: dict[int, RankBeat]) -> Beat | None:
-    """The ranks' heartbeats combined, as ``protocol.read_heartbeats`` combines them."""
-    if not beats:
-        return None
-    found = beats.values()
-    return Beat(
-        step=max(b.step for b in found),
-        time=max(b.time for b in found),
-        checkpointing=any(b.phase == CHECKPOINT for b in found),
-        aborted=any(b.phase == ABORTED for b in found),
-        refused=any(b.phase == REFUSED for b in found),
-        pids=tuple(b.pid for _, b in sorted(beats.items())),
-    )
-
-
-def _failed(witness: Witness, beats: dict[int, RankBeat]) -> bool:
-    """Whether a rank of ``beats`` failed: the launcher reported it, or it ended by a signal or
-    a non-zero status. Not: ranks that all exited 0 (they finished: the launcher is about to
-    exit 0), nor ranks all stopped by SIGTERM (torchrun restarting its workers for a change of
-    membership, or after another node's worker failed, which that node names)."""
-    pids = {b.pid for b in beats.values()}
-    if pids & set(witness.failures()):
-        return True
-    return any(
-        d.status not in (None, 0, -signal.SIGTERM) for d in witness.deaths() if d.pid in pids
-    )
 
 
 def _last_advance(hang: HangClock, started: float | None) -> float | None:
