@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .agent.report import Action
 from .incidents import IncidentLog
 
 log = logging.getLogger("torchvitals.goodput")
@@ -153,7 +154,7 @@ class StepTimeline:
         seconds: float,
         data_wait: float = 0.0,
         checkpoint: float = 0.0,
-        action: str = "step",
+        action: str = Action.STEP,
     ) -> None:
         """Step ``step`` ended at ``end`` after ``seconds`` (since the previous step's end), of
         which ``data_wait`` waiting for its batch and ``checkpoint`` saving or restoring."""
@@ -165,7 +166,7 @@ class StepTimeline:
                 "d": seconds,
                 "w": data_wait,
                 "c": checkpoint,
-                "x": action,
+                "x": str(action),
             }
         )
 
@@ -478,7 +479,7 @@ class _Steps:
         c = min(c, d)
         w = min(w, d - c)
         work = d - c - w
-        rollback = action == "rollback"
+        rollback = action == Action.ROLLBACK
         productive = not rollback and step > self.hwm
         if productive:
             self._open = None

@@ -36,16 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .agent.report import Action
+
 log = logging.getLogger("torchvitals.incidents")
 
 HANG, CRASH, NODE_LOST = "hang", "crash", "node_lost"
-NONFINITE, LOSS_SPIKE, STRAGGLER, DIVERGENCE, ABORT = (
-    "nonfinite",
-    "loss_spike",
-    "straggler",
-    "divergence",
-    "abort",
-)
+NONFINITE, LOSS_SPIKE, STRAGGLER, DIVERGENCE = "nonfinite", "loss_spike", "straggler", "divergence"
+ABORT = Action.ABORT.value
+"""The job gave up on purpose: the report's action of that step, spelled once."""
 KINDS = (HANG, CRASH, NODE_LOST, NONFINITE, LOSS_SPIKE, STRAGGLER, DIVERGENCE, ABORT)
 """Every kind of incident (a bounded label set: the metrics and alerts use it too)."""
 
