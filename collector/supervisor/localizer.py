@@ -80,7 +80,7 @@ class Localizer:
             evidence.update(_startup_evidence(self.config, clock))
             if phase == RESTART:
                 cause = (
-                    f"startup after restart took more than {clock.timeout():.0f} s (the first "
+                    f"startup after restart took more than {clock.timeout():.1f} s (the first "
                     f"start took {clock.first_start_s or 0:.1f} s)"
                     + ("" if verdict.rule == "none" else f"; {verdict.cause}")
                 )
