@@ -43,10 +43,10 @@ COLLECTIVE_PATHS = (
     "/torch/nn/parallel/",
     "/torch/autograd/",
     "/torch/cuda/",
-    "/deepspeed/comm/",
 )
 """Frames in these files mean the rank waits on the others or on its device: a collective, a
-backward whose gradients DDP reduces, a device synchronize."""
+backward whose gradients DDP reduces, a device synchronize (a framework's own communication
+layer calls torch.distributed, whose frame is innermost)."""
 
 COLLECTIVE_FUNCTIONS = frozenset(
     {
