@@ -42,7 +42,7 @@ from pathlib import Path
 
 from ...agent.recover.jobid import job_identity, launcher_job_id
 from ...agent.recover.ledger import Ledger, LedgerError
-from ...protocol import JOB_ID_ENV, LEDGER_FILE, read_heartbeats
+from ...protocol import JOB_ID_ENV, LEDGER_FILE, NODE_ENV, read_heartbeats
 from .attempt import AttemptRunner
 from .disruptions import Disruptions
 from .goodput_export import GoodputCollector
@@ -123,6 +123,10 @@ class Supervisor:
         # Every attempt, on every node, is the same job: the ledger continues it after any
         # restart and refuses it to another job (torchvitals.agent.recover.jobid).
         environ[JOB_ID_ENV] = self.job_id
+        # The ranks name their node as the supervisors do (torchrun's GROUP_RANK follows the
+        # c10d rendezvous' arrival order, which may differ): an agent's incident and a
+        # supervisor's then agree on the culprit's node.
+        environ[NODE_ENV] = str(config.node_rank)
         if peers is None:
             peers = (
                 StorePeers(
