@@ -3,18 +3,8 @@
 
     torchvitals goodput ckpt/ [--json]
 
-The records it is computed from live in ``<job folder>/goodput/``, JSON lines appended and
-flushed one at a time (a crash loses at most the line being written):
-
-- ``steps-a<attempt>-p<pid>.jsonl``, written by global rank 0's agent (``StepTimeline``): a
-  ``start`` line when ``watch()`` returns (with the seconds spent loading the checkpoint it
-  resumed from), then one ``step`` line per step: its number, its end (unix seconds), its
-  duration (from the previous step's end, or from ``watch()`` for the first), and the parts of
-  it spent waiting for data and in checkpoints (a save's stall on the step, a rollback's
-  restore), and the action taken.
-- ``supervisor-node<n>.jsonl``, written by each node's supervisor (``SupervisorTimeline``): the
-  wait for the other nodes before each attempt, each attempt's start and end (and how it ended,
-  and when the fault was detected), and the end of the job.
+The records it reads are ``timeline``'s (``<job folder>/goodput/``: rank 0's steps, the
+supervisors' attempts).
 
 How the records become seconds (the rules ``account`` applies):
 
@@ -58,172 +48,23 @@ Torch-free: the agent, the supervisor and the command line all import it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import re
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from .agent.report import Action
 from .incidents import IncidentLog
+from .timeline import FOLDER, STEPS_GLOB, SUPERVISOR_GLOB
+
+__all__ = ["CAUSES", "FOLDER", "Accountant", "Goodput", "GoodputError", "IncidentCost", "account"]
 
 log = logging.getLogger("torchvitals.goodput")
 
-FOLDER = "goodput"
-"""The records' sub-folder of the job's folder."""
-
-STEPS_GLOB = "steps-a*-p*.jsonl"
-SUPERVISOR_GLOB = "supervisor-node*.jsonl"
-
-
-class _Lines:
-    """An append-only JSON-lines file, each line flushed; a failing disk is logged once and the
-    caller goes on (training and supervision never stop over an accounting line)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file: IO[str] | None = None
-        self._failed = False
-
-    def write(self, record: dict[str, Any]) -> None:
-        try:
-            if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-            self._file.flush()
-        except (OSError, ValueError) as exc:
-            if not self._failed:
-                log.warning("torchvitals: cannot write %s (%s); goes on without it", self.path, exc)
-            self._failed = True
-
-    def close(self) -> None:
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = None
-
-
-class StepTimeline:
-    """Global rank 0's steps, for the goodput accounting.
-
-    Args:
-        folder: the job's folder.
-        attempt: the supervisor's attempt (0 when unsupervised).
-        pid: this process (a torchrun restart within an attempt is a new pid, a new file).
-        clock: unix seconds.
-    """
-
-    def __init__(
-        self,
-        folder: str | os.PathLike,
-        *,
-        attempt: int = 0,
-        pid: int | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        pid = os.getpid() if pid is None else pid
-        self.attempt, self.pid, self._clock = attempt, pid, clock
-        self._lines = _Lines(Path(folder) / FOLDER / f"steps-a{attempt:04d}-p{pid}.jsonl")
-
-    def start(self, *, at: float, resumed: int, load_seconds: float = 0.0) -> None:
-        """``watch()`` returned at ``at``, resumed from step ``resumed`` (0: a fresh start) after
-        ``load_seconds`` loading its checkpoint."""
-        self._lines.write(
-            {
-                "e": "start",
-                "a": self.attempt,
-                "pid": self.pid,
-                "t": at,
-                "resumed": resumed,
-                "load": load_seconds,
-            }
-        )
-
-    def step(
-        self,
-        step: int,
-        *,
-        end: float,
-        seconds: float,
-        data_wait: float = 0.0,
-        checkpoint: float = 0.0,
-        action: str = Action.STEP,
-    ) -> None:
-        """Step ``step`` ended at ``end`` after ``seconds`` (since the previous step's end), of
-        which ``data_wait`` waiting for its batch and ``checkpoint`` saving or restoring."""
-        self._lines.write(
-            {
-                "e": "step",
-                "s": step,
-                "t": end,
-                "d": seconds,
-                "w": data_wait,
-                "c": checkpoint,
-                "x": str(action),
-            }
-        )
-
-    def close(self) -> None:
-        self._lines.close()
-
-
-class SupervisorTimeline:
-    """One node's supervisor's attempts, for the goodput accounting.
-
-    Args:
-        folder: the job's folder.
-        node: this node's rank.
-    """
-
-    def __init__(self, folder: str | os.PathLike, *, node: int = 0) -> None:
-        self.node = node
-        self._lines = _Lines(Path(folder) / FOLDER / f"supervisor-node{node}.jsonl")
-
-    def waited(self, attempt: int, *, start: float, end: float) -> None:
-        """The node waited for the others from ``start`` to ``end`` before ``attempt``."""
-        self._lines.write({"e": "wait", "a": attempt, "t0": start, "t1": end})
-
-    def attempt(
-        self,
-        attempt: int,
-        *,
-        start: float,
-        end: float,
-        reason: str,
-        status: int,
-        detected: float | None = None,
-    ) -> None:
-        """``attempt`` ran from ``start`` to ``end`` and ended by ``reason`` ("exit", "hang",
-        "peer") with the launcher's ``status``; ``detected``: when the fault that ended it was
-        seen (None: at ``end``)."""
-        self._lines.write(
-            {
-                "e": "attempt",
-                "a": attempt,
-                "t0": start,
-                "t1": end,
-                "reason": reason,
-                "status": status,
-                "detected": end if detected is None else detected,
-            }
-        )
-
-    def ended(self, *, at: float, code: int) -> None:
-        """This node's supervision ended at ``at`` with exit status ``code``."""
-        self._lines.write({"e": "end", "t": at, "code": code})
-
-    def close(self) -> None:
-        self._lines.close()
-
-
-# ---------------------------------------------------------------- the accounting
 CAUSES = (
     "startup",
     "checkpoint",

@@ -31,9 +31,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..goodput import StepTimeline
 from ..incidents import IncidentLog
 from ..protocol import ATTEMPT_ENV, CHECKPOINT, REFUSED, TRAIN, token_from_env
+from ..timeline import StepTimeline
 from .backends import OptimizerBackend, choose
 from .backends.optimizers import Optimizers
 from .backends.wrappers import unwrap_scheduler

@@ -7,7 +7,7 @@ The accounting splits the job's wall time into productive time and badput by cau
 agent it needs each step's end, its duration (since the previous step's end, the first since
 ``watch()`` returned), the part of it spent waiting for data, the part spent in checkpoints (a
 save's stall on the step, a rollback's restore) and the action. One short JSON line, written
-and flushed on global rank 0 only (``goodput.StepTimeline``, which logs a failing disk once and
+and flushed on global rank 0 only (``timeline.StepTimeline``, which logs a failing disk once and
 goes on): a few microseconds a step, nothing on the other ranks.
 """
 
@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable
 
-from ...goodput import StepTimeline
+from ...timeline import StepTimeline
 from ..report import Report
 
 

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...goodput import SupervisorTimeline
 from ...incidents import Incident, IncidentLog
+from ...timeline import SupervisorTimeline
 from .telemetry import SupervisorMetrics
 
 log = logging.getLogger("torchvitals.supervisor")

@@ -15,15 +15,9 @@ from pathlib import Path
 import pytest
 from support.goodput_jobs import crash_then_rollback
 
-from torchvitals.goodput import (
-    CAUSES,
-    Accountant,
-    GoodputError,
-    StepTimeline,
-    SupervisorTimeline,
-    account,
-)
+from torchvitals.goodput import CAUSES, Accountant, GoodputError, account
 from torchvitals.incidents import Culprit, Incident, IncidentLog
+from torchvitals.timeline import StepTimeline, SupervisorTimeline
 
 
 def adds_up(g) -> None:
