@@ -114,7 +114,9 @@ def test_goodput_agrees_with_the_step_log_after_a_crash_and_a_rollback(tmp_path)
     }
     # Both faults fired, once each, and both cost steps done again.
     assert sorted(r["kind"] for r in records if r["event"] == "fault") == ["exit13", "nan"]
-    assert {r["attempt"] for r in finished} == {2}, "the exit 13 did not restart the job"
+    assert {r["attempt"] for r in finished} == {2}, (
+        f"not one restart, for the exit 13: {finished}\n{run.stderr[-4000:]}"
+    )
     productive, redone, order = measured([r for r in records if r["event"] == "step"])
     assert redone > 0, order
     reference = productive / wall
