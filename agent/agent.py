@@ -207,8 +207,10 @@ class Agent:
         # alone while the others wait in a collective; only rank 0 polls.
         token = token_from_env() if config.collector_url else None
         self.heartbeat = (
-            Heartbeat(config.heartbeat_dir, self.rank) if config.heartbeat_dir else None
+            Heartbeat(config.heartbeat_dir, self.rank, flush=True) if config.heartbeat_dir else None
         )
+        if self.heartbeat is not None:
+            built.callback(self.heartbeat.close)
         if self.heartbeat is not None and config.heartbeat_dir:
             self._stacks(config.heartbeat_dir, self.heartbeat, built)
         try:

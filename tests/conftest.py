@@ -26,6 +26,7 @@ TORCH_FREE = frozenset(
         "unit/test_diagnose_culprit.py",
         "unit/test_eventlog.py",
         "unit/test_goodput.py",
+        "unit/test_disruption_costs.py",
         "unit/test_goodput_export.py",
         "unit/test_incidents.py",
         "unit/test_launcher_log.py",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,9 @@ class Heartbeat:
     rank: this process's global rank.
     interval_s: the least time between two writes in the same phase.
     clock: wall-clock seconds, written into the file.
+    flush: write a step that ``interval_s`` held back once ``interval_s`` has passed, from a
+        timer thread, so a job that hangs right after it still shows the step it reached (a
+        hang incident names it). Off by default: a test's fake clock sees no thread write.
     """
 
     def __init__(
@@ -36,6 +40,7 @@ class Heartbeat:
         rank: int,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        flush: bool = False,
     ):
         self.path = heartbeat_path(folder, rank)
         Path(folder).mkdir(parents=True, exist_ok=True)
@@ -47,6 +52,12 @@ class Heartbeat:
         """The signal on which this rank writes its stacks (``stacks.py``), written into every
         beat; None: none registered."""
         self._failed = False
+        self._flush, self._closed = flush, False
+        self._written: tuple[int, str] | None = None
+        """The step and phase of the last write (a held-back step differs)."""
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        """One writer at a time: the step and the flush timer share the temporary file."""
 
     def forget_stacks(self) -> None:
         """The stack signal is no longer registered (``agent.close()``): say so at once, so a
@@ -57,32 +68,56 @@ class Heartbeat:
 
     def beat(self, step: int | None = None, phase: str | None = None, force: bool = False) -> None:
         """Record progress; writes when the phase changed, ``interval_s`` passed, or ``force``."""
-        now = self._clock()
-        changed = force or (phase is not None and phase != self.phase)
-        self.step = self.step if step is None else step
-        self.phase = self.phase if phase is None else phase
-        if changed or now - self._last >= self.interval_s:
-            try:
-                write_heartbeat(
+        with self._lock:
+            now = self._clock()
+            changed = force or (phase is not None and phase != self.phase)
+            self.step = self.step if step is None else step
+            self.phase = self.phase if phase is None else phase
+            if changed or now - self._last >= self.interval_s:
+                self._write(now)
+            elif self._flush and self._timer is None and not self._closed:
+                # One timer at most per interval: a thread started about once a second.
+                self._timer = threading.Timer(self.interval_s, self._flush_held)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def close(self) -> None:
+        """No more writes from the flush timer (``agent.close()``)."""
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def _flush_held(self) -> None:
+        with self._lock:
+            self._timer = None
+            if not self._closed and self._written != (self.step, self.phase):
+                self._write(self._clock())
+
+    def _write(self, now: float) -> None:
+        try:
+            write_heartbeat(
+                self.path,
+                step=self.step,
+                time=now,
+                phase=self.phase,
+                pid=os.getpid(),
+                rank=self.rank,
+                metrics_url=self.metrics_url,
+                stack_signal=self.stack_signal,
+            )
+        except OSError as exc:
+            # A full or vanished folder must not stop the training it reports on; the
+            # supervisor sees the beats stop and acts on that.
+            if not self._failed:
+                log.warning(
+                    "torchvitals: cannot write the heartbeat %s (%s); the training goes on",
                     self.path,
-                    step=self.step,
-                    time=now,
-                    phase=self.phase,
-                    pid=os.getpid(),
-                    rank=self.rank,
-                    metrics_url=self.metrics_url,
-                    stack_signal=self.stack_signal,
+                    exc,
                 )
-            except OSError as exc:
-                # A full or vanished folder must not stop the training it reports on; the
-                # supervisor sees the beats stop and acts on that.
-                if not self._failed:
-                    log.warning(
-                        "torchvitals: cannot write the heartbeat %s (%s); the training goes on",
-                        self.path,
-                        exc,
-                    )
-                self._failed = True
-                return
-            self._failed = False
-            self._last = now
+            self._failed = True
+            return
+        self._failed = False
+        self._last = now
+        self._written = (self.step, self.phase)

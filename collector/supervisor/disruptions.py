@@ -11,8 +11,10 @@ pending until the job trains again: the first heartbeat of the restarted workers
 attempt. Then its ``recovered_at`` is that heartbeat's time and its ``lost_seconds`` the wall time
 the disruption held the job still: from the last heartbeat advance before the fault to that first
 new heartbeat (detection, the localization, the stop, the back-off, the start barrier, the
-restart and the resume). Steps done again after the resume are not in it: the goodput
-accounting counts them as lost progress, from the steps' own records.
+restart and the resume). Where a second disruption came before the job trained again (a crash,
+then its restart stuck at startup), the first one's cost ends at the second's detection. Steps
+done again after the resume are not in it: the goodput accounting counts them as lost progress,
+from the steps' own records.
 
 The counter ``torchvitals_supervisor_incidents_total`` counts the incidents this node wrote, so
 the sum over the nodes counts each incident once. A folder that cannot be written is logged and
@@ -39,6 +41,8 @@ class _Pending:
     key: str
     last_advance: float
     """Unix seconds of the job's last heartbeat advance before the fault."""
+    detected_at: float
+    """When the fault was seen: where an earlier pending incident's cost ends."""
 
 
 class Disruptions:
@@ -102,15 +106,20 @@ class Disruptions:
             c.host or "",
         ).inc()
         if last_advance is not None:
-            self._pending.append(_Pending(incident.key, last_advance))
+            self._pending.append(_Pending(incident.key, last_advance, incident.detected_at))
         return True
 
     def recovered(self, at: float) -> None:
         """The job trains again since ``at`` (unix seconds of the first new heartbeat): the
         pending incidents are over."""
-        pending, self._pending = self._pending, []
-        for p in pending:
-            lost = round(max(0.0, at - p.last_advance), 3)
+        pending, self._pending = sorted(self._pending, key=lambda p: p.detected_at), []
+        # Several disruptions before the job trained again (a crash, then its restart stuck at
+        # startup) share the stall: each costs from its start to the next one's detection, so
+        # their lost seconds add up to the stall once, not once each.
+        starts = [pending[0].last_advance] if pending else []
+        starts += [max(p.detected_at, starts[0]) for p in pending[1:]]
+        for p, start, end in zip(pending, starts, [*starts[1:], at]):
+            lost = round(max(0.0, end - start), 3)
             try:
                 self.incidents.update(p.key, recovered_at=at, lost_seconds=lost)
             except OSError as exc:
