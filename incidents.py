@@ -166,9 +166,10 @@ class Incident:
             raise IncidentError(f"{where}: {exc}") from None
 
     def line(self) -> str:
-        """One line for a log or a terminal: kind, step, culprit, cause."""
+        """One line for a log or a terminal: kind, step, culprit (where named), cause."""
         step = "" if self.step is None else f" at step {self.step}"
-        return f"{self.kind}{step}: {self.culprit.describe()}: {self.cause}"
+        who = "" if self.culprit == Culprit() else f"{self.culprit.describe()}: "
+        return f"{self.kind}{step}: {who}{self.cause}"
 
 
 def _typed(d: dict, name: str, kind: type, where: str, *, optional: bool = False) -> Any:

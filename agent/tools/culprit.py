@@ -111,10 +111,12 @@ def incident_line(incident: Incident, verdicts: Iterable[Mapping[str, Any]] = ()
 def from_incidents(
     incidents: Sequence[Incident], cause: str, verdicts: Sequence[Mapping[str, Any]] = ()
 ) -> Lead | None:
-    """The incident to lead with for the diagnosed ``cause``; None without incidents."""
-    if not incidents:
+    """The incident to lead with for the diagnosed ``cause``; None when no incident names a
+    culprit (a loss spike's rank cannot be told from the mean loss: "an unnamed rank" would lead
+    the diagnosis with nothing; the incidents are still listed)."""
+    named = [i for i in incidents if i.culprit != Culprit()]
+    if not named:
         return None
-    named = [i for i in incidents if i.culprit != Culprit()] or list(incidents)
     matching = [i for i in named if i.kind in CAUSE_KINDS.get(cause, ())]
     stopped = [i for i in named if i.kind in STOPPED]
     lead = (matching or stopped or named)[0]  # the list is oldest first

@@ -175,3 +175,28 @@ def test_cli_diagnose_takes_the_job_folder(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out.startswith("culprit: rank 2")
     assert main(["diagnose", str(run), "--job-dir", str(run)]) == 0
     assert capsys.readouterr().out.startswith("cause: no anomaly")
+
+
+def test_an_incident_naming_nobody_does_not_lead_the_diagnosis():
+    from torchvitals.agent.tools.culprit import from_incidents
+    from torchvitals.incidents import Culprit, Incident
+
+    spike = Incident(
+        kind="loss_spike",
+        key="loss_spike-a0000-s00000118",
+        step=118,
+        culprit=Culprit(),
+        cause="the loss spiked; the rank cannot be told from the mean loss",
+        detected_at=1000.0,
+    )
+    assert from_incidents([spike], "gradient_explosion") is None
+    named = Incident(
+        kind="straggler",
+        key="straggler-a0000-r1-s00000004",
+        step=9,
+        culprit=Culprit(rank=1, node=0, host="h"),
+        cause="rank 1 is slow",
+        detected_at=1001.0,
+    )
+    lead = from_incidents([spike, named], "gradient_explosion")
+    assert lead is not None and lead.line.startswith("rank 1 (node 0, host h)")

@@ -179,3 +179,5 @@ def test_every_kind_is_a_valid_incident_and_a_line_reads_well():
     )
     assert Culprit(node=1, host="h").describe() == "node 1 (host h)"
     assert Culprit().describe() == "unknown"
+    spike = incident(kind="loss_spike", culprit=Culprit(), cause="the loss spiked to 3.9")
+    assert spike.line() == "loss_spike at step 41: the loss spiked to 3.9"  # no "unknown: "
