@@ -1,7 +1,7 @@
 """A rank's stacks on the stack signal, without its cooperation: registered at watch() when a
 heartbeat folder is set, named in every heartbeat, chained to a user's own handler, and given
 back at close(). (A separate process spinning in its main thread: tests/distributed/
-test_stacks.py.)"""
+test_stacks_process.py.)"""
 
 from __future__ import annotations
 

@@ -77,3 +77,12 @@ def test_every_test_file_lives_in_a_tier():
         if p.relative_to(TESTS).parts[0] not in TIERS
     ]
     assert not misplaced, misplaced
+
+
+def test_every_test_file_has_a_name_of_its_own():
+    """pytest imports test files by their base name (the tiers are not packages): two files of
+    one name in two tiers fail the whole run's collection with "import file mismatch"."""
+    seen: dict[str, list[str]] = {}
+    for path in TESTS.rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(TESTS)))
+    assert not {n: p for n, p in seen.items() if len(p) > 1}

@@ -1,7 +1,7 @@
 """``torchvitals goodput`` agrees with the time measured from the job's own step log, on a
 supervised run with a crash and a rollback, and its parts add up to its wall time.
 
-    python -m pytest tests/integration/test_goodput.py -s
+    python -m pytest tests/integration/test_goodput_agreement.py -s
 
 One node, torchrun's two gloo ranks under ``torchvitals supervise``, one checkpoint folder: rank
 1's loss is NaN once (the agent rolls back to the last healthy checkpoint, the steps after it are
