@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from incident_ranks import nan_on_rank1
+from nan_incident_ranks import nan_on_rank1
 from support.world import run_world
 
 from torchvitals.incidents import IncidentLog

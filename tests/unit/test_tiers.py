@@ -79,10 +79,13 @@ def test_every_test_file_lives_in_a_tier():
     assert not misplaced, misplaced
 
 
-def test_every_test_file_has_a_name_of_its_own():
-    """pytest imports test files by their base name (the tiers are not packages): two files of
-    one name in two tiers fail the whole run's collection with "import file mismatch"."""
+def test_every_test_module_has_a_name_of_its_own():
+    """pytest imports test files by their base name (the tiers are not packages), and a tier's
+    helper modules are imported by name from its folder: two files of one name in two tiers fail
+    the whole run's collection ("import file mismatch"), or hand one tier's spawned ranks the
+    other's helper."""
     seen: dict[str, list[str]] = {}
-    for path in TESTS.rglob("test_*.py"):
-        seen.setdefault(path.name, []).append(str(path.relative_to(TESTS)))
+    for path in TESTS.glob("*/*.py"):
+        if path.name not in ("conftest.py", "__init__.py") and path.parent.name != "support":
+            seen.setdefault(path.name, []).append(str(path.relative_to(TESTS)))
     assert not {n: p for n, p in seen.items() if len(p) > 1}
