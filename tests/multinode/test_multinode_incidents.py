@@ -5,7 +5,7 @@ injected once at a named global rank and step, the job recovers and finishes, an
 the rank and the node it ran on (the node alone for a lost node), with the proof in its evidence,
 written within the bound from the moment the job recorded the fault.
 
-    python -m pytest tests/multinode/test_multinode_incidents.py -s      # -s prints each one's timings
+    python -m pytest tests/multinode/test_multinode_incidents.py -s    # -s: each one's timings
 
 The truth is the job's own: each rank records the node it runs under (the supervisor's, which
 c10d's arrival-order group ranks need not match), the unix time it injected its fault, and every
