@@ -19,7 +19,6 @@ from support.models import TINY, TinyGPT
 import torchvitals
 from torchvitals.protocol import STACK_SIGNAL, heartbeat_path, read_rank_beats, stack_path
 
-pytestmark = pytest.mark.skipif(STACK_SIGNAL is None, reason="no real-time signals here")
 QUIET = {"log_dir": "", "metrics_port": 0}
 
 
