@@ -75,13 +75,11 @@ class Culprit:
     host: str | None = None
     pid: int | None = None
 
-    def describe(self) -> str:
-        """``rank 3 (node 1, host h, pid 4711)``, or ``node 1 (host h)``, or ``unknown``."""
-        where = [
-            f"{k} {v}"
-            for k, v in (("node", self.node), ("host", self.host), ("pid", self.pid))
-            if v is not None
-        ]
+    def describe(self, *, pid: bool = True) -> str:
+        """``rank 3 (node 1, host h, pid 4711)``, or ``node 1 (host h)``, or ``unknown``; without
+        the pid when ``pid`` is False (a lead line a person reads)."""
+        shown = (("node", self.node), ("host", self.host), ("pid", self.pid if pid else None))
+        where = [f"{k} {v}" for k, v in shown if v is not None]
         if self.rank is not None:
             return f"rank {self.rank}" + (f" ({', '.join(where)})" if where else "")
         if where:

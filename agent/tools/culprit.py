@@ -77,13 +77,8 @@ class Lead:
 
 def who(culprit: Culprit) -> str:
     """``rank 1 (node 0, host h)``, ``node 2 (host h)``, ``an unnamed rank``."""
-    pairs = (("node", culprit.node), ("host", culprit.host))
-    where = [f"{k} {v}" for k, v in pairs if v is not None]
-    if culprit.rank is not None:
-        return f"rank {culprit.rank}" + (f" ({', '.join(where)})" if where else "")
-    if where:
-        return where[0] + (f" ({where[1]})" if len(where) > 1 else "")
-    return "an unnamed rank"
+    named = culprit.describe(pid=False)
+    return "an unnamed rank" if named == "unknown" else named
 
 
 def incident_line(incident: Incident, verdicts: Iterable[Mapping[str, Any]] = ()) -> str:
