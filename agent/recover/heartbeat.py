@@ -55,6 +55,10 @@ class Heartbeat:
         self._flush, self._closed = flush, False
         self._written: tuple[int, str] | None = None
         """The step and phase of the last write (a held-back step differs)."""
+        self._reached = -float("inf")
+        """When the current step and phase were reached: the time a flushed beat carries, so
+        the supervisor's hang clock counts from the progress, not from the flush up to
+        ``interval_s`` later."""
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         """One writer at a time: the step and the flush timer share the temporary file."""
@@ -71,6 +75,8 @@ class Heartbeat:
         with self._lock:
             now = self._clock()
             changed = force or (phase is not None and phase != self.phase)
+            if changed or (step is not None and step != self.step):
+                self._reached = now
             self.step = self.step if step is None else step
             self.phase = self.phase if phase is None else phase
             if changed or now - self._last >= self.interval_s:
@@ -93,14 +99,15 @@ class Heartbeat:
         with self._lock:
             self._timer = None
             if not self._closed and self._written != (self.step, self.phase):
-                self._write(self._clock())
+                self._write(self._clock(), at=self._reached)
 
-    def _write(self, now: float) -> None:
+    def _write(self, now: float, at: float | None = None) -> None:
+        """Write the beat at ``now``; ``at``: the progress time it carries (default ``now``)."""
         try:
             write_heartbeat(
                 self.path,
                 step=self.step,
-                time=now,
+                time=now if at is None else at,
                 phase=self.phase,
                 pid=os.getpid(),
                 rank=self.rank,

@@ -111,10 +111,14 @@ def test_a_stopped_rank_is_detected_as_a_hang_and_the_job_restarted(tmp_path):
     assert time.monotonic() - started < 45
     first, second = supervisor.history
     assert (first.reason, second.reason, second.status) == ("hang", "exit", 0)
-    # Rank 1 stopped itself right after writing the marker. Its last heartbeat advance came at
-    # most a beat interval (1 s) before, so the hang is seen 2..3 s later, plus a poll.
+    # Rank 1 stopped itself right after writing the marker. The last heartbeat advance the
+    # supervisor sees comes at most a beat interval (1 s) before that, or up to 1 s after it:
+    # rank 0's beat of the same step, held back by the interval, is flushed by its timer. So the
+    # hang is seen 2..4 s after the stop, plus a poll and the localization (a /proc read and
+    # rank 0's stack dump) before the group is stopped.
     stopped_at = (tmp_path / "ckpt" / "fault-stop-done").stat().st_mtime
-    assert 2 - 0.2 <= first.ended - stopped_at <= 3 + 0.5, first.ended - stopped_at
+    assert 2 - 0.2 <= first.ended - stopped_at <= 4 + 1.0, first.ended - stopped_at
+    assert first.incident == "hang-a0001"
     # SIGTERM (with SIGCONT for the stopped rank) ends the whole group: no wait for SIGKILL.
     assert second.started - first.ended < config.grace_s
     assert attempts(tmp_path) == [{"resumed_from": 10, "last_step": 20}]

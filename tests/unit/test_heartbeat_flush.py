@@ -52,3 +52,19 @@ def test_without_flush_a_held_back_step_stays_held(tmp_path):
     beat.beat(6)
     time.sleep(0.5)
     assert written_step(tmp_path) == 5
+
+
+def test_a_flushed_step_carries_the_time_it_was_reached_not_the_flush_time(tmp_path):
+    # The supervisor's hang clock counts from a beat's time: a flush stamped with its own time
+    # would move the last advance up to an interval past a rank that stopped right after it.
+    clock = [100.0]
+    beat = Heartbeat(tmp_path, rank=2, interval_s=0.2, clock=lambda: clock[0], flush=True)
+    beat.beat(11)
+    clock[0] = 100.05
+    beat.beat(12)  # held back; reached at 100.05
+    clock[0] = 100.15
+    beat.beat(12)  # the same step again: not a new advance
+    clock[0] = 100.9  # the timer fires later
+    assert wait_for(lambda: written_step(tmp_path) == 12)
+    assert read_rank_beats(tmp_path)[2].time == 100.05
+    beat.close()
