@@ -591,12 +591,15 @@ class Agent:
         self.adapter = adapter
         self.on_close(adapter.close)
 
-    def resume_at(self, step: int) -> None:
+    def resume_at(self, step: int, load_seconds: float = 0.0) -> None:
         """The run continues after model step ``step`` because a framework loaded its own
-        checkpoint of it (torchtitan's): the step count and ``resumed_from`` become ``step``,
-        and the next step records activations if it is a sampled one. Call it on every rank,
+        checkpoint of it (torchtitan's) in ``load_seconds``: the step count and
+        ``resumed_from`` become ``step``, the next step records activations if it is a sampled
+        one, and the goodput records book the load as checkpoint time. Call it on every rank,
         between steps."""
         self.steps.step_count = self.resumed_from = step
+        if self.timeline is not None:
+            self.timeline.loaded(load_seconds)
         if self.steps.sampled(step + 1):
             self.steps.arm()
 

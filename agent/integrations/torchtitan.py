@@ -129,10 +129,11 @@ class TorchtitanAdapter:
         finally:
             self._set_step(self.agent.step_count)
 
-    def resume_at(self, step: int) -> None:
-        """The run continues after model step ``step`` (torchtitan's checkpoint was loaded):
-        the agent's step count (and ``resumed_from``) and ``trainer.step`` all at it."""
-        self.agent.resume_at(step)
+    def resume_at(self, step: int, load_seconds: float = 0.0) -> None:
+        """The run continues after model step ``step`` (torchtitan's checkpoint was loaded, in
+        ``load_seconds``): the agent's step count (and ``resumed_from``) and ``trainer.step``
+        all at it."""
+        self.agent.resume_at(step, load_seconds)
         self._set_step(step)
 
     def _set_step(self, step: int) -> None:

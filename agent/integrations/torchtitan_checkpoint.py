@@ -25,6 +25,7 @@ checkpoint written without torchvitals is loaded without that key, with a warnin
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,11 +50,11 @@ class TitanCheckpoints(Stateful):
     Args:
         trainer: torchtitan's built ``Trainer`` whose ``checkpointer`` is enabled.
         agent: the agent watching it.
-        set_step: sets the agent's model step (``Agent.resume_at``) and the trainer's after a
-            load.
+        set_step: sets the agent's model step (``Agent.resume_at``, with the load's seconds) and
+            the trainer's after a load.
     """
 
-    def __init__(self, trainer: Any, agent: Agent, set_step: Callable[[int], None]) -> None:
+    def __init__(self, trainer: Any, agent: Agent, set_step: Callable[[int, float], None]) -> None:
         self.trainer, self.agent, self._set_step = trainer, agent, set_step
         self.checkpointer = trainer.checkpointer
         self.adopted: CarriedState | None = None
@@ -100,6 +101,7 @@ class TitanCheckpoints(Stateful):
         excluded = STATE_KEY in getattr(self.checkpointer, "exclude_from_loading", ())
         if not carries and not excluded:
             del states[STATE_KEY]  # DCP would refuse a key the checkpoint lacks
+        began = time.monotonic()
         try:
             loaded = self._load(step)
         finally:
@@ -108,7 +110,8 @@ class TitanCheckpoints(Stateful):
         if not loaded or target <= 0:
             return loaded
         titan_step = int(self.trainer.step)
-        self._set_step(titan_step)  # the agent's resume_at: its step count and resumed_from
+        # the agent's resume_at: its step count and resumed_from, and the load as checkpoint time
+        self._set_step(titan_step, time.monotonic() - began)
         source = f"torchtitan checkpoint {folder}"
         if state is None:
             log.warning(

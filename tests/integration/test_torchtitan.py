@@ -250,6 +250,11 @@ def test_torchtitans_own_checkpoints_carry_the_back_off_and_a_restart_from_them_
         for r in reports:
             assert r["lr"] == [pytest.approx(x, rel=1e-12) for x in after[r["step"]]["lr"]]
             assert r["loss"] == pytest.approx(after[r["step"]]["loss"], rel=1e-5), r["step"]
+    # torchtitan's load came after watch(): the goodput records book it as checkpoint time of
+    # the step it delayed (the first), not as that step's work.
+    (records,) = (tmp_path / "fresh" / "goodput").glob("steps-*.jsonl")
+    steps = [r for r in map(json.loads, records.read_text().splitlines()) if r["e"] == "step"]
+    assert steps[0]["s"] == 13 and 0 < steps[0]["c"] <= steps[0]["d"]
 
 
 def test_with_both_kinds_of_checkpoint_a_restart_takes_the_newer(rolled_back, tmp_path):

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from torchvitals.agent.outputs.incidents import (
 )
 from torchvitals.agent.outputs.sinks import Sink
 from torchvitals.agent.report import Report
+from torchvitals.goodput import account
 from torchvitals.incidents import Culprit, IncidentLog
 from torchvitals.protocol import ATTEMPT_ENV, NODE_ENV
 
@@ -228,3 +230,26 @@ def test_the_node_is_the_supervisors_then_the_launchers():
     assert gather_places(None, 0, 1) == {
         0: Culprit(rank=0, node=node_rank(0) or 0, host=socket.gethostname(), pid=os.getpid())
     }
+
+
+def test_a_frameworks_own_checkpoint_load_after_watch_is_checkpoint_time_not_work(tmp_path):
+    # torchtitan loads its checkpoint inside its trainer, after watch() returned: the load
+    # delays the first step, and without resume_at's seconds the accounting booked it as that
+    # step's productive work.
+    model, opt = _model()
+    agent = torchvitals.watch(model, opt, checkpoint_dir=str(tmp_path), **QUIET)
+    try:
+        time.sleep(0.3)  # the framework's load
+        agent.resume_at(40, load_seconds=0.3)
+        agent.resume_at(40, load_seconds=float("nan"))  # a load that knows no time adds none
+        _train(agent, model, opt, 2)
+    finally:
+        agent.close()
+    start, first, second = _lines(tmp_path)
+    assert (start["e"], first["s"], second["s"]) == ("start", 41, 42)
+    # The load is the delayed step's checkpoint part, once.
+    assert first["c"] == pytest.approx(0.3) and first["d"] >= 0.3
+    assert second["c"] == 0.0
+    g = account(tmp_path)
+    assert g.badput["checkpoint"] == pytest.approx(0.3, abs=1e-5)
+    assert g.productive_seconds == pytest.approx(first["d"] - 0.3 + second["d"], abs=1e-5)
