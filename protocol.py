@@ -210,33 +210,25 @@ def read_rank_beats(folder: str | os.PathLike) -> dict[int, RankBeat]:
 
 
 def read_heartbeats(folder: str | os.PathLike) -> Beat | None:
-    """Every rank's heartbeat in ``folder``, combined; None when no file is readable yet.
+    """Every rank's heartbeat in ``folder``, combined (``combine_beats``); None when no file is
+    readable yet. A file that does not parse (it cannot be half-written: the writer renames) is
+    skipped."""
+    return combine_beats(read_rank_beats(folder))
 
-    A file that does not parse (it cannot be half-written: the writer renames) is skipped.
-    """
-    records = []
-    for path in Path(folder).glob(HEARTBEAT_GLOB):
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-            records.append(
-                (
-                    int(record["step"]),
-                    float(record["time"]),
-                    record.get("phase"),
-                    int(record["pid"]),
-                )
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    if not records:
+
+def combine_beats(beats: Mapping[int, RankBeat]) -> Beat | None:
+    """The ranks' heartbeats as one: the highest step, the newest write, any rank's phase; the
+    pids in rank order. None without any."""
+    if not beats:
         return None
+    found = beats.values()
     return Beat(
-        step=max(r[0] for r in records),
-        time=max(r[1] for r in records),
-        checkpointing=any(r[2] == CHECKPOINT for r in records),
-        aborted=any(r[2] == ABORTED for r in records),
-        refused=any(r[2] == REFUSED for r in records),
-        pids=tuple(r[3] for r in records),
+        step=max(b.step for b in found),
+        time=max(b.time for b in found),
+        checkpointing=any(b.phase == CHECKPOINT for b in found),
+        aborted=any(b.phase == ABORTED for b in found),
+        refused=any(b.phase == REFUSED for b in found),
+        pids=tuple(b.pid for _, b in sorted(beats.items())),
     )
 
 

@@ -25,8 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -76,7 +74,6 @@ class StepTimeline:
         folder: the job's folder.
         attempt: the supervisor's attempt (0 when unsupervised).
         pid: this process (a torchrun restart within an attempt is a new pid, a new file).
-        clock: unix seconds.
     """
 
     def __init__(
@@ -85,10 +82,9 @@ class StepTimeline:
         *,
         attempt: int = 0,
         pid: int | None = None,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         pid = os.getpid() if pid is None else pid
-        self.attempt, self.pid, self._clock = attempt, pid, clock
+        self.attempt, self.pid = attempt, pid
         self._lines = _Lines(Path(folder) / FOLDER / f"steps-a{attempt:04d}-p{pid}.jsonl")
 
     def start(self, *, at: float, resumed: int, load_seconds: float = 0.0) -> None:

@@ -106,7 +106,8 @@ def gather_places(group: Any, rank: int, world_size: int) -> dict[int, Culprit] 
         Group rank -> its ``Culprit`` on rank 0 (None on the other ranks, and where the gather
         failed: the incidents then name the rank alone).
     """
-    mine = (_global_rank(), node_rank(_global_rank()), hostname(), os.getpid())
+    me = _global_rank()
+    mine = (me, node_rank(me), hostname(), os.getpid())
     gathered: list[Any] | None = [mine]
     if world_size > 1:
         gathered = [None] * world_size if rank == 0 else None

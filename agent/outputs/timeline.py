@@ -1,6 +1,7 @@
 """Global rank 0's step records for the goodput accounting (``torchvitals goodput DIR``).
 
-    timeline = Timeline(StepTimeline(folder, attempt=2), at=time.time(), resumed=40, load_s=1.2)
+    timeline = Timeline(StepTimeline(folder, attempt=2), at=time.time(), resumed=40,
+                        load_seconds=1.2)                 # global rank 0, at watch()
     timeline.step(report, checkpoint_seconds=0.02)      # each step, after its action
 
 The accounting splits the job's wall time into productive time and badput by cause; from the

@@ -33,6 +33,7 @@ from ...protocol import (
     HEARTBEAT_DIR_ENV,
     HEARTBEAT_GLOB,
     RankBeat,
+    combine_beats,
     read_heartbeats,
     read_rank_beats,
 )
@@ -45,7 +46,7 @@ from .peers import JobEnded, JobRestarted, NodesLost, Peers
 from .process import die_with_parent, stop_group
 from .telemetry import SupervisorMetrics
 from .witness import Witness
-from .worker_groups import WorkerGroups, beat_of, failed
+from .worker_groups import WorkerGroups, failed
 
 log = logging.getLogger("torchvitals.supervisor")
 
@@ -168,7 +169,7 @@ class AttemptRunner:
                 return ended(Exited, end, status, incident=key)
             now = self._clock()
             beats = read_rank_beats(folder)
-            beat = beat_of(beats)
+            beat = combine_beats(beats)
             witness.poll(beats)
             self._follow(workers, beats, hang, now)
             if self.first_start_s is None:
@@ -229,7 +230,7 @@ class AttemptRunner:
         started_at, dead = workers.follow(beats)
         if started_at is not None:
             self.book.recovered(started_at)
-        hang.observe(beat_of(beats), now)
+        hang.observe(combine_beats(beats), now)
         hang.between_workers(dead, now)
 
     def _wait_for_report(

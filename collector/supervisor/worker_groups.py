@@ -18,7 +18,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from ...protocol import ABORTED, CHECKPOINT, REFUSED, Beat, RankBeat
+from ...protocol import RankBeat
 from .process import running
 from .witness import Witness
 
@@ -87,21 +87,6 @@ class WorkerGroups:
         if dead and self.dead_at is None:
             self.dead_at = self._wall()
         return started_at, dead
-
-
-def beat_of(beats: dict[int, RankBeat]) -> Beat | None:
-    """The ranks' heartbeats combined, as ``protocol.read_heartbeats`` combines them."""
-    if not beats:
-        return None
-    found = beats.values()
-    return Beat(
-        step=max(b.step for b in found),
-        time=max(b.time for b in found),
-        checkpointing=any(b.phase == CHECKPOINT for b in found),
-        aborted=any(b.phase == ABORTED for b in found),
-        refused=any(b.phase == REFUSED for b in found),
-        pids=tuple(b.pid for _, b in sorted(beats.items())),
-    )
 
 
 def failed(witness: Witness, beats: dict[int, RankBeat]) -> bool:

@@ -15,7 +15,7 @@ from torchvitals.agent.recover.heartbeat import Heartbeat
 from torchvitals.collector.supervisor.hang_clock import HangClock
 from torchvitals.collector.supervisor.options import SupervisorConfig
 from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
-from torchvitals.protocol import Beat, read_heartbeats
+from torchvitals.protocol import CHECKPOINT, TRAIN, Beat, RankBeat, combine_beats, read_heartbeats
 
 
 def test_flag_wins_over_environment_wins_over_default(monkeypatch):
@@ -49,6 +49,17 @@ def test_heartbeats_combine_the_ranks(tmp_path):
     Heartbeat(tmp_path, 1).beat(5, "checkpoint")
     beat = read_heartbeats(tmp_path)
     assert (beat.step, beat.checkpointing) == (7, True)
+
+
+def test_the_ranks_beats_combine_in_one_place():
+    assert combine_beats({}) is None
+    found = {
+        0: RankBeat(rank=0, step=7, time=3.0, phase=TRAIN, pid=11),
+        1: RankBeat(rank=1, step=6, time=4.0, phase=CHECKPOINT, pid=12),
+    }
+    beat = combine_beats(found)
+    assert beat is not None
+    assert (beat.step, beat.time, beat.checkpointing, beat.pids) == (7, 4.0, True, (11, 12))
 
 
 def test_hang_clock_startup_checkpoint_and_learned_timeouts():

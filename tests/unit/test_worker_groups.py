@@ -7,8 +7,8 @@ python -m pytest tests/unit/test_worker_groups.py
 
 from __future__ import annotations
 
-from torchvitals.collector.supervisor.worker_groups import WorkerGroups, beat_of
-from torchvitals.protocol import CHECKPOINT, TRAIN, RankBeat
+from torchvitals.collector.supervisor.worker_groups import WorkerGroups
+from torchvitals.protocol import TRAIN, RankBeat
 
 
 def beats(pids: dict[int, int], t: float, step: int = 5, phase: str = TRAIN) -> dict:
@@ -39,11 +39,3 @@ def test_a_rank_under_a_new_pid_is_a_new_group_even_if_the_old_one_was_never_see
     assert groups.generation == 1
     groups.follow(beats({0: 21, 1: 22}, 9.5))  # the rest of the same restart
     assert groups.generation == 1
-
-
-def test_the_beats_combine_as_the_protocol_combines_them():
-    assert beat_of({}) is None
-    found = {**beats({0: 11}, 3.0, step=7), **beats({1: 12}, 4.0, step=6, phase=CHECKPOINT)}
-    beat = beat_of(found)
-    assert beat is not None
-    assert (beat.step, beat.time, beat.checkpointing, beat.pids) == (7, 4.0, True, (11, 12))
