@@ -156,8 +156,7 @@ def straggler_cause(
     if data_wait is None and not communication:
         return verdict
     excess = verdict.evidence["seconds"] - verdict.evidence["others_mean"]
-    wait = 0.0 if data_wait is None else data_wait
-    if wait >= 0.5 * excess and data_wait is not None:
+    if data_wait is not None and data_wait >= 0.5 * excess:
         cause = "data_wait"
     else:
         cause = "communication" if communication else "compute"

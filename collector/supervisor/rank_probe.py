@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from ...protocol import RankBeat, read_rank_beats, stack_path
 from .findings import GONE, STACK_EXCERPT_FRAMES, STOPPED_STATES, RankFinding
 
@@ -93,18 +95,11 @@ def proc_state(pid: int) -> str | None:
 
 
 def proc_started(pid: int) -> float | None:
-    """Unix seconds ``pid`` started (``/proc/<pid>/stat`` field 22 after the boot time), or None
-    when there is no such process."""
+    """Unix seconds ``pid`` started, or None when there is no such process."""
     try:
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, IndexError, ValueError, StopIteration):
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
         return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def exit_status(pid: int) -> int | None:
