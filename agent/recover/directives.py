@@ -94,11 +94,17 @@ class DirectivePoller:
             return ACTIONS.get(self._pending["action"], 0.0) if self._pending else 0.0
 
     def take(self) -> dict[str, Any] | None:
-        """The directive the job acts on now; acknowledged in the background."""
+        """The directive the job acts on now; acknowledged in the background.
+
+        Taken and remembered as taken in one hold of the lock: a poll that lands between the two
+        would find no directive pending and this one not yet taken, install it again, and the job
+        would obey it twice (a second rollback, an abort after the rollback it ordered).
+        """
         with self._lock:
             directive, self._pending = self._pending, None
+            if directive is not None:
+                self._taken.add(directive["id"])
         if directive is not None:
-            self._taken.add(directive["id"])
             threading.Thread(target=self._ack, args=(directive["id"],), daemon=True).start()
         return directive
 
@@ -107,21 +113,26 @@ class DirectivePoller:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_seconds):
-            try:
-                query = urllib.parse.urlencode({"job": self.job, RUN_PARAM: self.run})
-                body = self._request("GET", f"/directives?{query}")
-            except (OSError, ValueError) as exc:
-                self._failed("poll", exc)
-                continue
-            self._recovered()
+            self.poll()
+
+    def poll(self) -> None:
+        """Ask the collector once; the oldest directive not yet taken becomes pending (the
+        background thread's loop, every ``poll_seconds``)."""
+        try:
+            query = urllib.parse.urlencode({"job": self.job, RUN_PARAM: self.run})
+            body = self._request("GET", f"/directives?{query}")
+        except (OSError, ValueError) as exc:
+            self._failed("poll", exc)
+            return
+        self._recovered()
+        with self._lock:  # _taken is read under the lock that take() adds to it under
             known = [
                 d
                 for d in body.get("directives", [])
                 if d.get("action") in ACTIONS and d.get("id") not in self._taken
             ]
-            with self._lock:
-                if self._pending is None and known:
-                    self._pending = known[0]
+            if self._pending is None and known:
+                self._pending = known[0]
 
     def _ack(self, directive_id: str) -> None:
         for _ in range(5):
