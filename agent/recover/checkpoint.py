@@ -32,14 +32,17 @@ verified), ``shards.py`` (the model's and optimizer's state: DCP's shards and th
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import logging
 import os
 import shutil
+import socket
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -56,6 +59,7 @@ from .trust import CheckpointKey, UntrustedCheckpoint
 log = logging.getLogger(__name__)
 
 STATE = "state.json"
+T = TypeVar("T")
 
 
 class CheckpointStore:
@@ -119,15 +123,36 @@ class CheckpointStore:
         return self._ranks.world
 
     def probe(self) -> None:
-        """Create the folder and write (then remove) one file in it from every rank, so an
-        unusable folder (a file, read-only, another node's mount missing) fails now, on every
-        rank alike, not at the first save hours later; collective.
+        """Prove the folder is one that every rank can write and that every rank shares, so an
+        unusable folder (a file, read-only, another node's mount missing, a node-local disk
+        mounted at the same path on each node) fails now, on every rank alike, not at the first
+        save hours later; collective.
+
+        Global rank 0 leaves a marker holding a random nonce; every rank writes (then removes)
+        a file of its own and reads the marker back. A rank that does not find rank 0's nonce
+        there sees another folder: the shards of one checkpoint would be scattered over the
+        nodes' disks, and no rank could load what another wrote.
 
         Raises:
-            CheckpointError: on every rank, naming the folder and what failed where.
+            CheckpointError: on every rank, naming the folder, what failed where, and the fix.
         """
+        nonce = uuid.uuid4().hex
+        marker = self.root / f".shared-{nonce}"
 
-        def touch() -> None:
+        def leave_marker() -> str:
+            self.root.mkdir(parents=True, exist_ok=True)
+            write_json(marker, {"nonce": nonce})
+            return nonce
+
+        try:
+            expected = self._ranks.on_leader(leave_marker, self.root)
+        except CheckpointError as e:  # on every rank alike
+            raise CheckpointError(
+                f"checkpoint_dir {self.root} is not a folder every rank can write: {e}"
+            ) from None
+        marker = self.root / f".shared-{expected}"
+
+        def touch() -> tuple[str, bool, str]:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".probe-rank-{self._rank:05d}-{os.getpid()}"
             with open(probe, "w") as f:
@@ -135,11 +160,66 @@ class CheckpointStore:
                 f.flush()
                 os.fsync(f.fileno())
             probe.unlink()
+            try:
+                seen = json.loads(marker.read_text()).get("nonce") == expected
+            except (OSError, ValueError, AttributeError):
+                seen = False
+            return socket.gethostname(), seen, str(self.root)
 
-        if errors := failures(self._ranks.gather(touch)):
+        results = self._ranks.gather(touch)
+        if self._rank == 0:
+            with contextlib.suppress(OSError):
+                marker.unlink()
+        if errors := failures(results):
             raise CheckpointError(
                 f"checkpoint_dir {self.root} is not a folder every rank can write: {errors}"
             )
+        # Named as rank 0 names the folder, so every rank raises the very same message.
+        views = [value for _, value in results]
+        blind = [(rank, host, path) for rank, (host, seen, path) in enumerate(views) if not seen]
+        if blind:
+            hosts = ", ".join(dict.fromkeys(host for _, host, _ in blind))
+            ranks = ", ".join(str(rank) for rank, _, _ in blind)
+            elsewhere = "".join(
+                f"; rank {rank} names it {path}" for rank, _, path in blind if path != views[0][2]
+            )
+            raise CheckpointError(
+                f"checkpoint_dir {views[0][2]} is not one folder shared by every rank: rank 0 "
+                f"(host {views[0][0]}) left a marker in it that rank{'s' * (len(blind) > 1)} "
+                f"{ranks} (host{'s' * (hosts.count(',') > 0)} {hosts}) cannot see there"
+                f"{elsewhere}. A disk "
+                "local to each node, mounted at the same path on every node, looks like this: "
+                "each node would keep only its own ranks' shards, and a rollback or restart "
+                "could not load them. Point checkpoint_dir at a filesystem every node mounts "
+                "(NFS, Lustre, a cloud file share)"
+            )
+
+    def on_leader(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on global rank 0 alone, its result on every rank; collective. For a decision
+        that reads the folder: taken once, from one view of it, so no two ranks part ways.
+
+        Raises:
+            CheckpointError: on every rank, when ``fn`` raised on rank 0.
+        """
+        return self._ranks.on_leader(fn, self.root)
+
+    def read_on_leader(self, name: str) -> str | None:
+        """The text of file ``name`` in the folder as global rank 0 reads it (None: there is no
+        such file), on every rank; collective."""
+
+        def read() -> str | None:
+            path = self.root / name
+            return path.read_text(encoding="utf-8") if path.exists() else None
+
+        return self.on_leader(read)
+
+    def record_with(
+        self,
+        allowed: Callable[[], set[str]] | None,
+        on_commit: Callable[[int, Path], None] | None,
+    ) -> None:
+        """Take the ledger once it is read: ``allowed`` and ``on_commit`` as in the class."""
+        self._allowed, self.on_commit = allowed, on_commit
 
     def list(self) -> list[Path]:
         """Committed checkpoint folders, oldest first (not verified: ``load`` verifies)."""
@@ -355,15 +435,43 @@ class CheckpointStore:
         scheduler: Any,
         refused: builtins.list[tuple[Path, str]],
     ) -> Restored:
-        state = json.loads((folder / STATE).read_text())
+        # The folder's own state as global rank 0 reads it, and this rank's files read before
+        # DCP's collective load: a file one rank alone cannot read fails every rank here, so
+        # every rank goes on to the previous checkpoint together.
+        state = self.on_leader(lambda: json.loads((folder / STATE).read_text()))
         if scheduler is not None and state["scheduler"] is None:
             raise CheckpointError(f"{folder} holds no scheduler state, but a scheduler was passed")
-        read_shards(folder, model, optimizer, self._ranks)
-        if scheduler is not None:
-            scheduler.load_state_dict(state["scheduler"])
-        rng = folder / f"rng-rank-{self._rank:05d}.json"
-        if state["world_size"] == self._world:
-            set_rng_state(json.loads(rng.read_text()))
+        same_world = state["world_size"] == self._world
+
+        def rank_files() -> tuple[Any, Any]:
+            rng = json.loads((folder / f"rng-rank-{self._rank:05d}.json").read_text())
+            mine = folder / f"data-rank-{self._rank:05d}.json"
+            return rng, json.loads(mine.read_text()) if mine.exists() else None
+
+        read = self._ranks.gather(rank_files if same_world else lambda: (None, None))
+        if errors := failures(read):
+            raise CheckpointError(f"reading each rank's files: {errors}")
+        rng, rank_state = read[self._rank][1]
+        error: BaseException | None = None
+        try:
+            read_shards(folder, model, optimizer, self._ranks)
+            if scheduler is not None:
+                scheduler.load_state_dict(state["scheduler"])
+        except (
+            CheckpointError,
+            UntrustedCheckpoint,
+            dcp.CheckpointException,
+            KeyError,
+            ValueError,
+            RuntimeError,
+        ) as e:
+            error = e
+        # One rank's failure after DCP's load (its plain state, its scheduler) is every rank's:
+        # none keeps a state the others refused.
+        if errors := failures(self._ranks.gather(lambda: _reraise(error))):
+            raise CheckpointError(errors) from error
+        if same_world:
+            set_rng_state(rng)
         else:  # DCP reshards the tensors; per-rank RNG streams have no such mapping
             log.warning(
                 "%s was saved by %d ranks, now %d: RNG states not restored",
@@ -371,12 +479,6 @@ class CheckpointStore:
                 state["world_size"],
                 self._world,
             )
-        mine = folder / f"data-rank-{self._rank:05d}.json"
-        rank_state = (
-            json.loads(mine.read_text())
-            if mine.exists() and state["world_size"] == self._world
-            else None
-        )
         return Restored(
             step=state["step"],
             path=folder,
@@ -419,3 +521,9 @@ class CheckpointStore:
                     shutil.rmtree(folder)
                 except OSError as e:
                     log.warning("could not remove old checkpoint %s: %s", folder, e)
+
+
+def _reraise(error: BaseException | None) -> None:
+    """For ``Ranks.gather``: this rank's outcome, an error it already met raised again."""
+    if error is not None:
+        raise error

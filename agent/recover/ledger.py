@@ -142,8 +142,23 @@ class Ledger:
         if not self.path.exists():
             return self
         try:
-            document = json.loads(self.path.read_text(encoding="utf-8"))
-        except (ValueError, OSError) as e:
+            text = self.path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise self._corrupt(f"{type(e).__name__}: {e}") from None
+        return self.parse(text)
+
+    def parse(self, text: str | None) -> Ledger:
+        """Take the ledger file's text (None: there is no file yet, a fresh ledger) and return
+        this ledger: what ``load`` reads, for a reader given the text by another rank.
+
+        Raises:
+            LedgerError: the text is not valid JSON or not a ledger.
+        """
+        if text is None:
+            return self
+        try:
+            document = json.loads(text)
+        except ValueError as e:
             raise self._corrupt(f"{type(e).__name__}: {e}") from None
         self._check(document)
         self.lr_scale = float(document["lr_scale"])

@@ -55,6 +55,9 @@ from .trust import CheckpointKey
 
 __all__ = ["ResumeRefused", "Rollback", "TrainingAborted", "Watchdog", "restarted"]
 
+READ_KEY = "read"
+"""``Watchdog.open(key=READ_KEY)``: read global rank 0's checkpoint key there."""
+
 log = logging.getLogger(__name__)
 
 
@@ -108,14 +111,27 @@ class Watchdog:
         """Told CHECKPOINT before a checkpoint is written or loaded and TRAIN after."""
 
     @classmethod
-    def open(cls, config: Config, group: Any = None) -> Watchdog:
-        """The watchdog ``config`` describes, over ``group``; on every rank at the same call.
+    def open(
+        cls, config: Config, group: Any = None, *, key: CheckpointKey | str | None = READ_KEY
+    ) -> Watchdog:
+        """The watchdog ``config`` describes, over ``group``; collective: every rank, same call.
 
-        Collective the first time a process needs a background-write group for these ranks
-        (``groups.checkpoint_group``: made once, reused by every later agent). Reads the ledger.
+        Makes the background writes' group the first time a process needs one for these ranks
+        (``groups.checkpoint_group``: made once, reused by every later agent), proves the folder
+        is one that every rank shares (``CheckpointStore.probe``), and reads the ledger on
+        global rank 0, whose text every rank then parses alike.
+
+        Args:
+            config: the settings (``checkpoint_dir`` and the watchdog's own).
+            group: the agent's process group.
+            key: global rank 0's checkpoint key, read beforehand by the caller (the agent reads
+                it among each rank's own work, so a key missing on rank 0 alone fails every rank
+                there); ``READ_KEY``: read it here.
 
         Raises:
-            LedgerError: the ledger file exists but cannot be trusted.
+            CheckpointError: the folder cannot be written, or is not the same folder on every
+                rank (node-local disks), on every rank alike.
+            LedgerError: the ledger file exists but cannot be trusted (on every rank alike).
             ValueError: ``config`` names no ``checkpoint_dir``.
         """
         directory = config.checkpoint_dir
@@ -124,20 +140,22 @@ class Watchdog:
         if config.snapshot_max_bytes:  # the background writes get their own group
             group = checkpoint_group(group)
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-        ledger = Ledger(os.path.join(directory, LEDGER_FILE), writer=rank0).load()
-        # Only global rank 0 writes and checks the manifests, so only it needs the key (and a
-        # key file missing on another node cannot fail one rank alone).
-        key = CheckpointKey.from_env(key_file=config.checkpoint_key_file) if rank0 else None
+        if key == READ_KEY:
+            # Only global rank 0 writes and checks the manifests, so only it needs the key (and
+            # a key file missing on another node cannot fail one rank alone).
+            key = CheckpointKey.from_env(key_file=config.checkpoint_key_file) if rank0 else None
         store = CheckpointStore(
             directory,
             keep=config.checkpoint_keep,
             group=group,
-            key=key,
+            key=key if isinstance(key, CheckpointKey) else None,
             trust_unsigned=config.trust_unsigned_checkpoints,
-            allowed=ledger.checkpoint_names,
-            on_commit=ledger.record_checkpoint if rank0 else None,
         )
         store.probe()
+        ledger = Ledger(os.path.join(directory, LEDGER_FILE), writer=rank0).parse(
+            store.read_on_leader(LEDGER_FILE)
+        )
+        store.record_with(ledger.checkpoint_names, ledger.record_checkpoint if rank0 else None)
         saver = (
             StagedSaves(store, config.snapshot_max_bytes)
             if config.snapshot_max_bytes
@@ -187,24 +205,15 @@ class Watchdog:
                 or (unless ``resume="auto"``) its ledger names another job; the heartbeat says
                 "refused" first, so the supervisor never retries it.
         """
-        # Job identity (jobid.py): the job that wrote the folder continues it after any restart.
-        job, previous = job_identity(), self.ledger.job_id
-        self.ledger.job_id = job or previous
-        latest = self.store.latest()
+        # Taken on global rank 0 (its folder listing, its job identity, its restart counters)
+        # and told to every rank, so every rank continues or refuses alike.
+        latest, job, refusal = self.store.on_leader(self._resume_decision)
+        self.ledger.job_id = job
+        if refusal is not None:
+            self.on_phase(REFUSED)
+            raise ResumeRefused(refusal)
         if latest is None:
             return None
-        decision = resume_decision(previous, job, folder=f"checkpoint_dir {self.store.root}")
-        if decision.refuse and self.resume_policy.mode != "auto":
-            self.on_phase(REFUSED)
-            raise ResumeRefused(decision.message)
-        # The same job continues its folder after any kind of restart; anything else is the
-        # resume mode's to decide.
-        if not (decision.same_job and self.resume_policy.mode == "restart"):
-            try:
-                self.resume_policy.check(latest, self.ledger, self.store.root)
-            except ResumeRefused:
-                self.on_phase(REFUSED)
-                raise
         restored = self.store.load(model, optimizer, scheduler)
         if scheduler is not None and restored.extra.get("scheduler_step_due"):
             # Saved inside the framework's optimizer.step(), before the framework stepped the
@@ -227,6 +236,26 @@ class Watchdog:
             self.ledger.path,
         )
         return restored.step
+
+    def _resume_decision(self) -> tuple[str | None, str | None, str | None]:
+        """``(latest checkpoint, the job id to record, why not to continue)`` from this rank's
+        view (global rank 0's is every rank's: see ``resume``)."""
+        # Job identity (jobid.py): the job that wrote the folder continues it after any restart.
+        job, previous = job_identity(), self.ledger.job_id
+        latest = self.store.latest()
+        if latest is None:
+            return None, job or previous, None
+        decision = resume_decision(previous, job, folder=f"checkpoint_dir {self.store.root}")
+        if decision.refuse and self.resume_policy.mode != "auto":
+            return str(latest), job or previous, decision.message
+        # The same job continues its folder after any kind of restart; anything else is the
+        # resume mode's to decide.
+        if not (decision.same_job and self.resume_policy.mode == "restart"):
+            try:
+                self.resume_policy.check(latest, self.ledger, self.store.root)
+            except ResumeRefused as refused:
+                return str(latest), job or previous, str(refused)
+        return str(latest), job or previous, None
 
     def note(self, step: int, verdicts: list[Verdict]) -> None:
         """Take in the verdicts of ``step`` (every step, every rank)."""
@@ -364,7 +393,9 @@ class Watchdog:
                 self._settled(self.saver.wait())  # every rank at this step: the same target
             finally:
                 self.on_phase(TRAIN)
-        if self.store.latest() is None:
+        # Whether there is a checkpoint at all, as global rank 0 sees the folder (every rank
+        # takes its answer: one rank's stale view of a shared folder must not split them).
+        if self.store.on_leader(self.store.latest) is None:
             return None
         policy = self.rollback_policy
         why = policy.refusal(tick, reason)
