@@ -23,7 +23,8 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..errors import TorchvitalsError
 from ..incidents import IncidentLog
 from ..protocol import ATTEMPT_ENV, CHECKPOINT, REFUSED, TRAIN, token_from_env
 from ..timeline import StepTimeline
@@ -38,6 +40,7 @@ from .backends import OptimizerBackend, choose
 from .backends.optimizers import Optimizers
 from .backends.wrappers import unwrap_scheduler
 from .config import Config
+from .consensus import Fence, Setting, shaping
 from .detect.detector import Detector
 from .detect.rules import Rule
 from .detect.thresholds import Thresholds
@@ -58,6 +61,7 @@ from .recover.directives import DirectivePoller
 from .recover.heartbeat import Heartbeat
 from .recover.ledger import LedgerError
 from .recover.stacks import StackDumps
+from .recover.trust import CheckpointKey
 from .recover.watchdog import Watchdog
 from .report import Report
 from .signals.base import Signal
@@ -95,7 +99,13 @@ class Agent:
     """What checkpoints and rollbacks save and restore the optimizer state of."""
     clock: Callable[[], float]
     group: dist.ProcessGroup | None
-    rank: int
+    """The reduction's group: the job's world (None: the default group, or one process)."""
+    global_rank: int
+    """This process's rank in the job: what job-wide duties (global rank 0's event log,
+    incidents, timeline and poller), heartbeats and metric labels go by."""
+    group_rank: int
+    """This rank's position in the reduction's group, which packs by it (equal to
+    ``global_rank``: the group spans the world, and ``new_group`` orders its ranks)."""
     world_size: int
     layout: Agreed
     blocks: Blocks
@@ -144,6 +154,7 @@ class Agent:
         scheduler: Any = None,
         *,
         config: Config | None = None,
+        settings: Mapping[str, Any] | None = None,
         group: dist.ProcessGroup | None = None,
         registry: Any = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -151,79 +162,132 @@ class Agent:
         rules: Sequence[Rule] = (),
         sinks: Sequence[Sink] = (),
     ):
-        self.backend = choose(optimizer, log)  # the optimizer's kind, once: see backends/
-        self.optimizers = self.backend.optimizers  # a container's real optimizers
-        optimizer, scheduler = self.optimizers.stepped, unwrap_scheduler(scheduler).logged(log)
-        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.state_holder = self.backend.state_holder
-        self.config = config or Config.from_env()
-        self.backend.check_checkpointable(self.config.checkpoint_dir)
-        self.clock = clock
+        if config is not None and settings:
+            raise TypeError("Agent takes a config or settings, not both")
         distributed = dist.is_available() and dist.is_initialized()
-        if group is None and isinstance(model, DistributedDataParallel):
-            group = model.process_group
-        self.group = group if distributed else None
-        self.world_size = dist.get_world_size(group) if distributed else 1
-        self.rank = dist.get_rank(group) if distributed else 0
-        self.layout = agree(*self._discover(model), self.group, self.rank, self.world_size)
-        self.blocks = self.layout.blocks
-        self.params = [p for ps in self.blocks.params for _, p in ps]
-        self.device = local(self.params[0]).device
-        self.reducer = Reducer(self.group, self.world_size)
-        self.detector = Detector(
-            self.blocks.names,
-            self.blocks.kinds,
-            Thresholds.from_overrides(self.config.detect),
-            static=self.layout.static,
-            rules=rules,
-        )
-        self.loss_book = LossBook()
-        self._wait = DataWait(clock)
-        self.record_data_wait = self._wait.record  # adapters: a batch drawn elsewhere
+        self.world_size = dist.get_world_size() if distributed else 1
+        self.global_rank = dist.get_rank() if distributed else 0
+        self.clock = clock
         self.last_report = None
         self.adapter = None
         self._validation: list[tuple[int, float]] = []
+        # watch() in sections of each rank's own work, each ending where every rank meets
+        # (consensus.Fence): a rank that failed, or was given other settings, stops every rank
+        # there, before any collective it would not have joined.
+        fence = Fence(self.global_rank, self.world_size)
         with contextlib.ExitStack() as built:
-            self._build(optimizer, registry, built, signals, sinks)
+            with fence.section("reading the settings and the model") as agreed:
+                self.config = config if config is not None else Config.from_env(**(settings or {}))
+                agreed.update(shaping(self.config))
+                self.group, self.group_rank = self._group(group, distributed)
+                self.backend = choose(optimizer, log)  # the optimizer's kind, once: backends/
+                self.optimizers = self.backend.optimizers  # a container's real optimizers
+                optimizer = self.optimizers.stepped
+                self.model, self.optimizer = model, optimizer
+                self.scheduler = unwrap_scheduler(scheduler).logged(log)
+                self.state_holder = self.backend.state_holder
+                self.backend.check_checkpointable(self.config.checkpoint_dir)
+                discovered = self._discover(model)
+            self.layout = agree(*discovered, self.group, self.group_rank, self.world_size)
+            with fence.section("building this rank's agent"):
+                self._local(rules, registry, sinks, built)
+            self._join(built)  # the collectives: the checkpoint folder, the resume, who is who
+            with fence.section("finishing watch()") as agreed:
+                self._finish(optimizer, signals, built)
+                agreed.update(self._packed())
             self._closing = built.pop_all()
+
+    def _group(self, group: dist.ProcessGroup | None, distributed: bool) -> tuple[Any, int]:
+        """The reduction's group and this rank in it: the job's whole world.
+
+        One job is one training: its decisions are agreed over every rank, and its job-wide
+        duties (the event log, the incidents, the timeline, the collector's poller) fall to
+        global rank 0. A group over part of the world (two independent trainings in one job,
+        each over its own ranks) is refused on every rank that passes one; a world-spanning
+        group (``new_group`` over every rank, e.g. a gloo group beside NCCL) is taken, its
+        ranks being the global ranks (``new_group`` orders them).
+        """
+        if not distributed:
+            return None, 0
+        if group is not None and dist.get_world_size(group) != self.world_size:
+            raise TorchvitalsError(
+                f"torchvitals: watch(group=...) names ranks "
+                f"{dist.get_process_group_ranks(group)} of the job's {self.world_size}: "
+                "torchvitals watches one training per job, over all of its ranks, so that every "
+                "rank takes the same action at the same step and global rank 0 writes the job's "
+                "records. Leave group= out (ranks that hold different parts of one model, "
+                "pipeline stages, are told apart by themselves), or run each training as a job "
+                "of its own"
+            )
+        return group, dist.get_rank(group)
 
     def _discover(self, model: nn.Module) -> tuple[Blocks, list[Any]]:
         """This rank's blocks and their wiring verdicts (before the ranks agree on them)."""
         blocks = discover(model, self.config.blocks)
         return blocks, wiring_verdicts(blocks, self.backend.stepped_params)
 
-    def _build(
+    def _check_replicas(self) -> None:
+        """A DDP model's process group must hold every rank with an identical copy of its blocks:
+        copies outside it are another training's (two DDP groups, one job), whose gradients no
+        reduction here may add as if they were replicas."""
+        if not isinstance(self.model, DistributedDataParallel) or self.world_size == 1:
+            return
+        ddp = set(dist.get_process_group_ranks(self.model.process_group))
+        for name, holders, params in zip(
+            self.blocks.names, self.blocks.holders, self.blocks.params
+        ):
+            if params and not set(holders) <= ddp:
+                raise TorchvitalsError(
+                    f"torchvitals: ranks {sorted(holders)} hold identical copies of block "
+                    f"{name!r}, but this rank's DDP process group keeps only ranks {sorted(ddp)} "
+                    "in step: two independent trainings in one job. torchvitals watches one "
+                    "training per job: run each as a job of its own"
+                )
+
+    def _local(
         self,
-        optimizer: torch.optim.Optimizer,
+        rules: Sequence[Rule],
         registry: Any,
-        built: contextlib.ExitStack,
-        signals: Sequence[Signal],
         sinks: Sequence[Sink],
+        built: contextlib.ExitStack,
     ) -> None:
-        """Every collaborator that holds a resource, each released by ``built`` on failure, then
-        the step over them."""
-        config, model = self.config, self.model
-        # Every rank reads the token, so a missing secret fails every rank alike, not rank 0
-        # alone while the others wait in a collective; only rank 0 polls.
+        """What this rank builds alone once the blocks are agreed (no collective): the
+        detector, the heartbeat and stack dumps, the checkpoint key, the collector's poller and
+        /metrics, each released by ``built`` on failure."""
+        config, clock = self.config, self.clock
+        self.blocks = self.layout.blocks
+        self._check_replicas()
+        self.params = [p for ps in self.blocks.params for _, p in ps]
+        self.device = local(self.params[0]).device
+        self.reducer = Reducer(self.group, self.world_size)
+        self.detector = Detector(
+            self.blocks.names,
+            self.blocks.kinds,
+            Thresholds.from_overrides(config.detect),
+            static=self.layout.static,
+            rules=rules,
+        )
+        self.loss_book = LossBook()
+        self._wait = DataWait(clock)
+        self.record_data_wait = self._wait.record  # adapters: a batch drawn elsewhere
+        # Every rank reads the token, so a missing secret fails every rank alike; only global
+        # rank 0 polls.
         token = token_from_env() if config.collector_url else None
         self.heartbeat = (
-            Heartbeat(config.heartbeat_dir, self.rank, flush=True) if config.heartbeat_dir else None
+            Heartbeat(config.heartbeat_dir, self.global_rank, flush=True)
+            if config.heartbeat_dir
+            else None
         )
         if self.heartbeat is not None:
             built.callback(self.heartbeat.close)
         if self.heartbeat is not None and config.heartbeat_dir:
             self._stacks(config.heartbeat_dir, self.heartbeat, built)
-        try:
-            self.watchdog = Watchdog.open(config, self.group) if config.checkpoint_dir else None
-        except LedgerError:
-            # A ledger that cannot be trusted stays so after a restart: the heartbeat says
-            # "refused", so a supervisor exits with its refusal code instead of retrying.
-            if self.heartbeat is not None:
-                self.heartbeat.beat(0, REFUSED)
-            raise
-        if self.watchdog is not None:
-            built.callback(self.watchdog.close)
-        self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
+        # Only global rank 0 signs and checks the manifests, so only it reads the key.
+        self._key = (
+            CheckpointKey.from_env(key_file=config.checkpoint_key_file)
+            if config.checkpoint_dir and self.global_rank == 0
+            else None
+        )
         self.poller = (
             DirectivePoller(
                 config.collector_url,
@@ -231,7 +295,7 @@ class Agent:
                 config.collector_poll_seconds,
                 token=token,
             )
-            if config.collector_url and self.rank == 0
+            if config.collector_url and self.global_rank == 0
             else None
         )
         if self.poller is not None:
@@ -239,7 +303,7 @@ class Agent:
         self.outputs = Outputs(
             config,
             self.blocks.names,
-            rank=self.rank,
+            rank=self.global_rank,
             world_size=self.world_size,
             registry=registry,
             sinks=sinks,
@@ -249,22 +313,55 @@ class Agent:
         # nothing of the agent, so this keeps nothing alive).
         weakref.finalize(self, self.outputs.close)
         self.run_dir = self.outputs.run_dir
-        heartbeat = self.heartbeat
-        if heartbeat is not None:
-            heartbeat.metrics_url = self.outputs.metrics_url
+        if self.heartbeat is not None:
+            self.heartbeat.metrics_url = self.outputs.metrics_url
+
+    def _join(self, built: contextlib.ExitStack) -> None:
+        """The collectives of ``watch()``, every rank having built its part: the checkpoint
+        folder proven shared and the ledger read (``Watchdog.open``), the run it holds
+        resumed, and who each rank is (for the incidents). Each fails on every rank alike."""
+        config, model, heartbeat = self.config, self.model, self.heartbeat
+        try:
+            self.watchdog = (
+                Watchdog.open(config, self.group, key=self._key) if config.checkpoint_dir else None
+            )
+        except LedgerError:
+            # A ledger that cannot be trusted stays so after a restart: the heartbeat says
+            # "refused", so a supervisor exits with its refusal code instead of retrying.
+            if heartbeat is not None:
+                heartbeat.beat(0, REFUSED)
+            raise
+        if self.watchdog is not None:
+            built.callback(self.watchdog.close)
+        self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
         if heartbeat is not None and self.watchdog is not None:
             self.watchdog.on_phase = lambda phase: heartbeat.beat(phase=phase)
-        if self.heartbeat is not None:
-            self.heartbeat.beat(0, CHECKPOINT if self.watchdog is not None else TRAIN)
+        if heartbeat is not None:
+            heartbeat.beat(0, CHECKPOINT if self.watchdog is not None else TRAIN)
         loading = time.time()
         self.resumed_from = (
             self.watchdog.resume(model, self.state_holder, self.scheduler)
             if self.watchdog is not None
             else None
         )
-        loaded = time.time() - loading if self.resumed_from is not None else 0.0
-        if self.heartbeat is not None:
-            self.heartbeat.beat(0, TRAIN)
+        self._loaded = time.time() - loading if self.resumed_from is not None else 0.0
+        if heartbeat is not None:
+            heartbeat.beat(0, TRAIN)
+        # Who each rank is, gathered to global rank 0 for its incidents (once, never again);
+        # the same on every rank: a job folder (the checkpoint folder, else the run's) is
+        # known alike (both settings are agreed).
+        self._places = (
+            gather_places(self.group, self.group_rank, self.world_size)
+            if config.checkpoint_dir or config.log_dir
+            else None
+        )
+
+    def _finish(
+        self, optimizer: torch.optim.Optimizer, signals: Sequence[Signal], built: Any
+    ) -> None:
+        """The hooks, patches and guard, the signals, global rank 0's job records and the
+        step, each released by ``built`` on failure (no collective)."""
+        model = self.model
         built.callback(
             unwrap(model)
             .register_forward_hook(self.loss_book.capture_output, with_kwargs=True)
@@ -284,7 +381,7 @@ class Agent:
         self.signals = self._signals(signals)
         for signal in self.signals.all:
             built.callback(signal.close)
-        self.incidents, self.timeline = self._job_records(built, loaded)
+        self.incidents, self.timeline = self._job_records(built, self._loaded)
         self.steps = Steps(self._step_deps(), step_count=self.resumed_from or 0)
         # Always on and O(1): the end of each forward pass, for per-rank compute time.
         built.callback(model.register_forward_hook(self.steps.on_forward).remove)
@@ -295,24 +392,31 @@ class Agent:
         if self.steps.sampled(self.steps.step_count + 1):
             self.steps.arm()
 
+    def _packed(self) -> dict[str, Setting]:
+        """What every rank packs, in order: the signals (built-in and the user's) and the
+        blocks; agreed at the last fence, so a rank given other signals stops every rank."""
+        names = ";".join(f"{type(s).__module__}.{type(s).__qualname__}" for s in self.signals.all)
+        shown = ", ".join(type(s).__qualname__ for s in self.signals.all)
+        blocks = ";".join(f"{n}:{k}" for n, k in zip(self.blocks.names, self.blocks.kinds))
+        return {
+            "signals": Setting(names, shown, "the settings and watch(signals=...)"),
+            "blocks packed": Setting(blocks, blocks, "the agreed model"),
+        }
+
     def _job_records(
         self, built: contextlib.ExitStack, load_seconds: float
     ) -> tuple[IncidentWriter | None, Timeline | None]:
         """Global rank 0's incidents and goodput step records, in the job's folder (the
-        checkpoint folder, else the run's); every rank first says who it is (one gather, here
-        and never again)."""
+        checkpoint folder, else the run's), naming the ranks ``_join`` gathered."""
         config = self.config
-        if not (config.checkpoint_dir or config.log_dir):  # the same on every rank
-            return None, None
-        places = gather_places(self.group, self.rank, self.world_size)
         folder = config.checkpoint_dir or self.run_dir
-        if self.rank != 0 or folder is None:
+        if self.global_rank != 0 or folder is None:
             return None, None
         attempt = supervisor_attempt()
         exporter = self.outputs.exporter
         incidents = IncidentWriter(
             IncidentLog(folder),
-            places,
+            self._places,
             attempt=attempt,
             supervised=ATTEMPT_ENV in os.environ,
             on_record=lambda i: exporter.count_incident(
@@ -352,7 +456,7 @@ class Agent:
             layout=self.layout,
             model=self.model,
             params=self.params,
-            rank=self.rank,
+            rank=self.group_rank,
             world_size=self.world_size,
             group=self.group,
             device=self.device,
@@ -375,7 +479,8 @@ class Agent:
             config=self.config,
             clock=self.clock,
             device=self.device,
-            rank=self.rank,
+            rank=self.group_rank,
+            global_rank=self.global_rank,
             world_size=self.world_size,
             signals=self.signals.all,
             update=self.signals.update,
@@ -433,9 +538,9 @@ class Agent:
             )
         )
 
-    def _guarded_step(self, closure_loss: Any) -> Report:
+    def _guarded_step(self, closure_loss: Any, repeated: bool) -> Report:
         """``optimizer.step()`` from the loop or a framework (see guard.StepGuard)."""
-        return self._run(StepInput(closure_loss=closure_loss), checked=False)
+        return self._run(StepInput(closure_loss=closure_loss, repeated=repeated), checked=False)
 
     def _scaler_step(self, scaler: Any) -> None:
         """``scaler.step(optimizer)`` from the loop or a framework (see patches.ScalerStepPatch):
@@ -463,7 +568,11 @@ class Agent:
             self._run(StepInput(skipped_by_framework=True))
 
     def _run(self, inp: StepInput, checked: bool = True) -> Report:
-        report = self.guard.checked(self.steps.run, inp) if checked else self.steps.run(inp)
+        report = (
+            self.guard.checked(lambda repeated: self.steps.run(replace(inp, repeated=repeated)))
+            if checked
+            else self.steps.run(inp)
+        )
         self.last_report = report
         return report
 
@@ -640,7 +749,9 @@ def watch(
         scheduler: an LR scheduler stepped after each optimizer step (accelerate's
             ``AcceleratedScheduler``, or a container like torchtitan's
             ``LRSchedulersContainer``), or None.
-        group: the process group to reduce over (default: DDP's, else the world).
+        group: the process group to reduce over: the job's world (the default), or a group
+            spanning it (a gloo group beside NCCL). A group over part of the world is refused:
+            one job is one training, agreed over every rank.
         registry: a prometheus_client registry to export into (default: a fresh one).
         signals: your own ``torchvitals.Signal`` instances, packed after the built-in ones into
             the same reduction (no extra collective). Every rank must pass the same signals in
@@ -653,12 +764,19 @@ def watch(
 
     Returns:
         The Agent; call ``agent.step(loss)`` after each ``loss.backward()``.
+
+    Raises:
+        SettingsDifferError: on every rank, when the ranks were given different values of a
+            setting that shapes the step (a ``ConfigError`` naming it, its values, ranks and
+            sources).
+        RankFailedError: on every rank, when ``watch()`` failed on some rank (naming it and its
+            error); an error every rank met alike is raised as it is.
     """
     return Agent(
         model,
         optimizer,
         scheduler,
-        config=Config.from_env(**config),
+        settings=config,
         group=group,
         registry=registry,
         signals=signals,

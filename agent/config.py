@@ -22,6 +22,7 @@ section passed whole is an argument for each of its fields; a flat keyword given
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -366,6 +367,9 @@ def _check(section: Any, name: str) -> None:
     )
 
 
+ARGUMENT = "an argument"
+"""Where a setting given in code came from (``watch(...)``, ``Config(...)``)."""
+
 SECTIONS: dict[str, type] = {
     "measure": MeasureConfig,
     "detect": DetectConfig,
@@ -482,6 +486,7 @@ class Config:
         unknown = sorted(set(flat) - set(FLAT))
         if unknown:
             raise TypeError(f"Config got unexpected keyword argument(s) {', '.join(unknown)}")
+        self._sources: dict[str, str] = {name: ARGUMENT for name in flat}
         given = {
             "measure": measure,
             "detect": detect,
@@ -500,9 +505,18 @@ class Config:
             }
             if value is None:
                 value = cls(**changes)
-            elif changes:
-                value = dataclasses.replace(value, **changes)
+            else:
+                self._sources.update(
+                    {key: ARGUMENT for key, (sec, _) in FLAT.items() if sec == section}
+                )
+                if changes:
+                    value = dataclasses.replace(value, **changes)
             setattr(self, section, value)
+
+    def source(self, name: str) -> str:
+        """Where the flat setting ``name`` came from: ``TORCHVITALS_SAMPLE_EVERY='3'``, ``an
+        argument`` or ``the default`` (what a mismatch between ranks names)."""
+        return self._sources.get(name, "the default")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
@@ -535,8 +549,9 @@ class Config:
             for name, value in values.items()
             if name in flat or FLAT[name][0] not in sections
         }
+        environ = os.environ if environ is None else environ
         try:
-            return cls(**sections, **values)
+            config = cls(**sections, **values)
         except ConfigError as e:
             root = e.field.split(".")[0]  # detect.loss_spike_mads came from detect
             env = ENV_PREFIX + root.upper()
@@ -544,6 +559,11 @@ class Config:
             raise e.from_source(
                 f"the environment variable {env}" if from_env else "an argument"
             ) from None
+        for name in values:
+            if name not in flat:  # read from the environment (an argument wins over it)
+                env = ENV_PREFIX + name.upper()
+                config._sources[name] = f"{env}={environ[env]!r}"
+        return config
 
 
 def flat_fields() -> dict[str, dataclasses.Field]:

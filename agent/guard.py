@@ -13,7 +13,8 @@ Three more things happen here because only the step knows them:
   the real step and puts the value back, so whatever sets ``lr`` (a scheduler, a framework, a
   line of user code) sets the intended rate and the back-off still applies;
 - a second ``optimizer.step()`` with no backward pass since the last one (the same gradients
-  applied twice: a callback stepping as well as the framework) raises ``DoubleStepError``;
+  applied twice: a callback stepping as well as the framework) is flagged to the step, and
+  every rank raises ``DoubleStepError`` together (``double_step_error``);
 - a real step that did not come through the guard (a bound ``step`` taken before ``watch``)
   raises ``GuardBypassedError`` from the optimizer's own pre-step hook, before it changes
   anything.
@@ -54,7 +55,8 @@ class StepGuard:
     Args:
         optimizer: the torch optimizer, or a container of them (``optimizers.resolve``): the
             container's own ``step`` is guarded, the optimizers inside it hold the LRs.
-        run: ``run(closure_loss)`` runs the agent's step (it calls ``real_step`` to step).
+        run: ``run(closure_loss, repeated)`` runs the agent's step (it calls ``real_step`` to
+            step; ``repeated``: see ``checked``).
         watched: the parameters whose gradients tell one backward pass from the next.
         patches: the agent's patches; the guard installs itself as ``optimizer.step`` there.
         stepper: the object whose ``step`` is replaced, when not ``optimizer`` (DeepSpeed's ZeRO
@@ -64,7 +66,7 @@ class StepGuard:
     def __init__(
         self,
         optimizer: torch.optim.Optimizer | Optimizers,
-        run: Callable[[Any], Any],
+        run: Callable[[Any, bool], Any],
         watched: list[torch.Tensor],
         patches: PatchSet,
         stepper: Any = None,
@@ -107,15 +109,17 @@ class StepGuard:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.checked(self._run, loss)
+        self.checked(lambda repeated: self._run(loss, repeated))
         return loss
 
-    def checked(self, run: Callable[[T], R], arg: T) -> R:
-        """``run(arg)`` as one step on new gradients: raises ``DoubleStepError`` when no
-        backward pass ran since the last step (whichever door the step came through)."""
-        self._check_new_gradients()
+    def checked(self, run: Callable[[bool], R]) -> R:
+        """``run(repeated)`` as one step, whichever door it came through: ``repeated`` says no
+        backward pass ran on this rank since its last step (the same gradients twice). The
+        step packs it with its other flags, and every rank raises ``DoubleStepError`` together
+        when any rank's is set (``double_step_error``)."""
+        repeated = bool(self._mark()) and not self.has_new_gradients()
         try:
-            return run(arg)
+            return run(repeated)
         finally:
             # Marked after the step: unscaling and clipping change the gradients in place.
             self._marks = self._mark()
@@ -173,15 +177,6 @@ class StepGuard:
             )
         )
 
-    def _check_new_gradients(self) -> None:
-        if self._mark() and not self.has_new_gradients():
-            raise DoubleStepError(
-                "optimizer.step() was called again with no backward pass since the last step: "
-                "the same gradients would be applied twice. With torchvitals.watch() the "
-                "optimizer's own step() already runs the agent: call either agent.step(loss) or "
-                "optimizer.step(), once per training step (a framework callback must not step)"
-            )
-
     def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._inside:
             raise GuardBypassedError(
@@ -197,6 +192,25 @@ class StepGuard:
         if self._hook is not None:
             self._hook.remove()
         self._patch.uninstall()
+
+
+def double_step_error(count: int, ranks: list[int], world_size: int) -> DoubleStepError:
+    """The error every rank raises when ``count`` ranks (``ranks``, when named) stepped twice on
+    the same gradients; nothing of the step was applied."""
+    where = (
+        ""
+        if world_size == 1
+        else f" on rank{'s' * (count > 1)} {', '.join(map(str, ranks))}"
+        if ranks
+        else f" on {count} ranks"
+    )
+    return DoubleStepError(
+        f"optimizer.step() was called again with no backward pass since the last step{where}: "
+        "the same gradients would be applied twice, so no rank steps and every rank stops "
+        "here. With torchvitals.watch() the optimizer's own step() already runs the agent: call "
+        "either agent.step(loss) or optimizer.step(), once per training step (a framework "
+        "callback must not step)"
+    )
 
 
 def same_tensors(a: list[Any], b: list[Any]) -> bool:

@@ -233,6 +233,12 @@ class Report:
     ``grad_norm``."""
     nonfinite_rank_count: int = 0
     """How many ranks' own loss was NaN/Inf at this step."""
+    loop_skip_ranks: list[int] = field(default_factory=list)
+    """The ranks whose loop or framework skipped this step's ``optimizer.step()`` by itself and
+    cleared the gradients (one or two named exactly; ``loop_skip_count`` says how many): every
+    rank skipped it with them, so the replicas stay alike."""
+    loop_skip_count: int = 0
+    """How many ranks' loop or framework skipped this step by itself."""
     verdicts: list[Verdict] = field(default_factory=list)
     """Named failure patterns (filled by detection)."""
     action: Action = Action.STEP

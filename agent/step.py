@@ -29,7 +29,7 @@ from .config import Config
 from .detect.detector import Detector
 from .detect.observed import Observed
 from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
-from .guard import StepGuard
+from .guard import StepGuard, double_step_error
 from .measure import scaler as amp
 from .measure.loss import LossBook
 from .measure.reduce import Packer, Reducer
@@ -73,8 +73,12 @@ class StepInput:
     """The real step goes through the optimizer's current ``step`` attribute (a scaler's step:
     a framework's wrapper around it must see it)."""
     skipped_by_framework: bool = False
-    """The framework skipped ``optimizer.step()`` itself (it cleared the gradients without
-    one): the step is measured and reported as that step's skip, never stepped or rolled back."""
+    """The framework skipped ``optimizer.step()`` itself on this rank (it cleared the gradients
+    without one): the step is measured, and every rank skips it (``signals/loop.py``), never
+    steps or rolls it back."""
+    repeated: bool = False
+    """No backward pass since this rank's last step (the guard's ``checked``): every rank raises
+    ``DoubleStepError`` (``signals/loop.py``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +90,9 @@ class StepDeps:
     device: torch.device
     """Where the packed device values live."""
     rank: int
+    """This rank in the reduction's group (what it packs by)."""
+    global_rank: int
+    """This rank in the job (whose duties, and what the logs name)."""
     world_size: int
     signals: tuple[Signal, ...]
     """In packing order (identical on every rank)."""
@@ -230,6 +237,8 @@ class Steps:
         seen = Observed()
         for signal, handle in zip(d.signals, handles):
             signal.unpack(ctx, handle, reduced, report, seen)
+        if seen.repeated[0]:  # some rank stepped twice on the same gradients: every rank stops
+            raise double_step_error(*seen.repeated, d.world_size)
         report.nonfinite = report.nonfinite_loss or report.nonfinite_grad
         report.lr = d.guard.effective_lr(self.lr_scale)
         if laps:
@@ -251,7 +260,7 @@ class Steps:
         # decide and act: the same action on every rank
         decision = (
             Decision(Action.SKIP)
-            if inp.skipped_by_framework
+            if report.loop_skip_count  # some rank's loop skipped it: every rank does
             else decide(
                 report, watchdog=d.watchdog is not None, skip_nonfinite=d.config.skip_nonfinite
             )
@@ -322,6 +331,8 @@ class Steps:
             device=d.device,
             world_size=d.world_size,
             rank=d.rank,
+            loop_skipped=inp.skipped_by_framework,
+            repeated=inp.repeated,
         )
 
     def _optimizer_step(self, report: Report, inp: StepInput, laps: _Laps | None) -> None:
@@ -415,7 +426,7 @@ class Steps:
             )
         verdict = Verdict(COLLECTOR_DIRECTIVE, CRITICAL, report.step, None, {"action": action})
         if action == Action.ABORT:
-            if d.rank == 0:
+            if d.global_rank == 0:
                 log.error(
                     "torchvitals: ABORTING at step %d: the collector ordered it (%s). "
                     "Exit code %d.",

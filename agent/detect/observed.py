@@ -20,6 +20,9 @@ class Observed:
     """Validation losses reported since the last step, ``(step, mean over ranks)``."""
     directive: float = 0.0
     """The collector directive code global rank 0 polled (0: none)."""
+    repeated: tuple[int, list[int]] = (0, [])
+    """How many ranks stepped twice on the same gradients, and which (one or two named: see
+    ``measure/ranksum.py``)."""
     custom: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Name -> value of the user's own signals that only the rules read (``report.custom``
     holds what the sinks should see too)."""

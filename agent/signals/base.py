@@ -51,6 +51,12 @@ class StepContext:
     device: torch.device
     world_size: int
     rank: int
+    loop_skipped: bool = False
+    """The loop (or a framework) skipped this step's ``optimizer.step()`` on this rank by itself
+    and cleared the gradients (``Agent.settle_skipped``)."""
+    repeated: bool = False
+    """No backward pass reached the model on this rank since its last step: the same gradients
+    would be applied twice."""
 
 
 class Signal:

@@ -12,12 +12,8 @@ Nothing here runs per step.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
-
-import torch
-import torch.distributed as dist
 
 from ...errors import TorchvitalsError
 from . import (
@@ -26,6 +22,7 @@ from . import (
     datawait,
     directive_code,
     grads,
+    loop,
     loss,
     memory,
     replicas,
@@ -87,6 +84,7 @@ BUILTIN = SignalRegistry(
         ("replicas", replicas.build),
         ("checkpoint", checkpoint.build),
         ("directive", directive_code.build),
+        ("loop", loop.build),
     ]
 )
 """The built-in vital signs."""
@@ -108,9 +106,11 @@ class Signals:
 def build_signals(registry: SignalRegistry, setup: Setup, extra: Sequence[Signal]) -> Signals:
     """The registry's signals for this run, then ``extra`` (the user's), checked.
 
+    That every rank packs the same signals, in the same order, is agreed with the rest at the
+    end of ``watch()`` (``consensus.Fence``: the signals' names ride its digest).
+
     Raises:
         TypeError: an entry of ``extra`` is not a ``torchvitals.Signal``.
-        TorchvitalsError: on every rank, when the ranks were given different user signals.
     """
     for signal in extra:
         if not isinstance(signal, Signal):
@@ -119,38 +119,12 @@ def build_signals(registry: SignalRegistry, setup: Setup, extra: Sequence[Signal
                 f"{type(signal).__name__}"
             )
     built = registry.build(setup)
-    agree_on(extra, setup)  # on every rank of a world, so a rank given none still takes part
     return Signals(
         tuple(built) + tuple(extra),
         _one(built, GradNorms),
         _first(built, UpdateRatioSignal),
         _first(built, ActivationSignal),
     )
-
-
-def agree_on(signals: Sequence[Signal], setup: Setup) -> None:
-    """Check that every rank packs the same user signals (collective, once, at ``watch()``, on
-    every rank of a world: a rank given none takes part too).
-
-    A mismatch would break the step's collective (gloo aborts the process, NCCL may hang), so
-    it is caught here: each rank's digest of the signals' classes, in order, and its negation
-    ride one MAX; the ranks agree only when the maximum equals minus the maximum of the
-    negation, which every rank reads alike, so every rank raises together.
-    """
-    if setup.world_size == 1:
-        return
-    names = ";".join(f"{type(s).__module__}.{type(s).__qualname__}" for s in signals)
-    digest = float(int.from_bytes(hashlib.sha256(names.encode()).digest()[:3], "big"))
-    count = float(len(signals))
-    seen = torch.tensor([digest, -digest, count, -count], dtype=torch.float64)
-    seen = seen.to(setup.collective_device)
-    dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=setup.group)
-    high_digest, neg_low_digest, high_count, neg_low_count = seen.tolist()
-    if high_digest != -neg_low_digest or high_count != -neg_low_count:
-        raise TorchvitalsError(
-            f"torchvitals: the ranks were given different signals (this rank: {names or 'none'}"
-            "): every rank must pass the same watch(signals=[...]), in the same order"
-        )
 
 
 def _first(signals: Iterable[Signal], cls: type[S]) -> S | None:

@@ -56,7 +56,7 @@ def replicated(rank: int, world: int, steps: int) -> dict:
     return {"without": without, "with": _run(rank, model, steps, [ParamNorm(model)])}
 
 
-def mismatched(rank: int, world: int) -> str:
+def mismatched(rank: int, world: int) -> tuple[str, str]:
     """Rank 0 alone passes the signal: watch() must raise on every rank, not hang or abort."""
     model = _model(seed=0)
     signals = [ParamNorm(model)] if rank == 0 else []
@@ -65,5 +65,5 @@ def mismatched(rank: int, world: int) -> str:
             model, torch.optim.SGD(model.parameters(), lr=0.1), signals=signals, **QUIET
         )
     except torchvitals.TorchvitalsError as error:
-        return str(error)
-    return "watch() returned"
+        return type(error).__name__, str(error)
+    return "", "watch() returned"

@@ -1,6 +1,7 @@
 """A user's signal (the example's parameter norm) rides the step's one SUM across two gloo ranks:
 its value is the reference computed from both ranks' weights, identical on both, it adds no
-collective, and ranks given different signals fail at watch() on every rank."""
+collective, and ranks given different signals fail at watch() on every rank, with the same
+error."""
 
 from __future__ import annotations
 
@@ -32,4 +33,9 @@ def test_ddp_replicas_report_their_own_norm_with_no_extra_collective():
 
 def test_ranks_given_different_signals_fail_at_watch_on_every_rank():
     messages = run_world(mismatched, timeout=120)
-    assert all("different signals" in m for m in messages), messages
+    assert messages[0] == messages[1], messages  # the same error on every rank
+    kind, text = messages[0]
+    assert kind == "SettingsDifferError", messages
+    # It names what differs, and which rank packs which signals.
+    assert "signals:" in text and "ParamNorm on rank 0" in text, text
+    assert "on rank 1" in text and "watch(signals=...)" in text, text
