@@ -238,6 +238,8 @@ class Steps:
         for signal, handle in zip(d.signals, handles):
             signal.unpack(ctx, handle, reduced, report, seen)
         if seen.repeated[0]:  # some rank stepped twice on the same gradients: every rank stops
+            if ctx.sampled:
+                self.arm()  # the step is not taken: its number comes again, to be recorded
             raise double_step_error(*seen.repeated, d.world_size)
         report.nonfinite = report.nonfinite_loss or report.nonfinite_grad
         report.lr = d.guard.effective_lr(self.lr_scale)

@@ -4,7 +4,8 @@
 
 For each world size, one process builds the step's payload exactly as the agent packs it on a
 rank of that world (the per-block sums of the benchmark GPT's 8 blocks, the loss, the per-rank
-time sums, the straggler flags, the checkpoint flags; activation maxima on every 10th step),
+time sums, the straggler flags, the checkpoint flags, the loop's skip and double-step flags;
+activation maxima on every 10th step),
 runs the reduction path (world size 1 here: no collective, the one host copy), unpacks the
 Report, lets the rank judge itself a straggler and runs the detector over it. The collective's
 wire time is not simulated (its payload is the same 40-odd floats at every world size); the
@@ -42,6 +43,7 @@ from torchvitals.agent.report import Report
 from torchvitals.agent.signals.activations import ActivationSignal, ActivationSlots
 from torchvitals.agent.signals.base import StepContext
 from torchvitals.agent.signals.datawait import DataWaitSignal
+from torchvitals.agent.signals.loop import LoopFlags
 from torchvitals.agent.signals.loss import Loss
 from torchvitals.agent.signals.timing import Timing
 
@@ -58,7 +60,7 @@ class Step:
         self.world, self.rank, self.onehot = world, rank, onehot
         self.detector = Detector(NAMES, KINDS)
         self.timing = Timing(RankTiming(Thresholds(), rank, world))
-        self.signals = [Loss(), DataWaitSignal(DataWait()), self.timing]
+        self.signals = [Loss(), DataWaitSignal(DataWait()), LoopFlags(), self.timing]
         # Unpacks only: blocks that hold no module, so nothing is hooked or recorded.
         n = len(NAMES)
         no_modules = Blocks(NAMES, [[] for _ in NAMES], [None] * n, KINDS, [[] for _ in NAMES])
