@@ -22,6 +22,7 @@ section passed whole is an argument for each of its fields; a flat keyword given
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -268,6 +269,14 @@ class OutputsConfig:
     metrics_idle_timeout_s: float = 10.0
     """A /metrics connection that sends no complete request within this is closed."""
 
+    metrics_scrapes_per_s: float = 2.0
+    """Scrapes a second each client address may make on /metrics (Prometheus makes one every
+    10-60 s); beyond it, and ``metrics_scrape_burst``, it is answered 429 with Retry-After before
+    anything is parsed or rendered, so a scrape loop cannot slow the step. 0 turns it off."""
+
+    metrics_scrape_burst: int = 5
+    """Scrapes a client address may make back to back before ``metrics_scrapes_per_s`` applies."""
+
     log_dir: str = "torchvitals_runs"
     """Folder for the run's JSON-lines event log (written by global rank 0). Empty turns it off."""
 
@@ -326,6 +335,18 @@ class OutputsConfig:
             "metrics_idle_timeout_s",
             self.metrics_idle_timeout_s,
             "seconds > 0",
+        )
+        _need(
+            0 <= self.metrics_scrapes_per_s < math.inf,
+            "metrics_scrapes_per_s",
+            self.metrics_scrapes_per_s,
+            "a number >= 0 (0 turns the limit off)",
+        )
+        _need(
+            self.metrics_scrape_burst >= 1,
+            "metrics_scrape_burst",
+            self.metrics_scrape_burst,
+            "an integer >= 1",
         )
 
 
@@ -454,6 +475,8 @@ class Config:
         metrics_client_auth_required: bool
         metrics_max_connections: int
         metrics_idle_timeout_s: float
+        metrics_scrapes_per_s: float
+        metrics_scrape_burst: int
         log_dir: str
         run_name: str | None
         log_every: int

@@ -47,6 +47,7 @@ from .metrics import (
     _Snapshot,
 )
 from .ports import candidates
+from .ratelimit import ScrapeBudget, ScrapeLimit
 from .render import RenderCache
 from .server import MetricsServer
 from .tls import TLS
@@ -79,6 +80,8 @@ class Exporter:
         port_setting: the Config field that sets the base port, for the error message.
         tls: serve HTTPS (and, with a client CA, check client certificates).
         max_connections, idle_timeout_s: the server's bounds (see ``outputs/server.py``).
+        limit: each client address's scrapes a second, beyond which it gets 429 (see
+            ``outputs/ratelimit.py``); None: no limit.
         strict: a port that cannot be bound raises ``MetricsPortError``. Otherwise a taken port
             is one warning and the next of ``ports.candidates`` (a node-width further, then any
             free port), and an address this host lacks serves nothing, with a warning: the
@@ -104,6 +107,7 @@ class Exporter:
         tls: TLS | None = None,
         max_connections: int = 32,
         idle_timeout_s: float = 10.0,
+        limit: ScrapeLimit | None = ScrapeLimit(),  # noqa: B008  # frozen: shared safely
         strict: bool = False,
         local_size: int = 1,
     ) -> None:
@@ -157,6 +161,7 @@ class Exporter:
                     tls=tls,
                     max_connections=max_connections,
                     idle_timeout_s=idle_timeout_s,
+                    budget=None if limit is None else ScrapeBudget(limit),
                 )
                 break
             except OSError as exc:
@@ -294,6 +299,7 @@ class Exporter:
 
     def _snapshot(self) -> _Snapshot:
         host = process_vitals()  # on the scrape thread, outside the lock: training never waits
+        server = self._server  # once: close() may drop it meanwhile
         with self._lock:
             histograms = {
                 m.name: Buckets(m.buckets, tuple(self._counts[m.name]), self._sums[m.name])
@@ -316,6 +322,7 @@ class Exporter:
                 dict(self._totals),
                 self._custom,
                 self._incidents,
+                0 if server is None else server.refused,
             )
 
     def close(self) -> None:

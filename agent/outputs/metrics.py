@@ -112,6 +112,8 @@ class _Snapshot:
     """The last value of each name the user's signals wrote to ``Report.custom``."""
     incidents: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     """Incidents recorded by ``INCIDENT_LABELS`` values (global rank 0's agent)."""
+    scrapes_refused: int = 0
+    """Requests this rank's /metrics answered 429 (``metrics_scrapes_per_s``)."""
 
 
 def _last(
@@ -305,6 +307,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "Live child processes of this rank (its DataLoader workers).",
         RANK,
         _host("children"),
+    ),
+    MetricSpec(
+        "torchvitals_metrics_scrapes_refused_total",
+        "counter",
+        "Requests to this rank's /metrics answered 429: their address scraped beyond "
+        "metrics_scrapes_per_s (a scrape loop; Prometheus never gets there).",
+        RANK,
+        lambda s: float(s.scrapes_refused),
     ),
     MetricSpec(
         "torchvitals_host_memory_available_bytes",

@@ -1,4 +1,4 @@
-"""The rendered /metrics text, cached between steps, so a scrape loop costs the training nothing.
+"""The rendered /metrics text, cached between steps: renders follow the steps, not the scrapes.
 
     cache = RenderCache(render, version)      # render(accept) -> (bytes, content type)
     body, content_type = cache.get(accept)

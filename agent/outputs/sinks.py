@@ -24,6 +24,7 @@ from .discovery import TargetFile
 from .eventlog import EventLog
 from .exporter import Exporter
 from .ports import local_rank, local_rank_source, local_size
+from .ratelimit import ScrapeLimit
 from .tls import TLS
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,13 @@ class Outputs:
             tls=tls,
             max_connections=config.metrics_max_connections,
             idle_timeout_s=config.metrics_idle_timeout_s,
+            limit=(
+                ScrapeLimit(
+                    scrapes_per_s=config.metrics_scrapes_per_s, burst=config.metrics_scrape_burst
+                )
+                if config.metrics_scrapes_per_s
+                else None
+            ),
             strict=config.metrics_port_strict,
             local_size=local_size(),
         )

@@ -39,6 +39,8 @@ OUT_OF_RANGE = {
     "metrics_client_auth_required": True,
     "metrics_max_connections": 0,
     "metrics_idle_timeout_s": 0.0,
+    "metrics_scrapes_per_s": -1.0,
+    "metrics_scrape_burst": 0,
     "log_every": 0,
     "collector_url": "collector:8080",
     "collector_poll_seconds": -1.0,

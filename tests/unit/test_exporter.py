@@ -379,7 +379,7 @@ def test_series_count_constant_as_steps_go_by(served):
     assert (
         series_count(after_10)
         == series_count(after_200)
-        == 18 + histogram_series + 5 + 10 * len(BLOCKS) + 2 * len(PATTERNS) + 1
+        == 19 + histogram_series + 5 + 10 * len(BLOCKS) + 2 * len(PATTERNS) + 1
     )
     assert set(after_10) == set(after_200)
     # Step 200 was sampled; check an unsampled last step keeps the sampled values.
