@@ -605,7 +605,8 @@ class Agent:
 
     def close(self) -> None:
         """Give the optimizer its step back, remove hooks and patches, stop /metrics, close the
-        event log, finish a checkpoint write in flight (last: it may raise that it failed)."""
+        event log, finish a checkpoint write in flight within ``checkpoint_close_timeout_s``
+        (last: it may raise that it failed; see ``Watchdog.close``)."""
         self._closing.close()
 
     def __enter__(self) -> Agent:
