@@ -23,6 +23,7 @@ import logging
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -63,7 +64,7 @@ from .report import Report
 from .signals.base import Signal
 from .signals.registry import BUILTIN, Signals, build_signals
 from .signals.setup import Setup
-from .step import StageTimes, StepDeps, StepInput, Steps
+from .step import CURVE_KEPT, StageTimes, StepDeps, StepInput, Steps
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class Agent:
     """The batch position and skip list (the watchdog's, so its checkpoints carry them)."""
     _patches: PatchSet
     _zero_grad: AttributePatch
-    _validation: list[tuple[int, float]]
+    _validation: deque[tuple[int, float]]
     _closing: contextlib.ExitStack
     """Releases everything ``watch()`` built, in reverse (``close()``)."""
 
@@ -182,7 +183,7 @@ class Agent:
         self.record_data_wait = self._wait.record  # adapters: a batch drawn elsewhere
         self.last_report = None
         self.adapter = None
-        self._validation: list[tuple[int, float]] = []
+        self._validation: deque[tuple[int, float]] = deque(maxlen=CURVE_KEPT)
         with contextlib.ExitStack() as built:
             self._build(optimizer, registry, built, signals, sinks)
             self._closing = built.pop_all()
