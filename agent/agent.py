@@ -23,6 +23,7 @@ import logging
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -67,7 +68,7 @@ from .report import Report
 from .signals.base import Signal
 from .signals.registry import BUILTIN, Signals, build_signals
 from .signals.setup import Setup
-from .step import StageTimes, StepDeps, StepInput, Steps
+from .step import CURVE_KEPT, StageTimes, StepDeps, StepInput, Steps
 
 F64 = torch.float64
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class Agent:
     """The batch position and skip list (the watchdog's, so its checkpoints carry them)."""
     _patches: PatchSet
     _zero_grad: AttributePatch
-    _validation: list[tuple[int, float]]
+    _validation: deque[tuple[int, float]]
     _closing: contextlib.ExitStack
     """Releases everything ``watch()`` built, in reverse (``close()``)."""
 
@@ -170,7 +171,7 @@ class Agent:
         self.clock = clock
         self.last_report = None
         self.adapter = None
-        self._validation: list[tuple[int, float]] = []
+        self._validation: deque[tuple[int, float]] = deque(maxlen=CURVE_KEPT)
         # watch() in sections of each rank's own work, each ending where every rank meets
         # (consensus.Fence): a rank that failed, or was given other settings, stops every rank
         # there, before any collective it would not have joined.
@@ -714,7 +715,8 @@ class Agent:
 
     def close(self) -> None:
         """Give the optimizer its step back, remove hooks and patches, stop /metrics, close the
-        event log, finish a checkpoint write in flight (last: it may raise that it failed)."""
+        event log, finish a checkpoint write in flight within ``checkpoint_close_timeout_s``
+        (last: it may raise that it failed; see ``Watchdog.close``)."""
         self._closing.close()
 
     def __enter__(self) -> Agent:

@@ -158,6 +158,12 @@ class RecoverConfig:
     the next save). When twice the largest rank's state exceeds it, checkpoints are saved
     synchronously and rollbacks read the disk (logged once); 0 always does so."""
 
+    checkpoint_close_timeout_s: float = 60.0
+    """Seconds ``agent.close()`` waits for a background checkpoint write still in flight. A
+    peer that died or stopped (a hung host) mid-save never lets it finish: past this, the
+    write is left uncommitted (its ``.tmp-*`` folder is never loaded), logged with its step and
+    folder, and the last committed checkpoint stays the rollback target. 0 waits for none."""
+
     healthy_window: int = 20
     """A step is healthy when no warning or critical verdict came in this many steps before it."""
 
@@ -223,6 +229,12 @@ class RecoverConfig:
             "snapshot_max_bytes",
             self.snapshot_max_bytes,
             "an integer >= 0 (0: synchronous saves)",
+        )
+        _need(
+            self.checkpoint_close_timeout_s >= 0,
+            "checkpoint_close_timeout_s",
+            self.checkpoint_close_timeout_s,
+            "seconds >= 0 (how long close() waits for a checkpoint write in flight)",
         )
 
 
@@ -457,6 +469,7 @@ class Config:
         checkpoint_key_file: str | None
         trust_unsigned_checkpoints: bool
         snapshot_max_bytes: int
+        checkpoint_close_timeout_s: float
         healthy_window: int
         lr_backoff: float
         skip_margin: int

@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 STAGES = ("measure", "reduce", "detect", "act", "publish")
 """The stages ``StageTimes`` reports; ``act`` includes deciding, not the optimizer's own step."""
 
+CURVE_KEPT = 100_000
+"""Newest training losses (and validation losses, ``Agent.observe_validation``) kept for
+``diagnose()``: 1.6 MB of (step, loss) pairs, far more than its tree reads."""
+
 
 @dataclasses.dataclass(frozen=True)
 class StepInput:
@@ -151,10 +155,11 @@ class StageTimes:
     checkpoint), for ``benchmarks/overhead.py``; off unless set on ``agent.stage_times``."""
 
     def __init__(self) -> None:
-        self.samples: dict[str, dict[str, list[float]]] = {}
+        self.samples: dict[str, dict[str, deque[float]]] = {}
+        """Step kind -> stage -> seconds of the newest ``CURVE_KEPT`` steps of that kind."""
 
     def record(self, kind: str, seconds: dict[str, float]) -> None:
-        stages = self.samples.setdefault(kind, {s: [] for s in STAGES})
+        stages = self.samples.setdefault(kind, {s: deque(maxlen=CURVE_KEPT) for s in STAGES})
         for stage, value in seconds.items():
             stages[stage].append(value)
 
@@ -190,7 +195,7 @@ class Steps:
         self.aborted: TrainingAborted | None = None
         self.last_end = deps.clock()
         self.forward_end = -math.inf
-        self.losses: deque[tuple[int, float]] = deque(maxlen=100_000)  # for diagnose(): bounded
+        self.losses: deque[tuple[int, float]] = deque(maxlen=CURVE_KEPT)  # for diagnose()
         self.detector_at: dict[int, Any] = {}  # step -> detector, per rollback target
         self.scheduler_follows_step = True
         """Whoever calls ``optimizer.step()`` (a framework, the loop) steps the scheduler right

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..report import Report
+from .history import VerdictHistory, identity
 from .observed import Observed
 from .rules import Rule, make_rules
 from .rules_vitals import make_vital_rules
@@ -23,12 +24,9 @@ from .thresholds import Thresholds
 from .verdict import CRITICAL, Verdict
 
 
-def _key(v: Verdict) -> tuple[str, str | None, Any]:
-    return (v.pattern, v.block, v.evidence.get("rank"))
-
-
 class Detector:
-    """Runs the pattern rules over each report; keeps the active set and the history.
+    """Runs the pattern rules over each report; keeps the active set and a bounded history
+    (``history.VerdictHistory``: each finding's first verdict and the newest 1000).
 
     Args:
         block_names, block_kinds: the blocks every rank packs.
@@ -65,7 +63,8 @@ class Detector:
         self.active: dict[tuple[str, str | None, Any], Verdict] = {}
         self.pinned: set[tuple[str, str | None, Any]] = set()
         """Keys of the wiring facts (a frozen block): active for the whole run."""
-        self.history: list[Verdict] = []
+        self.history = VerdictHistory()
+        """The verdicts emitted so far, oldest first, bounded (see ``history``)."""
         self._validation: list[tuple[int, float]] = []
 
     def observe(self, report: Report, seen: Observed | None = None) -> list[Verdict]:
@@ -85,14 +84,14 @@ class Detector:
             # Wiring facts (a frozen block) hold for the whole run: no rule may clear them.
             emitted += [dataclasses.replace(v, step=report.step) for v in self._static]
             for v in emitted:
-                self.active[_key(v)] = v
-                self.pinned.add(_key(v))
+                self.active[identity(v)] = v
+                self.pinned.add(identity(v))
             self._static = []
         for rule in self.rules:
             found = rule.observe(report, seen)
             if found is None:  # the rule had nothing to judge this step
                 continue
-            keys = {_key(v) for v in found}
+            keys = {identity(v) for v in found}
             for key in [
                 k
                 for k in self.active
@@ -100,7 +99,7 @@ class Detector:
             ]:
                 del self.active[key]
             for v in found:
-                key = _key(v)
+                key = identity(v)
                 if v.severity == CRITICAL or key not in self.active:
                     emitted.append(v)
                 self.active[key] = v

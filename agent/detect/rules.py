@@ -496,8 +496,16 @@ class DeadPipeline(Rule):
 
     def __init__(self, t: Thresholds):
         self.t = t
-        self.losses: list[float] = []
-        self.norms: list[float] = []
+        # A pipeline dead from the start may stay so for the whole run: the series since step 1
+        # is held as running extremes (first value, then each strictly beyond it, as max/min
+        # over the series give) and the median of the newest losses, which sets the scale of
+        # "flat": every loss lies within the spread, so any of their medians serves.
+        self.steps = 0
+        self.low: float | None = None
+        self.high: float | None = None
+        self.recent: deque[float] = deque(maxlen=max(t.window, t.dead_pipeline_steps))
+        self.max_norm: float | None = None
+        self.zero = True
         self.live = True
 
     def observe(self, report, seen):
@@ -509,16 +517,20 @@ class DeadPipeline(Rule):
             and not report.nonfinite_grad
         ):
             return []  # no block's gradient could be read: nothing to judge
-        self.losses.append(report.loss)
-        self.norms.append(report.grad_norm_total)
-        zero = all(n == 0 for n in self.norms)
-        n_needed = 3 if zero else self.t.dead_pipeline_steps
-        if len(self.norms) < n_needed:
+        loss, norm = report.loss, report.grad_norm_total
+        self.steps += 1
+        self.low = loss if self.low is None or loss < self.low else self.low
+        self.high = loss if self.high is None or loss > self.high else self.high
+        self.recent.append(loss)
+        self.max_norm = norm if self.max_norm is None or norm > self.max_norm else self.max_norm
+        self.zero = self.zero and norm == 0
+        n_needed = 3 if self.zero else self.t.dead_pipeline_steps
+        if self.steps < n_needed:
             return []
-        spread = max(self.losses) - min(self.losses)
-        flat = spread <= 1e-4 * abs(median(self.losses)) + 1e-8
-        tiny = max(self.norms) <= self.t.tiny_grad
-        if (flat or zero) and tiny:
+        spread = self.high - self.low
+        flat = spread <= 1e-4 * abs(median(self.recent)) + 1e-8
+        tiny = self.max_norm <= self.t.tiny_grad
+        if (flat or self.zero) and tiny:
             return [
                 Verdict(
                     DEAD_PIPELINE,
@@ -526,10 +538,10 @@ class DeadPipeline(Rule):
                     report.step,
                     None,
                     {
-                        "steps": len(self.norms),
+                        "steps": self.steps,
                         "loss_spread": spread,
-                        "max_grad_norm": max(self.norms),
-                        "detached": zero,
+                        "max_grad_norm": self.max_norm,
+                        "detached": self.zero,
                         "fired": "tiny_grad",
                         "tiny_grad": self.t.tiny_grad,
                     },
@@ -584,7 +596,10 @@ class GeneralizationGap(Rule):
     def __init__(self, t: Thresholds):
         self.t = t
         self.train_ema: float | None = None
-        self.points: list[tuple[int, float, float]] = []
+        # What a judgement reads: the newest validations and the best one so far (the first,
+        # then each strictly lower, as min over every validation gives).
+        self.points: deque[tuple[int, float, float]] = deque(maxlen=t.gap_validations + 1)
+        self.best: float | None = None
 
     def observe(self, report, seen):
         if math.isfinite(report.loss):
@@ -598,13 +613,12 @@ class GeneralizationGap(Rule):
             self.points.append(
                 (step, loss, self.train_ema if self.train_ema is not None else math.nan)
             )
-        n = self.t.gap_validations
-        if len(self.points) < n + 1:
+            self.best = loss if self.best is None or loss < self.best else self.best
+        if len(self.points) < self.t.gap_validations + 1 or self.best is None:
             return []
-        recent = self.points[-(n + 1) :]
-        val = [p[1] for p in recent]
-        train = [p[2] for p in recent]
-        best = min(p[1] for p in self.points)
+        val = [p[1] for p in self.points]
+        train = [p[2] for p in self.points]
+        best = self.best
         rise = 1 + self.t.gap_min_rise
         # Each rise must add up to a real one inside the window, not creep on a plateau.
         rising = (

@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 NONFINITE_MESSAGE = "Loss is not finite"
 """How torchtitan's ``train_step`` words the error it raises for a non-finite logged loss."""
 
+ABSORBED_KEPT = 1000
+"""Newest absorbed steps ``TorchtitanAdapter.absorbed`` keeps."""
+
 
 class TorchtitanAdapter:
     """The trainer-side half of ``watch_torchtitan``: the loss, the step counter, the NaN check.
@@ -73,7 +76,8 @@ class TorchtitanAdapter:
         """What one rank's ``local sum / global tokens`` is multiplied by so the mean over the
         ranks is torchtitan's global loss (the loss mesh's size)."""
         self.absorbed: list[int] = []
-        """The steps whose non-finite loss check was absorbed (rolled back or skipped)."""
+        """The newest ``ABSORBED_KEPT`` steps whose non-finite loss check was absorbed (rolled
+        back or skipped)."""
         # Under pipeline parallelism the last stage's schedule calls the loss function it was
         # built with, not the trainer's attribute: each microbatch's loss is taken there.
         schedule = getattr(trainer, "pp_schedule", None)
@@ -119,6 +123,8 @@ class TorchtitanAdapter:
             if report is None or not (dealt and NONFINITE_MESSAGE in str(error)):
                 raise
             self.absorbed.append(report.step)
+            if len(self.absorbed) > ABSORBED_KEPT:  # a run skipping NaN steps for days
+                del self.absorbed[0]
             log.info(
                 "torchvitals: step %d was %s by torchvitals; torchtitan's non-finite loss "
                 "check for it is absorbed",

@@ -151,7 +151,7 @@ class LiveView:
         self._losses: deque[float] = deque(maxlen=history)
         self._ratios: dict[str, float] = {}
         self._abs_max: dict[str, float] = {}
-        self._rollbacks: list[str] = []
+        self._rollbacks: deque[str] = deque(maxlen=3)  # the panel shows the last 3
         self._last: Report | None = None
         self._active: list[Any] = []
         self._recovery: dict[str, float] | None = None
@@ -289,7 +289,7 @@ class LiveView:
             where = f"@{v.block}" if v.block else ""
             verdicts.append(f"{v.pattern}{where} ", style=self.STYLES.get(v.severity, ""))
         parts: list[RenderableType] = [head, table, verdicts]
-        parts += [Text(line, style="magenta") for line in self._rollbacks[-3:]]
+        parts += [Text(line, style="magenta") for line in self._rollbacks]
         return Panel(Group(*parts), title=self.title, title_align="left")
 
     def close(self) -> None:

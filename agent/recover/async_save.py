@@ -26,15 +26,11 @@ import time
 import weakref
 from dataclasses import dataclass
 
+from .agreement import CheckpointError
 from .checkpoint import CheckpointStore
 from .snapshot import Snapshot
 
 log = logging.getLogger(__name__)
-
-CLOSE_TIMEOUT_S = 600.0
-"""How long ``close`` waits for a write in flight (a 14 GB shard at 1 GB/s takes 14 s; a peer
-that died never finishes, and the folder then stays an uncommitted ``.tmp-*``)."""
-
 
 _writers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
@@ -55,6 +51,9 @@ class Outcome:
     write_seconds: float
     snapshot: Snapshot | None = None
     """The staged copy that was written (None: a synchronous save of the live state)."""
+    agreed: bool = True
+    """Every rank's phases reached this outcome. False: one of the write's own collectives
+    failed (a peer died mid-save), so this rank alone may know of it."""
 
 
 class BackgroundSaver:
@@ -64,12 +63,17 @@ class BackgroundSaver:
         self.store = store
         self.pending: Snapshot | None = None
         self._thread: threading.Thread | None = None
-        self._result: tuple[bool, str | None, str | None, float] | None = None
+        self._result: tuple[bool, str | None, str | None, float, bool] | None = None
 
     @property
     def in_flight(self) -> bool:
         """A save was started and not settled yet (the same on every rank)."""
         return self.pending is not None
+
+    @property
+    def pending_step(self) -> int | None:
+        """The step of the save in flight (None: none)."""
+        return None if self.pending is None else self.pending.step
 
     def start(self, snap: Snapshot) -> None:
         """Write ``snap`` in the background; collective in the write thread."""
@@ -89,9 +93,13 @@ class BackgroundSaver:
         start = time.perf_counter()
         try:
             path = self.store.save(snap.step, staged=snap)
-            self._result = (True, str(path), None, time.perf_counter() - start)
+            self._result = (True, str(path), None, time.perf_counter() - start, True)
         except BaseException as e:
-            self._result = (False, None, f"{type(e).__name__}: {e}", time.perf_counter() - start)
+            # The store raises CheckpointError on every rank alike once its phases agreed; any
+            # other error is a collective of the write that failed (a peer gone mid-save).
+            agreed = isinstance(e, CheckpointError)
+            error = f"{type(e).__name__}: {e}"
+            self._result = (False, None, error, time.perf_counter() - start, agreed)
 
     def flags(self) -> list[float]:
         """``[done, failed]`` of this rank's write, for the step's SUM reduction."""
@@ -135,7 +143,9 @@ class BackgroundSaver:
             return None
         if self._result is None:  # ``_write`` sets it whatever happens
             raise RuntimeError("the checkpoint write thread ended without a result")
-        ok, path, error, seconds = self._result
-        outcome = Outcome(self.pending.step, ok, path, error, seconds, snapshot=self.pending)
+        ok, path, error, seconds, agreed = self._result
+        outcome = Outcome(
+            self.pending.step, ok, path, error, seconds, snapshot=self.pending, agreed=agreed
+        )
         self.pending, self._thread, self._result = None, None, None
         return outcome

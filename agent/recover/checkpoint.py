@@ -232,6 +232,11 @@ class CheckpointStore:
         ]
         return [p for _, p in sorted(found)]
 
+    def folders(self, step: int) -> tuple[Path, Path]:
+        """The temporary folder a save of ``step`` fills and the folder it is committed as."""
+        name = f"step-{step:08d}"
+        return self.root / f".tmp-{name}", self.root / name
+
     def latest(self) -> Path | None:
         """The newest committed checkpoint folder, or None."""
         folders = self.list()
@@ -271,8 +276,7 @@ class CheckpointStore:
         if staged is None and (model is None or optimizer is None):
             raise TypeError("save() needs the model and its optimizer, or a staged snapshot")
         start = self._clock()
-        name = f"step-{step:08d}"
-        tmp, final = self.root / f".tmp-{name}", self.root / name
+        tmp, final = self.folders(step)
         leader = self._rank == 0
         if staged is not None:
             extra, rank_state = staged.extra, staged.rank_state
@@ -311,7 +315,7 @@ class CheckpointStore:
             fsync_dir(tmp)
             if self.on_commit is not None:
                 self.on_commit(step, final)
-            replaced = self.root / f".tmp-replaced-{name}"
+            replaced = self.root / f".tmp-replaced-{final.name}"
             if final.exists():  # a step saved again after a rollback: the new one wins
                 os.rename(final, replaced)
             try:

@@ -93,5 +93,7 @@ class RollbackPolicy:
         self.lr_scale *= self.lr_backoff
         skipped = (from_position, position + self.skip_margin) if replayable else None
         self.rollbacks += 1
-        self._ticks.append(tick)
+        # Ticks never go back, so one outside the window now stays outside: only the window's
+        # are kept (at most max_rollbacks + 1, however long the run).
+        self._ticks = [t for t in self._ticks if tick - t < self.rollback_window] + [tick]
         return Rollback(to_step=to_step, lr_scale=self.lr_scale, skipped=skipped)

@@ -4,7 +4,7 @@
     saved = saver.save(step, model, optimizer, scheduler, extra, rank_state)
     packer.add_host_sum(..., saver.flags())          # every step: [done, failed] of a write
     outcome = saver.settle(reduced, world_size)      # a background write ended on every rank
-    saver.wait()                                     # before a rollback, at close
+    saver.wait()                                     # before a rollback; at close, bounded
     saver.restore(step, model, optimizer, scheduler) # from RAM, or None: read the disk
 
 ``SyncSaver`` writes the live state during the step (``CheckpointStore.save``) and has nothing
@@ -43,6 +43,10 @@ class Saver(Protocol):
     @property
     def in_flight(self) -> bool:
         """A save was started and not settled yet (the same on every rank)."""
+
+    @property
+    def pending_step(self) -> int | None:
+        """The step of the save in flight (None: none)."""
 
     def save(
         self,
@@ -83,6 +87,10 @@ class SyncSaver:
     @property
     def in_flight(self) -> bool:
         return False
+
+    @property
+    def pending_step(self) -> int | None:
+        return None
 
     def save(
         self,

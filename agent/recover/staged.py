@@ -54,6 +54,10 @@ class StagedSaves:
     def in_flight(self) -> bool:
         return self.saver.in_flight
 
+    @property
+    def pending_step(self) -> int | None:
+        return self.saver.pending_step
+
     def fits(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
         """Whether two copies of the largest rank's state fit in ``max_bytes``; decided once.
 

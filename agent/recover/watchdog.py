@@ -39,7 +39,7 @@ from ..config import Config
 from ..detect.verdict import Verdict
 from ..jsonsafe import json_safe
 from ..report import Report, Rollback
-from .async_save import CLOSE_TIMEOUT_S, Outcome
+from .async_save import Outcome
 from .batches import SkipAwareBatches
 from .checkpoint import CheckpointError, CheckpointStore
 from .groups import checkpoint_group
@@ -78,6 +78,7 @@ class Watchdog:
         rollback_policy: back-off, skipped range, loop guard; its ``lr_scale`` is the ledger's.
         resume_policy: whether a folder that holds a run is continued.
         abort_exit_code: the exit code of the loop guard's abort.
+        close_timeout_s: how long ``close`` waits for a background write in flight.
         data: the batch iterator whose skip list is the ledger's (default: a new one).
     """
 
@@ -91,6 +92,7 @@ class Watchdog:
         rollback_policy: RollbackPolicy,
         resume_policy: ResumePolicy,
         abort_exit_code: int,
+        close_timeout_s: float,
         data: SkipAwareBatches | None = None,
     ) -> None:
         self.store = store
@@ -100,6 +102,7 @@ class Watchdog:
         self.rollback_policy = rollback_policy
         self.resume_policy = resume_policy
         self.abort_exit_code = abort_exit_code
+        self.close_timeout_s = close_timeout_s
         self.data = data if data is not None else SkipAwareBatches(skipped=ledger.skipped)
         self.last_healthy: int | None = None
         self.failed_saves = 0
@@ -177,6 +180,7 @@ class Watchdog:
             ),
             resume_policy=ResumePolicy(config.resume),
             abort_exit_code=config.abort_exit_code,
+            close_timeout_s=config.checkpoint_close_timeout_s,
         )
 
     @property
@@ -317,27 +321,69 @@ class Watchdog:
             report.checkpoint.failed = f"step {outcome.step}: {outcome.error}"
 
     def close(self) -> None:
-        """Let a background write in flight finish (or give up after CLOSE_TIMEOUT_S: its
-        folder then stays an uncommitted ``.tmp-*``, never loaded). The checkpoint group stays:
-        the process's later agents reuse it (``groups``).
+        """Let a background write in flight finish, waiting ``close_timeout_s`` at most.
+
+        The wait joins this rank's write thread, never a collective, so a peer that died or
+        stopped (a hung host) mid-save cannot hold it. A write still in flight after the wait,
+        or ended by an error of its own collectives (a peer gone), is left uncommitted and
+        logged: its step, its ``.tmp-*`` folder (never loaded) and the last committed
+        checkpoint, which stays the rollback target. Its thread is a daemon, and ``groups``
+        leaves its group alone at exit, so it holds neither this call nor the process's exit.
+        The checkpoint group stays: the process's later agents reuse it (``groups``).
 
         Raises:
-            CheckpointError: that write failed (on this rank or another): the job's last healthy
-                state is not the one it ended with, which its exit status should say.
+            CheckpointError: the write failed and every rank agreed it did (a full disk): the
+                job's last healthy state is not the one it ended with, which its exit status
+                should say. A peer that died or stopped is not raised here: that peer is the
+                job's failure, and a second failing rank would blur who the culprit is.
         """
-        if not self.saver.in_flight:
+        step = self.saver.pending_step
+        if step is None:
             return
-        outcome = self._settled(self.saver.wait(CLOSE_TIMEOUT_S))
+        self.on_phase(CHECKPOINT)  # the supervisor's checkpoint clock, not the step's
+        try:
+            outcome = self.saver.wait(self.close_timeout_s)
+        finally:
+            self.on_phase(TRAIN)
         if outcome is None:
-            log.error(
-                "torchvitals: a checkpoint write still in flight after %.0f s at exit; "
-                "left uncommitted",
-                CLOSE_TIMEOUT_S,
+            why = (
+                f"its write was still in flight after checkpoint_close_timeout_s="
+                f"{self.close_timeout_s:g} s (a peer died or stopped mid-save)"
             )
-        elif not outcome.ok:
-            raise CheckpointError(
-                f"the checkpoint of step {outcome.step}, written at exit, failed: {outcome.error}"
+        elif outcome.ok or outcome.agreed:
+            self._settled(outcome)
+            if not outcome.ok:
+                raise CheckpointError(
+                    f"the checkpoint of step {step}, written at exit, failed: {outcome.error}"
+                )
+            return
+        else:
+            self.failed_saves += 1
+            why = f"its write lost a peer ({outcome.error})"
+        log.error("torchvitals: %s", self._left_at_close(step, why))
+
+    def _left_at_close(self, step: int, why: str) -> str:
+        """What a save that ``close`` gave up on leaves: its folder and the rollback target,
+        as the ledger (what a restart resumes from) records it."""
+        tmp, final = self.store.folders(step)
+        last = self.ledger.last_checkpoint
+        if last is not None and last["step"] == step and last["path"] == str(final):
+            # Global rank 0 commits alone once every rank's files are hashed: a peer lost after
+            # that leaves a complete checkpoint, recorded and renamed into place.
+            return (
+                f"the checkpoint of step {step} was committed ({final}) but not every rank "
+                f"confirmed it before close() ended: {why}; it is the rollback target"
             )
+        target = (
+            f"the last committed checkpoint, step {last['step']} ({last['path']}), stays the "
+            f"rollback target"
+            if last is not None
+            else "no checkpoint was committed before it (a restart starts afresh)"
+        )
+        return (
+            f"the checkpoint of step {step} was left uncommitted at close(): {why}; its "
+            f"folder {tmp} is never loaded, and {target}"
+        )
 
     def _settled(self, outcome: Outcome | None) -> Outcome | None:
         """A background save ended: commit it, and report it at the next ``settle``."""

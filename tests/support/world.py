@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -150,7 +150,7 @@ def restore_state(model: torch.nn.Module, opt: torch.optim.Optimizer, snap: dict
 
 
 def _job_child(
-    fn: Callable, rank: int, world: int, port: int, result_dir: str, args: tuple
+    fn: Callable, rank: int, world: int, port: int, result_dir: str, teardown: bool, args: tuple
 ) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -172,6 +172,8 @@ def _job_child(
     except BaseException as exc:  # the parent reads it; the exit code is the exception's
         _write_result(path, ("raised", traceback.format_exc()))
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+    if teardown:  # the interpreter's own exit: non-daemon threads joined, atexit handlers run
+        sys.exit(code)
     # Leave without interpreter teardown: destroying a DDP/gloo rank's C++ objects after its peer
     # left sometimes ends in std::terminate (SIGABRT), which would hide the exit code under test.
     sys.stdout.flush()
@@ -187,7 +189,13 @@ def _write_result(path: str, result: tuple) -> None:
 
 
 def spawn_job(
-    fn: Callable, *args: Any, world: int = 2, timeout: float = 90.0, grace: float = 15.0
+    fn: Callable,
+    *args: Any,
+    world: int = 2,
+    timeout: float = 90.0,
+    grace: float = 15.0,
+    wait_for: Collection[int] | None = None,
+    teardown: bool = False,
 ) -> list[dict[str, Any]]:
     """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks that may die.
 
@@ -195,6 +203,14 @@ def spawn_job(
     dies, as under a supervisor); a rank that exits non-zero leaves the others ``grace``
     seconds to exit on their own (an abort reaches every rank in the same step); past
     ``timeout`` every rank still alive is killed and reported as hung.
+
+    Args:
+        wait_for: the ranks the job is about (default: every rank). A rank outside it that dies
+            or stops is the test's own fault, which ends nothing: once every rank of
+            ``wait_for`` exited, the others still alive are killed.
+        teardown: each rank ends through the interpreter's own exit (non-daemon threads
+            joined, atexit handlers run) instead of ``os._exit``: for tests of what may hold a
+            process at exit.
 
     Returns:
         Per rank: ``{"exitcode", "status" ("ok", "raised" or None), "value" or "traceback",
@@ -204,25 +220,26 @@ def spawn_job(
     port = free_port()
     result_dir = tempfile.mkdtemp(prefix="tv-job-")
     procs = [
-        ctx.Process(target=_job_child, args=(fn, r, world, port, result_dir, args))
+        ctx.Process(target=_job_child, args=(fn, r, world, port, result_dir, teardown, args))
         for r in range(world)
     ]
     for p in procs:
         p.start()
+    watched = set(range(world) if wait_for is None else wait_for)
     deadline = time.monotonic() + timeout
     killed_by_parent: set[int] = set()
     hung: set[int] = set()
     first_failure: float | None = None
     try:
-        while any(p.is_alive() for p in procs):
+        while any(procs[r].is_alive() for r in watched):
             now = time.monotonic()
-            codes = [p.exitcode for p in procs]
+            codes = [p.exitcode if r in watched else None for r, p in enumerate(procs)]
             alive = [r for r, p in enumerate(procs) if p.is_alive()]
             if any(c is not None and c > 0 for c in codes) and first_failure is None:
                 first_failure = now
             doomed: list[int] = []
             if now > deadline:
-                hung.update(alive)
+                hung.update(r for r in alive if r in watched)
                 doomed = alive
             elif any(c is not None and c < 0 for c in codes) or (
                 first_failure is not None and now - first_failure > grace
@@ -232,6 +249,10 @@ def spawn_job(
                 killed_by_parent.add(r)
                 procs[r].kill()
             time.sleep(0.02)
+        for r, p in enumerate(procs):  # the ones left out of ``wait_for``
+            if p.is_alive():
+                killed_by_parent.add(r)
+                p.kill()
     finally:
         for p in procs:
             if p.is_alive():

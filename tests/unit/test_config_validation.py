@@ -26,6 +26,7 @@ OUT_OF_RANGE = {
     "resume": "sometimes",
     "checkpoint_keep": 0,
     "snapshot_max_bytes": -1,
+    "checkpoint_close_timeout_s": -1.0,
     "healthy_window": -1,
     "lr_backoff": 1.5,
     "skip_margin": -1,

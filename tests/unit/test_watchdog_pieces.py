@@ -8,6 +8,8 @@ a tmp folder with a fake clock.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 
 import pytest
 import torch
@@ -21,7 +23,9 @@ from torchvitals.agent.detect.verdict import (
     WARNING,
     Verdict,
 )
-from torchvitals.agent.recover.checkpoint import CheckpointStore
+from torchvitals.agent.recover import checkpoint
+from torchvitals.agent.recover.agreement import Ranks
+from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
 from torchvitals.agent.recover.ledger import Ledger
 from torchvitals.agent.recover.resume_policy import ResumePolicy, ResumeRefused, restarted
 from torchvitals.agent.recover.rollback_policy import Rollback, RollbackPolicy
@@ -198,17 +202,18 @@ def test_the_staged_saver_settles_once_the_reduced_flags_say_every_rank_is_done(
 # ---------------------------------------------------------------- the facade from pieces
 
 
-def _watchdog(root, **rollback):
+def _watchdog(root, staged=False, close_timeout_s=60.0, **rollback):
     store = CheckpointStore(root)
     ledger = Ledger(root / "ledger.json", clock=lambda: 1000.0)  # fresh: nothing read
     return Watchdog(
         store=store,
-        saver=SyncSaver(store),
+        saver=StagedSaves(store, 1 << 30) if staged else SyncSaver(store),
         ledger=ledger,
         save_policy=SavePolicy(checkpoint_every=2, healthy_window=0),
         rollback_policy=_rollbacks(**rollback),
         resume_policy=ResumePolicy("auto"),
         abort_exit_code=79,
+        close_timeout_s=close_timeout_s,
     )
 
 
@@ -261,3 +266,90 @@ def test_the_checkpoint_group_is_made_once_and_follows_the_default_group():
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- close() with a write in flight
+
+
+def _close_with_step_4_in_flight(dog, write_step_4, monkeypatch):
+    """Commit step 2's background save, start step 4's with ``write_step_4`` called as it
+    writes its shards, then close."""
+    model, opt = _model()
+    detector = _Detector()
+    assert dog.maybe_save(2, model, opt, None, detector)
+    real = checkpoint.write_shards
+
+    def write_shards(tmp, tensors, ranks):
+        if tmp.name == ".tmp-step-00000004":
+            write_step_4()
+        real(tmp, tensors, ranks)
+
+    monkeypatch.setattr(checkpoint, "write_shards", write_shards)
+    assert dog.maybe_save(4, model, opt, None, detector)  # step 2's write ends first
+    assert dog.last_healthy == 2 and dog.saver.pending_step == 4
+    dog.close()
+
+
+def _ledger_steps(root):
+    entries = json.loads((root / "ledger.json").read_text())["entries"]
+    return [e["step"] for e in entries if e["event"] == "checkpoint"]
+
+
+def test_close_leaves_a_write_still_held_after_its_bound_uncommitted_and_says_so(
+    tmp_path, caplog, monkeypatch
+):
+    dog = _watchdog(tmp_path, staged=True, close_timeout_s=0.05)
+    held = threading.Event()  # the write of step 4 waits on it, as on a stopped peer
+    try:
+        with caplog.at_level(logging.ERROR, "torchvitals"):
+            _close_with_step_4_in_flight(dog, lambda: held.wait(120), monkeypatch)
+        assert [r.getMessage() for r in caplog.records] == [
+            "torchvitals: the checkpoint of step 4 was left uncommitted at close(): its write "
+            "was still in flight after checkpoint_close_timeout_s=0.05 s (a peer died or "
+            f"stopped mid-save); its folder {tmp_path}/.tmp-step-00000004 is never loaded, and "
+            f"the last committed checkpoint, step 2 ({tmp_path}/step-00000002), stays the "
+            "rollback target"
+        ]
+        assert dog.last_healthy == 2 and _ledger_steps(tmp_path) == [2]
+        assert dog.store.latest() == tmp_path / "step-00000002"
+        assert (tmp_path / ".tmp-step-00000004").is_dir()
+    finally:
+        held.set()
+        for thread in threading.enumerate():
+            if thread.name == "torchvitals-checkpoint-4":
+                assert thread.daemon, "a write thread must never hold the interpreter's exit"
+                thread.join(60)
+
+
+def test_close_returns_when_the_write_lost_a_peer_and_raises_when_every_rank_failed(
+    tmp_path, caplog, monkeypatch
+):
+    lost = []
+    real_gather = Ranks.gather
+
+    def gather(ranks, fn):
+        results = real_gather(ranks, fn)
+        if lost:  # the phase's collective, as gloo fails it once a peer died
+            raise RuntimeError("Connection reset by peer")
+        return results
+
+    monkeypatch.setattr(Ranks, "gather", gather)
+    dog = _watchdog(tmp_path / "lost", staged=True)
+    with caplog.at_level(logging.ERROR, "torchvitals"):
+        _close_with_step_4_in_flight(dog, lambda: lost.append(True), monkeypatch)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "step 4 was left uncommitted at close(): its write lost a peer (" in line, line
+    assert "Connection reset by peer" in line and "step 2 (" in line, line
+    assert dog.last_healthy == 2 and _ledger_steps(tmp_path / "lost") == [2]
+    assert dog.metrics()["checkpoint_failures"] == 1
+    lost.clear()
+
+    def disk_full():
+        raise OSError(28, "No space left on device")
+
+    dog = _watchdog(tmp_path / "full", staged=True)
+    # Every rank's phases agree on that failure: the exit status must say it.
+    with pytest.raises(CheckpointError, match=r"step 4, written at exit, failed: .*No space left"):
+        _close_with_step_4_in_flight(dog, disk_full, monkeypatch)
+    assert dog.last_healthy == 2 and _ledger_steps(tmp_path / "full") == [2]
+    assert not (tmp_path / "full" / ".tmp-step-00000004").exists(), "a failed save cleans up"
