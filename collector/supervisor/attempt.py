@@ -25,6 +25,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from ...incidents import CRASH, HANG
@@ -79,7 +80,7 @@ class AttemptRunner:
         self.config, self.command, self.environ = config, list(command), environ
         self.metrics, self.peers, self.book = metrics, peers, book
         self.node, self.host = config.node_rank or 0, socket.gethostname()
-        self.localizer = Localizer(config, peers, book, node=self.node, host=self.host)
+        self.localizer = Localizer(config, peers, book, node=self.node, host=self.host, clock=clock)
         self._clock, self._sleep = clock, sleep
         self.intervals: deque[float] = deque(maxlen=1000)
         """Seconds between heartbeat advances, kept across attempts (the learned timeout)."""
@@ -118,6 +119,8 @@ class AttemptRunner:
             host=self.host,
             stderr=proc.stderr,
             probe_wait_s=self.config.probe_wait_s,
+            mark=partial(self.peers.mark_death, number),
+            clock=self._clock,
         )
         self.running_since = started
         try:

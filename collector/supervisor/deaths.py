@@ -1,6 +1,6 @@
 """When each rank's process ended, and how: watched from outside, to the millisecond.
 
-    watch = DeathWatch()
+    watch = DeathWatch(on_death=marks.add)   # told of each death from the watch's thread
     watch.watch(pid=4711, rank=3)      # each poll, for every pid the heartbeats name
     watch.deaths()                     # {pid: Death(rank, pid, at, status)} first seen gone
     watch.close()
@@ -47,10 +47,16 @@ class DeathWatch:
 
     Args:
         clock: unix seconds (when a death was seen).
+        on_death: called with (pid, rank, status) of each death, once, from the watch's thread
+            the moment it is seen (it must not block: ``DeathMarks.add`` queues).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        on_death: Callable[[int, int | None, int | None], None] | None = None,
+    ) -> None:
+        self._clock, self._on_death = clock, on_death
         self._lock = threading.Lock()
         self._ranks: dict[int, int | None] = {}
         """pid -> rank, every pid ever watched."""
@@ -112,15 +118,21 @@ class DeathWatch:
         """The pidfd of ``pid`` is readable: the process ended (a zombie until reaped)."""
         at, status = self._clock(), exit_status(pid)
         with self._lock:
-            self._dead.setdefault(pid, Death(self._ranks.get(pid), pid, at, status))
             if self._fds.pop(pid, None) is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        self._seen(Death(self._ranks.get(pid), pid, at, status))
 
     def _check(self, pid: int) -> None:
         state = proc_state(pid)
         if state not in (None, "Z"):
             return
-        at, status = self._clock(), exit_status(pid)
+        self._seen(Death(self._ranks.get(pid), pid, self._clock(), exit_status(pid)))
+
+    def _seen(self, death: Death) -> None:
         with self._lock:
-            self._dead.setdefault(pid, Death(self._ranks.get(pid), pid, at, status))
+            if death.pid in self._dead:
+                return
+            self._dead[death.pid] = death
+        if self._on_death is not None:
+            self._on_death(death.pid, death.rank, death.status)

@@ -167,9 +167,15 @@ class EtcdStore:
             if "lease not found" not in str(exc):
                 raise
 
-    def put(self, key: str, value: str, lease: int = 0) -> None:
-        """Set ``key`` (bound to ``lease`` when given: it goes when the lease expires)."""
-        self._call("/v3/kv/put", _put(key, value, lease))
+    def put(self, key: str, value: str, lease: int = 0) -> int:
+        """Set ``key`` (bound to ``lease`` when given: it goes when the lease expires).
+
+        Returns:
+            The store's revision of this write (the key's ``mod_revision``): every write to the
+            store has its own, in the order the store applied them, whoever wrote.
+        """
+        answer = self._call("/v3/kv/put", _put(key, value, lease))
+        return int(answer.get("header", {}).get("revision", 0))
 
     def get(self, key: str) -> Entry | None:
         """The key, or None."""

@@ -4,6 +4,7 @@
     every = exchange.gather(attempt, mine)     # Gathered: publish, ask the others, wait (bounded)
     for key in exchange.wanted(attempt):       # each poll: what others asked this node
         exchange.answer(attempt, findings_for(key))
+    exchange.mark_death(attempt, pid, rank, status)   # a death seen now: its store revision
 
 A node that sees a hang or a crash publishes what it found about its own ranks under the
 incident's key (``findings/<node>/a<attempt>/<key>``) and asks every node for theirs
@@ -12,10 +13,17 @@ store poll and answers with its own ranks, before its launcher is stopped. The n
 waits up to ``findings_wait_s`` for every node running the attempt, then decides on what it has
 (a node lost or too slow is decided without). Every key lives by its writer's node lease, and a
 node removes its own at the start of each attempt: nothing of an old attempt stays.
+
+What the nodes share is the store's order, not their clocks: each rank's death is recorded
+(``deaths/<node>/a<attempt>/<pid>``) the moment its node sees it, and the revision of that write
+orders it among every node's; a node's heartbeat ages are published as of the moment it asked
+(or saw the ask, on its own monotonic clock), so every node's count from one moment to within a
+store poll.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -76,6 +84,7 @@ class FindingsExchange:
         Returns:
             Every node's findings found (this node's included), and the nodes found lost.
         """
+        mine = mine.as_of(self._clock())  # its heartbeat ages count to the ask
         try:
             self._publish(attempt, mine)
             self.keys.want(self.node, attempt, mine.key)
@@ -178,6 +187,22 @@ class FindingsExchange:
             self._publish(attempt, mine)
         except StoreError as exc:
             self._outage.failed(exc)
+
+    def mark_death(
+        self, attempt: int, pid: int, rank: int | None, status: int | None
+    ) -> int | None:
+        """Record that this node saw its rank ``pid`` die in ``attempt``, now.
+
+        Returns:
+            The store's revision of the record (None: the store did not answer).
+        """
+        try:
+            return self.keys.put_death(
+                self.node, attempt, pid, json.dumps({"rank": rank, "status": status})
+            )
+        except StoreError as exc:
+            self._outage.failed(exc)
+            return None
 
     def forget(self, attempt: int) -> None:
         """A new attempt starts: remove this node's findings and requests of the old ones."""

@@ -5,6 +5,7 @@
     <KEY_ROOT><job>/nodes/<rank>     NodeState   one node's supervisor: host, pid, attempt, state
     <KEY_ROOT><job>/findings/<rank>/a<attempt>/<incident key>   one node's findings (findings.py)
     <KEY_ROOT><job>/wanted/<rank>/a<attempt>/<incident key>     a node asks the others for theirs
+    <KEY_ROOT><job>/deaths/<rank>/a<attempt>/<pid>              a rank died: seen now (its revision)
 
 Each record is a frozen dataclass written as JSON; ``*_json`` and ``*_of`` turn one into the
 other, so the key layout and the field names live here once.
@@ -122,9 +123,15 @@ def wanted_key(node: int, attempt: int, key: str) -> str:
     return f"wanted/{node:05d}/a{attempt:04d}/{key}"
 
 
+def death_key(node: int, attempt: int, pid: int) -> str:
+    """Where node ``node`` records the death of its rank ``pid`` in ``attempt``: the store's
+    revision of that write orders the deaths of every node (``death_marks``)."""
+    return f"deaths/{node:05d}/a{attempt:04d}/{pid}"
+
+
 def exchange_of(name: str) -> tuple[int, int, str] | None:
-    """(node, attempt, incident key) of a ``findings/`` or ``wanted/`` key (its part after the
-    job's prefix), or None for a key of another shape."""
+    """(node, attempt, incident key or pid) of a ``findings/``, ``wanted/`` or ``deaths/`` key
+    (its part after the job's prefix), or None for a key of another shape."""
     parts = name.split("/")
     if len(parts) != 4 or not parts[1].isdigit() or not parts[2][1:].isdigit():
         return None

@@ -6,6 +6,7 @@ live by.
     record = keys.attempt()                              # JobAttempt, with the store's revision
     keys.swap_attempt(next_record, record.revision)      # compare-and-swap: one winner
     keys.final(), keys.nodes()                           # JobFinal | None; {rank: NodeState}
+    keys.put_death(node, attempt, pid, value)            # the store's revision of the write
 
 Two leases: each node's own (``node_lease``: its record dies with it) and the job's
 (``job_lease``: ``attempt``, ``final`` and the records of nodes that are done), chosen by
@@ -25,6 +26,7 @@ from .job_records import (
     NodeState,
     attempt_json,
     attempt_of,
+    death_key,
     exchange_of,
     final_json,
     final_of,
@@ -124,6 +126,16 @@ class JobStore:
         """Ask every node for its findings for incident ``key`` of ``attempt``."""
         self.store.put(self._key(wanted_key(node, attempt, key)), "", lease=self.node_lease)
 
+    def put_death(self, node: int, attempt: int, pid: int, value: str) -> int:
+        """Record that node ``node`` saw its rank ``pid`` die in ``attempt``, under its own lease.
+
+        Returns:
+            The store's revision of the write: its place among every node's deaths.
+        """
+        return self.store.put(
+            self._key(death_key(node, attempt, pid)), value, lease=self.node_lease
+        )
+
     def findings(self, attempt: int, key: str) -> dict[int, str]:
         """Every node's findings for incident ``key`` of ``attempt``, by node."""
         return {
@@ -137,8 +149,8 @@ class JobStore:
         return {where[2] for _, where in self._exchange("wanted/") if where[1] == attempt}
 
     def forget_exchange(self, node: int) -> None:
-        """Remove node ``node``'s findings and requests (of attempts that are over)."""
-        for part in ("findings/", "wanted/"):
+        """Remove node ``node``'s findings, requests and deaths (of attempts that are over)."""
+        for part in ("findings/", "wanted/", "deaths/"):
             self.store.delete_prefix(self._key(f"{part}{node:05d}/"))
 
     def _exchange(self, part: str) -> list[tuple[Entry, tuple[int, int, str]]]:

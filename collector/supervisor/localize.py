@@ -5,7 +5,10 @@
     verdict = crash_verdict(deaths)     # None: no rank's death was seen
 
 Pure functions of the findings, sorted before they are read, so every node that holds the same
-findings names the same culprit (the incident's first writer wins, whichever node it is).
+findings names the same culprit (the incident's first writer wins, whichever node it is). No rule
+compares one host's wall clock with another's: hosts' clocks may be seconds or minutes apart,
+while ranks fail milliseconds apart. What orders events across nodes is what they share: step
+numbers, the store's revisions, and durations each host measured on its own clock.
 
 A hang's culprit, first rule that names one:
 
@@ -15,12 +18,17 @@ A hang's culprit, first rule that names one:
    (it runs user code, or waits on something else: its innermost user frame is the evidence).
 4. ``silent``: a rank asked for its stack that did not answer while others answered from a
    collective (uninterruptible sleep, a signal handler that cannot run).
-5. ``behind``: the rank(s) with the lowest heartbeat step whose last heartbeat is older than
-   every other rank's by more than ``BEAT_SLACK_S``.
+5. ``behind``: the rank(s) with the lowest heartbeat step whose heartbeat is older than every
+   other rank's by more than the slack (``BEAT_SLACK_S``, plus the moments apart at which the
+   nodes took their ages). A heartbeat's age is its own host's: its rank's clock at the write
+   against its supervisor's at the look.
 6. none: every rank waits alike; the culprit is null and the evidence lists them all.
 
-A crash's culprit: the rank whose process was seen gone first, across nodes (ties: the lower
-rank), with its exit status or signal.
+A crash's culprit: the rank whose death its node recorded first in the store (the lowest
+revision), with its exit status or signal. Deaths one node saw are in the order of its own clock
+(the revisions agree with it); a death the store never recorded (one node alone, or the store
+away) comes after every recorded one, then by node, then by its node's clock; ties: the lower
+rank.
 """
 
 from __future__ import annotations
@@ -34,8 +42,8 @@ from ...incidents import Culprit
 from .findings import GONE, STOPPED_STATES, NodeFindings, RankDeath, RankFinding
 
 BEAT_SLACK_S = 2.0
-"""The agents write their heartbeat at most once a second: two ranks' last writes less than this
-apart say nothing about which of them stopped first."""
+"""The agents write their heartbeat at most once a second: two ranks' heartbeat ages less than
+this apart say nothing about which of them stopped first."""
 
 LISTED_RANKS = 64
 """Ranks an incident lists in its evidence (the culprit and the others' summaries)."""
@@ -74,8 +82,16 @@ def culprit_of(r: RankFinding | RankDeath) -> Culprit:
     return Culprit(rank=r.rank, node=r.node, host=r.host, pid=r.pid)
 
 
-def hang_verdict(ranks: Sequence[RankFinding]) -> Verdict:
-    """The culprit of a hang, from every rank's finding (see the module's rules)."""
+def hang_verdict(ranks: Sequence[RankFinding], *, slack_s: float = BEAT_SLACK_S) -> Verdict:
+    """The culprit of a hang, from every rank's finding (see the module's rules).
+
+    Args:
+        ranks: every node's ranks.
+        slack_s: heartbeat ages less than this apart do not make a rank ``behind``.
+
+    Returns:
+        The culprit, the rule that named it and its evidence.
+    """
     ranks = sorted(ranks, key=lambda r: (r.rank, r.node))
     listed = [r.summary() for r in ranks[:LISTED_RANKS]]
     alive = [r for r in ranks if r.state != GONE]
@@ -121,14 +137,16 @@ def hang_verdict(ranks: Sequence[RankFinding]) -> Verdict:
             f"{_ranks(waiting)} {_verb(waiting)} in a collective",
             waiting=[r.rank for r in waiting],
         )
-    behind = _behind(alive)
+    behind = _behind(alive, slack_s)
     if behind:
-        newest = max(r.beat_time for r in alive)
+        youngest = min(r.beat_age_s for r in alive if r.beat_age_s is not None)
+        age = behind[0].beat_age_s or 0.0
         return named(
             "behind",
             behind,
             f"is behind: its last heartbeat says step {behind[0].step}, "
-            f"{newest - behind[0].beat_time:.0f} s older than the others' (step {top})",
+            f"{age - youngest:.0f} s older than the others' (step {top})",
+            slack_s=round(slack_s, 3),
         )
     if not alive:
         cause = "no rank runs: every rank's process is gone (a start or a restart that hangs)"
@@ -138,14 +156,23 @@ def hang_verdict(ranks: Sequence[RankFinding]) -> Verdict:
     return Verdict(Culprit(), cause, "none", {"rule": "none", "step": top, "ranks": listed})
 
 
-def _behind(alive: list[RankFinding]) -> list[RankFinding]:
-    if len(alive) < 2:
+def _behind(alive: list[RankFinding], slack_s: float) -> list[RankFinding]:
+    """The ranks at the lowest step whose heartbeat is older than every higher rank's by more
+    than ``slack_s`` (ages only: each measured on its own host; a rank without one is not
+    judged)."""
+    aged = [r for r in alive if r.beat_age_s is not None]
+    if len(aged) < 2:
         return []
-    low = min(r.step for r in alive)
-    if low == max(r.step for r in alive):
+    low = min(r.step for r in aged)
+    others = [r.beat_age_s for r in aged if r.step > low and r.beat_age_s is not None]
+    if not others:
         return []
-    others = [r.beat_time for r in alive if r.step > low]
-    return [r for r in alive if r.step == low and r.beat_time < min(others) - BEAT_SLACK_S]
+    oldest_other = max(others)
+    return [
+        r
+        for r in aged
+        if r.step == low and r.beat_age_s is not None and r.beat_age_s > oldest_other + slack_s
+    ]
 
 
 def _ranks(found: list[RankFinding]) -> str:
@@ -159,7 +186,17 @@ def _verb(found: list[RankFinding]) -> str:
 
 
 def _death_order(d: RankDeath) -> tuple:
-    return (d.at, d.rank if d.rank is not None else 1 << 30, d.node, d.pid)
+    # The store's revision first: the one order every node shares. ``at`` is only compared
+    # between deaths of one node (one clock): the revisions come before it and are unique, so
+    # it decides among the unrecorded deaths of one node alone.
+    return (
+        d.revision is None,
+        d.revision or 0,
+        d.node,
+        d.at,
+        d.rank if d.rank is not None else 1 << 30,
+        d.pid,
+    )
 
 
 def ended_by(status: int | None) -> str:
@@ -175,7 +212,8 @@ def ended_by(status: int | None) -> str:
 
 
 def crash_verdict(deaths: Sequence[RankDeath]) -> Verdict | None:
-    """The rank that died first, across nodes (None: no rank's death was seen)."""
+    """The rank that died first, across nodes (None: no rank's death was seen): the first the
+    store recorded (see the module's order)."""
     deaths = sorted(deaths, key=_death_order)
     if not deaths:
         return None
@@ -188,7 +226,10 @@ def crash_verdict(deaths: Sequence[RankDeath]) -> Verdict | None:
         "exit_status": None if status is None or killed else status,
         "signal": ended_by(status).removeprefix("killed by ") if killed else None,
         "died_at": first.at,
+        "revision": first.revision,
         "torchrun": first.line or None,
+        # In the order of the decision; ``at`` is each death's own host's clock (for people:
+        # two hosts' readings are not comparable), ``revision`` the store's order.
         "deaths": [
             {
                 "rank": d.rank,
@@ -197,7 +238,7 @@ def crash_verdict(deaths: Sequence[RankDeath]) -> Verdict | None:
                 "pid": d.pid,
                 "at": d.at,
                 "status": d.status,
-                "after_s": round(d.at - first.at, 3),
+                "revision": d.revision,
             }
             for d in deaths[:LISTED_RANKS]
         ],

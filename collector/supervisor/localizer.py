@@ -22,7 +22,7 @@ from ...incidents import CRASH, HANG, NODE_LOST, Culprit, Incident
 from .disruptions import Disruptions
 from .hang_clock import RESTART, STARTUP, HangClock
 from .job_records import NodeState
-from .localize import Verdict, crash_verdict, hang_verdict, union
+from .localize import BEAT_SLACK_S, Verdict, crash_verdict, hang_verdict, union
 from .options import SupervisorConfig
 from .peers import NodesLost, Peers
 from .witness import Witness
@@ -50,7 +50,8 @@ class Localizer:
         peers: the other nodes (their findings).
         book: where incidents are written.
         node, host: this node.
-        wall: unix seconds.
+        wall: unix seconds (the records' times, for people).
+        clock: monotonic seconds, the witness's (when another node's ask was seen).
     """
 
     def __init__(
@@ -62,9 +63,15 @@ class Localizer:
         node: int,
         host: str,
         wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config, self.peers, self.book = config, peers, book
-        self.node, self.host, self._wall = node, host, wall
+        self.node, self.host, self._wall, self._clock = node, host, wall, clock
+        # Nodes take their heartbeat ages as of the ask (or of seeing it): moments a store
+        # poll and a watch poll apart at most, on top of the heartbeats' own slack.
+        self._slack_s = BEAT_SLACK_S + (
+            config.store_poll_s + config.poll_s if config.nnodes > 1 else 0.0
+        )
 
     def hang(
         self, attempt: int, key: str, witness: Witness, *, clock: HangClock, detected_at: float
@@ -194,14 +201,17 @@ class Localizer:
         return found
 
     def answer(self, attempt: int, witness: Witness, *, now: bool = False) -> None:
-        """Publish this node's findings for every incident another node asked about."""
-        for key in self.peers.wanted(attempt, now=now):
+        """Publish this node's findings for every incident another node asked about, their
+        heartbeat ages as of the moment the ask was seen here."""
+        wanted = self.peers.wanted(attempt, now=now)
+        seen = self._clock()
+        for key in wanted:
             log.info("torchvitals supervise: node findings for %s asked; answering", key)
-            self.peers.answer(attempt, witness.findings(key))
+            self.peers.answer(attempt, witness.findings(key).as_of(seen))
 
     def _verdict(self, attempt: int, key: str, witness: Witness) -> Verdict:
         ranks, _ = union(self.peers.gather(attempt, witness.findings(key)).findings)
-        return hang_verdict(ranks)
+        return hang_verdict(ranks, slack_s=self._slack_s)
 
     def _incident(
         self,

@@ -6,6 +6,7 @@
     every = peers.gather(attempt, mine)       # a hang or a crash: every node's findings
     peers.wanted(attempt)                     # each poll: the incidents others want findings for
     peers.asked(attempt)                      # every incident any node asked about
+    peers.mark_death(attempt, pid, rank, 13)  # a rank's death, seen now: its store revision
     peers.restart(next_record)                # a restart here is a restart of the job everywhere
 
 One node, no store: ``SoloPeers`` (nothing to agree on). Several: ``StorePeers``
@@ -103,6 +104,10 @@ class Peers(Protocol):
 
     def answer(self, attempt: int, mine: NodeFindings) -> None: ...
 
+    def mark_death(
+        self, attempt: int, pid: int, rank: int | None, status: int | None
+    ) -> int | None: ...
+
     def finish(self, code: int, reason: str) -> int: ...
 
     def done(self) -> None: ...
@@ -146,6 +151,9 @@ class SoloPeers:
 
     def answer(self, attempt: int, mine: NodeFindings) -> None:
         pass
+
+    def mark_death(self, attempt: int, pid: int, rank: int | None, status: int | None) -> None:
+        return None  # one node: its own clock orders its deaths
 
     def finish(self, code: int, reason: str) -> int:
         return code

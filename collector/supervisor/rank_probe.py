@@ -188,15 +188,22 @@ def probe_ranks(
     wait_s: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    wall: Callable[[], float] = time.time,
 ) -> tuple[RankFinding, ...]:
-    """Every rank of ``folder`` (the attempt's heartbeat folder) as it is now: its state first
-    (before anything is sent), then, for each rank neither stopped nor gone that registered a
-    stack signal, the stack it writes on that signal (waiting up to ``wait_s`` for all).
+    """Every rank of ``folder`` (the attempt's heartbeat folder) as it is now: its state and
+    heartbeat age first (before anything is sent), then, for each rank neither stopped nor gone
+    that registered a stack signal, the stack it writes on that signal (waiting up to
+    ``wait_s`` for all).
+
+    Args:
+        wall: unix seconds of this host, the clock the ranks write their heartbeats with: a
+            heartbeat's age is a difference of two readings of one host's clock.
 
     Returns:
         One finding per rank, by rank.
     """
     beats = read_rank_beats(folder)
+    read_at = wall()
     states = {rank: _state(b) for rank, b in beats.items()}
     asked: dict[int, tuple[Path, int]] = {}
     for rank, beat in sorted(beats.items()):
@@ -212,7 +219,7 @@ def probe_ranks(
         asked[rank] = (path, size)
     stacks = _collect(asked, wait_s, clock, sleep) if asked else {}
     return tuple(
-        _finding(beats[r], states[r], r in asked, stacks.get(r, ""), node, host)
+        _finding(beats[r], states[r], r in asked, stacks.get(r, ""), node, host, read_at)
         for r in sorted(beats)
     )
 
@@ -228,7 +235,13 @@ def _state(beat: RankBeat) -> str | None:
 
 
 def _finding(
-    beat: RankBeat, state: str | None, asked: bool, text: str, node: int, host: str
+    beat: RankBeat,
+    state: str | None,
+    asked: bool,
+    text: str,
+    node: int,
+    host: str,
+    read_at: float,
 ) -> RankFinding:
     frames, waiting, frame = parse_stack(text)
     return RankFinding(
@@ -238,6 +251,7 @@ def _finding(
         pid=beat.pid,
         step=beat.step,
         beat_time=beat.time,
+        beat_age_s=max(0.0, read_at - beat.time),
         state=GONE if state in (None, "Z") else state,
         asked=asked,
         stack=excerpt(frames),

@@ -192,6 +192,13 @@ class StorePeers:
     def answer(self, attempt: int, mine: NodeFindings) -> None:
         self.exchange.answer(attempt, mine)
 
+    def mark_death(
+        self, attempt: int, pid: int, rank: int | None, status: int | None
+    ) -> int | None:
+        """Record a rank's death, seen now, in the store; the revision of the write orders it
+        among every node's deaths (``death_marks``)."""
+        return self.exchange.mark_death(attempt, pid, rank, status)
+
     def watch(self, attempt: int, step: int) -> JobRestarted | NodesLost | JobEnded | None:
         """While ``attempt`` runs (called every poll; asks the store every ``store_poll_s``):
         publish this node's step, and say whether the job wants something else.

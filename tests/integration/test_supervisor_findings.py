@@ -1,5 +1,6 @@
 """Two nodes' supervisors put their findings about one incident together through a real etcd,
-and name the same culprit; a lost node is named with the step the job really reached.
+and name the same culprit; deaths are ordered by the store's revisions of the nodes' records of
+them, not by the nodes' clocks; a lost node is named with the step the job really reached.
 
     python -m pytest tests/integration/test_supervisor_findings.py
 """
@@ -206,6 +207,53 @@ def test_a_node_that_does_not_answer_is_decided_without_after_findings_wait_s(et
         nodes[0].started(2)
         names = {e.key[len(KEY_ROOT + job) + 1 :] for e in store.prefix(f"{KEY_ROOT}{job}/")}
         assert not {n for n in names if n.startswith(("findings/00000", "wanted/00000"))}
+    finally:
+        for node in nodes:
+            node.close()
+
+
+def test_deaths_are_ordered_by_the_stores_revisions_not_by_the_nodes_clocks(etcd_url):
+    job = f"order-{uuid.uuid4().hex[:8]}"
+    nodes = running_nodes(etcd_url, job)
+    store = EtcdStore(etcd_url)
+    try:
+        # Node 0's rank 0 exits 13; node 1's rank 2 dies of it 40 ms later. Each supervisor
+        # records its death the moment it sees it; node 1's clock runs 30 s behind node 0's.
+        first = nodes[0].mark_death(1, 100, 0, 13)
+        second = nodes[1].mark_death(1, 200, 2, 1)
+        assert first is not None and second is not None and first < second
+        deaths = [
+            NodeFindings(
+                node=0,
+                host="host0",
+                key="crash-a0001",
+                deaths=(
+                    RankDeath(
+                        rank=0, node=0, host="host0", pid=100, at=1000.0, status=13, revision=first
+                    ),
+                ),
+            ),
+            NodeFindings(
+                node=1,
+                host="host1",
+                key="crash-a0001",
+                deaths=(
+                    RankDeath(
+                        rank=2, node=1, host="host1", pid=200, at=970.04, status=1, revision=second
+                    ),
+                ),
+            ),
+        ]
+        verdict = crash_verdict(union(deaths)[1])
+        assert verdict is not None and (verdict.culprit.rank, verdict.culprit.node) == (0, 0)
+        # The records are the store's revisions of these keys, and go with the next attempt.
+        entries = {e.key[len(KEY_ROOT + job) + 1 :]: e for e in store.prefix(f"{KEY_ROOT}{job}/")}
+        assert entries["deaths/00000/a0001/100"].mod_revision == first
+        assert entries["deaths/00001/a0001/200"].mod_revision == second
+        nodes[0].started(2)
+        names = {e.key[len(KEY_ROOT + job) + 1 :] for e in store.prefix(f"{KEY_ROOT}{job}/")}
+        assert not {n for n in names if n.startswith("deaths/00000")}
+        assert "deaths/00001/a0001/200" in names  # node 1's own go at its own start
     finally:
         for node in nodes:
             node.close()

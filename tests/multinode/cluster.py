@@ -34,6 +34,9 @@ ROOT = HERE.parents[1]
 PYTHONPATH = os.pathsep.join(p for p in (str(ROOT.parent), os.environ.get("PYTHONPATH")) if p)
 TAG_ENV, NODE_ENV = "MULTINODE_TEST_TAG", "MULTINODE_TEST_NODE"
 """Mark every process of a scenario, and of which node (inherited by the launcher and ranks)."""
+SKEWED_CLOCK = HERE / "skewed_clock"
+SKEW_ENV = "MULTINODE_TEST_CLOCK_SKEW_S"
+"""A node's wall clock is this many seconds off the machine's (``skewed_clock/sitecustomize``)."""
 
 
 def free_port() -> int:
@@ -286,6 +289,8 @@ class Cluster:
         nproc_per_node: ranks per node (torchrun's ``--nproc-per-node``).
         timeouts: pass the short hang and startup timeouts a test on loopback can afford;
             False leaves the supervisor's defaults (its learned bounds).
+        skew: seconds each node's wall clock is off the machine's (its supervisor, launcher
+            and ranks alike; default none).
     """
 
     def __init__(
@@ -301,6 +306,7 @@ class Cluster:
         script: Path = JOB,
         nproc_per_node: int = 1,
         timeouts: bool = True,
+        skew: dict[int, float] | None = None,
     ) -> None:
         self.tmp, self.store_url, self.job = tmp_path, store_url, job
         self.rdzv = free_port()
@@ -316,6 +322,7 @@ class Cluster:
         self.metrics_port = metrics_port
         """Node 0's supervisor serves /metrics here (0: not)."""
         self.script, self.nproc_per_node, self.timeouts = script, nproc_per_node, timeouts
+        self.skew = dict(skew or {})
         self.procs: dict[int, subprocess.Popen] = {}
         self.runs = 0
 
@@ -387,10 +394,16 @@ class Cluster:
         }
         for n in [0, 1] if node is None else [node]:
             self.runs += 1
+            clock = {}
+            if self.skew.get(n):
+                clock = {
+                    "PYTHONPATH": os.pathsep.join((str(SKEWED_CLOCK), PYTHONPATH)),
+                    SKEW_ENV: repr(self.skew[n]),
+                }
             with open(self.tmp / f"node{n}.log", "a") as log:
                 self.procs[n] = subprocess.Popen(
                     self.command(n),
-                    env={**env, NODE_ENV: str(n)},
+                    env={**env, NODE_ENV: str(n), **clock},
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )

@@ -4,7 +4,9 @@ shared folder, and faults injected at a named global rank and step, each once.
     torchrun --nnodes 2 --nproc-per-node 2 ... tests/multinode/incident_job.py \\
         --ckpt CKPT --out OUT --steps 24 --fault spin:2:12 --fault nan:3:16
 
-``--fault KIND:RANK:STEP`` (repeatable) injects KIND on global rank RANK at step STEP:
+``--fault KIND:RANK:STEP`` (repeatable) injects KIND on global rank RANK at step STEP; RANK may
+also be ``N.L``, local rank L of node N (the supervisor's node: c10d hands out global ranks in
+arrival order, so a test that needs a fault on a given node names it so):
 
 - ``stop``: SIGSTOP itself after the step (a hang: the others wait in the next step's collective).
 - ``spin``: loop forever in ``spin_forever`` after the step, in user code, outside any collective.
@@ -14,6 +16,17 @@ shared folder, and faults injected at a named global rank and step, each once.
   back).
 - ``slow``: it sleeps ``--slow-s`` inside its compute (before the forward) every step from STEP
   for ``--slow-steps`` steps (a straggler that recovers).
+- ``gated``: after the step, outside any collective, it waits for the file ``gate`` in
+  ``--ckpt`` (a test writes it once another death is recorded), then exits with status 7 at once
+  (``os._exit``: no teardown that would wait for a dead peer).
+- ``hold``: after the step it ignores SIGTERM and waits, outside any collective, until every
+  other fault of the run has fired (their markers) and every rank they end has ended, then ends
+  by SIGTERM: its node's launcher outlives the faults of both nodes, and no launcher stops a
+  faulty rank before it ended by itself.
+- ``freeze``: from the step on its heartbeat writes fail (the temporary file the agent renames is
+  made a folder, as a full disk would fail them) while it trains on for ``--freeze-s`` seconds;
+  then it waits in a barrier of a side group every rank made at its start, which no other rank
+  enters: every rank waits in a collective, its heartbeat the oldest.
 
 Each fault fires once per ``--ckpt``: a marker file there (written before the fault) keeps a
 rolled-back or restarted job from repeating it. ``--hang-restarts`` makes every worker torchrun
@@ -45,13 +58,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: the support package
 
-KINDS = ("stop", "spin", "exit13", "kill", "nan", "slow")
+KINDS = ("stop", "spin", "exit13", "kill", "nan", "slow", "gated", "hold", "freeze")
+AFTER_STEP = ("stop", "spin", "exit13", "kill", "gated", "hold", "freeze")
+"""Faults fired once the step is done."""
 
 
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    rank: int
+    rank: str
+    """A global rank (``3``), or node N's local rank L (``N.L``)."""
     step: int
 
     @classmethod
@@ -59,7 +75,17 @@ class Fault:
         kind, rank, step = text.split(":")
         if kind not in KINDS:
             raise argparse.ArgumentTypeError(f"fault kind {kind!r} is not one of {KINDS}")
-        return cls(kind, int(rank), int(step))
+        if not all(part.isdigit() for part in rank.split(".")) or rank.count(".") > 1:
+            raise argparse.ArgumentTypeError(f"fault rank {rank!r} is not R nor N.L")
+        return cls(kind, rank, int(step))
+
+    def mine(self, rank: int) -> bool:
+        """Whether this process (global rank ``rank``) is the fault's."""
+        if "." not in self.rank:
+            return int(self.rank) == rank
+        node, local = self.rank.split(".")
+        here = os.environ.get("MULTINODE_TEST_NODE"), os.environ.get("LOCAL_RANK")
+        return here == (node, local)
 
     def marker(self, ckpt: str) -> Path:
         return Path(ckpt) / f"fault-{self.kind}-r{self.rank}-s{self.step}-done"
@@ -94,6 +120,10 @@ def spin_forever() -> None:
 
 def inject(fault: Fault, args: argparse.Namespace) -> None:
     """Write the marker, record the time, then fire (the fault's time is before it fires)."""
+    if fault.kind == "gated":  # its turn comes when the test says so, outside any collective
+        wait_for(lambda: (Path(args.ckpt) / "gate").exists())
+    if fault.kind == "hold":  # SIGTERM from torchrun waits until the other faults fired
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fault.marker(args.ckpt).write_text(
         json.dumps(
             {"pid": os.getpid(), "attempt": os.environ.get("TORCHVITALS_SUPERVISOR_ATTEMPT")}
@@ -108,6 +138,56 @@ def inject(fault: Fault, args: argparse.Namespace) -> None:
         spin_forever()
     elif fault.kind == "exit13":
         sys.exit(13)
+    elif fault.kind == "gated":
+        # At once: a teardown would wait on its peers' collectives, the first one's dead.
+        os._exit(7)
+    elif fault.kind == "hold":
+        others = [f for f in args.fault if f.kind != "hold"]
+        wait_for(lambda: all(fired(f, args.ckpt) for f in others))
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for(lambda: False)  # the signal ends it
+    elif fault.kind == "freeze":
+        break_heartbeat()
+
+
+def fired(fault: Fault, ckpt: str) -> bool:
+    """Whether ``fault`` fired, and the rank it ends (its marker names it) has ended: gone, or a
+    zombie its launcher has not reaped yet."""
+    marker = fault.marker(ckpt)
+    if not marker.exists():
+        return False
+    if fault.kind not in ("exit13", "gated", "kill"):
+        return True
+    try:
+        pid = json.loads(marker.read_text())["pid"]
+    except ValueError:  # the marker is being written
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state == "Z"
+
+
+def wait_for(condition) -> None:
+    """Poll ``condition`` until it holds: the event itself, however long it takes."""
+    while not condition():
+        time.sleep(0.01)
+
+
+def break_heartbeat() -> None:
+    """Make the agent's heartbeat writes fail from now on: the temporary file it writes and
+    renames becomes a folder (a write that is under way finishes first, or fails)."""
+    from torchvitals.protocol import HEARTBEAT_DIR_ENV, heartbeat_path
+
+    path = heartbeat_path(os.environ[HEARTBEAT_DIR_ENV], int(os.environ["RANK"]))
+    tmp = path.with_name(path.name + ".tmp")
+    while not tmp.is_dir():
+        try:
+            tmp.mkdir()
+        except FileExistsError:  # the flush timer's write, under way
+            time.sleep(0.01)
 
 
 def stuck_restart(args: argparse.Namespace) -> bool:
@@ -142,6 +222,7 @@ def main() -> int:
     parser.add_argument("--slow-s", type=float, default=0.3)
     parser.add_argument("--slow-steps", type=int, default=12)
     parser.add_argument("--checkpoint-every", type=int, default=5)
+    parser.add_argument("--freeze-s", type=float, default=6.0)
     parser.add_argument("--hang-restarts", action="store_true")
     args = parser.parse_args()
 
@@ -160,6 +241,8 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     torch.manual_seed(0)
+    # Every rank makes the side group a ``freeze`` waits in (new_group is collective).
+    side = dist.new_group() if any(f.kind == "freeze" for f in args.fault) else None
     model = torch.nn.parallel.DistributedDataParallel(TinyGPT(**TINY))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     # heartbeat_dir and the job id come from the supervisor; synchronous saves, so a fault after
@@ -176,7 +259,8 @@ def main() -> int:
     data = list(
         random_batches(400, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank)
     )
-    mine = [f for f in args.fault if f.rank == rank]
+    mine = [f for f in args.fault if f.mine(rank)]
+    frozen_at: float | None = None
     slow = next((f for f in mine if f.kind == "slow"), None)
     slow_first = slow is not None and not slow.marker(args.ckpt).exists()
     for x, y in agent.batches(data):
@@ -208,11 +292,15 @@ def main() -> int:
         )
         for fault in mine:
             if (
-                fault.kind in ("stop", "spin", "exit13", "kill")
+                fault.kind in AFTER_STEP
                 and report.step == fault.step
                 and not fault.marker(args.ckpt).exists()
             ):
                 inject(fault, args)
+                if fault.kind == "freeze":
+                    frozen_at = time.monotonic()
+        if frozen_at is not None and time.monotonic() - frozen_at >= args.freeze_s:
+            dist.barrier(group=side)  # no other rank comes: the job hangs here
         if agent.step_count >= args.steps:
             break
     agent.close()

@@ -1,6 +1,8 @@
 """Naming the culprit of a hang or a crash from every node's findings: the rules in order
 (stopped, gone, spinning, silent, behind, none), the first death across nodes, the stacks as
-faulthandler writes them, and the findings' round trip through the store's JSON.
+faulthandler writes them, and the findings' round trip through the store's JSON. Nodes whose
+clocks are 30 s apart name the same culprit as nodes whose clocks agree: the order comes from
+the store's revisions, step numbers and each host's own durations.
 
 python -m pytest tests/unit/test_localize.py
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import faulthandler
 import itertools
+import json
 import threading
 
 import pytest
@@ -48,6 +51,7 @@ def rank(r: int, node: int | None = None, **fields) -> RankFinding:
         "pid": 1000 + r,
         "step": 41,
         "beat_time": 100.0,
+        "beat_age_s": 8.0,
         "state": "S",
         "asked": True,
         "stack": "\n".join(f'File "{f}", line {n} in {fn}' for f, n, fn in frames),
@@ -133,20 +137,59 @@ def test_a_gone_rank_is_named_while_the_others_still_run():
     assert verdict.rule == "none" and verdict.culprit.rank is None
 
 
-def test_without_stacks_the_rank_whose_heartbeat_stopped_long_before_is_behind():
+SKEWS = [0.0, 30.0, -30.0]
+"""Node 1's clock against node 0's: agreeing, 30 s ahead, 30 s behind."""
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+def test_without_stacks_the_rank_whose_heartbeat_stopped_long_before_is_behind(skew):
+    # Ranks 0 and 1 run on node 0, rank 2 on node 1, whose clock is ``skew`` off: the unix times
+    # its rank wrote are off by as much, the ages (one host's clock against itself) are not.
     blind = {"stack": "", "waiting": None, "frame": None, "asked": False}
     ranks = [
-        rank(0, step=41, beat_time=100.0, **blind),
-        rank(1, step=37, beat_time=90.0, **blind),
-        rank(2, step=41, beat_time=100.5, **blind),
+        rank(0, node=0, step=41, beat_time=100.0, beat_age_s=8.0, **blind),
+        rank(1, node=0, step=37, beat_time=90.0, beat_age_s=18.0, **blind),
+        rank(2, node=1, step=41, beat_time=100.0 + skew, beat_age_s=8.0, **blind),
     ]
     verdict = hang_verdict(ranks)
     assert (verdict.rule, verdict.culprit.rank) == ("behind", 1)
     assert "step 37, 10 s older than the others' (step 41)" in verdict.cause
-    # A lower step written within the heartbeat interval of the others says nothing: the agents
-    # write at most once a second, so a fast job's files lag by a step or more.
-    close = [rank(0, step=41, **blind), rank(1, step=40, beat_time=99.5, **blind)]
+    # The same hang seen from node 1's side, its rank the one behind.
+    ranks = [
+        rank(0, node=0, step=41, beat_time=100.0, beat_age_s=8.0, **blind),
+        rank(2, node=1, step=37, beat_time=90.0 + skew, beat_age_s=18.0, **blind),
+    ]
+    assert (hang_verdict(ranks).rule, hang_verdict(ranks).culprit.rank) == ("behind", 2)
+    # A lower step written within the slack of the others' says nothing, whatever the clocks
+    # say: the agents write at most once a second, so a fast job's files lag by a step or more.
+    close = [
+        rank(0, node=0, step=41, beat_age_s=8.0, **blind),
+        rank(2, node=1, step=40, beat_time=99.5 - abs(skew), beat_age_s=9.5, **blind),
+    ]
     assert hang_verdict(close).rule == "none"
+    # The slack widens with the moments apart at which the nodes took their ages.
+    assert hang_verdict(close, slack_s=1.0).culprit.rank == 2
+    # A rank whose age is unknown is not judged.
+    unknown = [rank(0, step=41, **blind), rank(1, step=37, beat_age_s=None, **blind)]
+    assert hang_verdict(unknown).rule == "none"
+
+
+def test_heartbeat_ages_travel_as_of_the_moment_the_nodes_share():
+    # Node 1 took its ages at its monotonic 500.0 and saw node 0's ask at 499.2 (its probe ran
+    # after): its ages count to the ask. Node 0 took its own at 10.0 and asked at 11.5 (its
+    # stacks took 1.5 s): its ages count to its ask. Monotonic times never leave their host.
+    seen = node_findings(1, ranks=(rank(2, beat_age_s=9.0), rank(3, beat_age_s=2.0)))
+    seen = NodeFindings(**{**vars(seen), "taken_at": 500.0})
+    back = NodeFindings.from_json(seen.as_of(499.2).to_json())
+    assert [r.beat_age_s for r in back.ranks] == [pytest.approx(8.2), pytest.approx(1.2)]
+    assert back.taken_at is None and "taken_at" not in seen.to_json()
+    asked = node_findings(0, ranks=(rank(0, beat_age_s=0.5),))
+    asked = NodeFindings(**{**vars(asked), "taken_at": 10.0})
+    assert asked.as_of(11.5).ranks[0].beat_age_s == pytest.approx(2.0)
+    # Published once: already as of the shared moment, no second shift.
+    assert asked.as_of(11.5).as_of(99.0).ranks[0].beat_age_s == pytest.approx(2.0)
+    # A rank that progressed between the ask and the look counts from the ask: age 0.
+    assert seen.as_of(400.0).ranks[1].beat_age_s == 0.0
 
 
 def test_when_every_rank_waits_alike_no_culprit_is_named():
@@ -192,21 +235,44 @@ def test_findings_travel_bounded_and_are_refused_when_they_are_not_findings():
         NodeFindings.from_json('{"node": 0, "host": "h", "key": "k", "ranks": [{"rank": true}]}')
 
 
-def death(rank: int | None, node: int, at: float, status: int | None, pid: int = 0) -> RankDeath:
+def death(
+    rank: int | None,
+    node: int,
+    at: float,
+    status: int | None,
+    pid: int = 0,
+    revision: int | None = None,
+) -> RankDeath:
     return RankDeath(
-        rank=rank, node=node, host=f"host{node}", pid=pid or 2000 + node, at=at, status=status
+        rank=rank,
+        node=node,
+        host=f"host{node}",
+        pid=pid or 2000 + node,
+        at=at,
+        status=status,
+        revision=revision,
     )
 
 
-def test_the_first_death_across_nodes_is_the_crash_culprit_with_its_status():
+@pytest.mark.parametrize("skew", SKEWS)
+def test_the_first_death_across_nodes_is_the_first_the_store_recorded_whatever_the_clocks(skew):
     # Rank 2 (node 1) exited 13; torchrun stopped rank 3 a few ms later; node 0's ranks died of
-    # the broken collective after that.
+    # the broken collective after that. Each node recorded each death in the store the moment
+    # it saw it (the revisions); node 1's clock is ``skew`` off node 0's, so its unix times are
+    # too: 30 s behind, its deaths look 30 s earlier than node 0's, 30 s ahead, 30 s later.
     nodes = [
         node_findings(
-            0, "crash-a0001", deaths=(death(0, 0, 50.30, 1, 10), death(1, 0, 50.31, 1, 11))
+            0,
+            "crash-a0001",
+            deaths=(death(0, 0, 50.30, 1, 10, 104), death(1, 0, 50.31, 1, 11, 105)),
         ),
         node_findings(
-            1, "crash-a0001", deaths=(death(3, 1, 50.21, -15, 13), death(2, 1, 50.20, 13, 12))
+            1,
+            "crash-a0001",
+            deaths=(
+                death(3, 1, 50.21 + skew, -15, 13, 103),
+                death(2, 1, 50.20 + skew, 13, 12, 101),
+            ),
         ),
     ]
     for order in itertools.permutations(nodes):
@@ -216,7 +282,36 @@ def test_the_first_death_across_nodes_is_the_crash_culprit_with_its_status():
         assert (verdict.culprit.rank, verdict.culprit.node, verdict.culprit.pid) == (2, 1, 12)
         assert verdict.cause == "rank 2 (node 1, host host1, pid 12) died first: exit status 13"
         assert verdict.evidence["exit_status"] == 13 and verdict.evidence["signal"] is None
+        assert verdict.evidence["revision"] == 101
         assert [d["rank"] for d in verdict.evidence["deaths"]] == [2, 3, 0, 1]
+        assert "after_s" not in json.dumps(verdict.evidence)  # no host's time minus another's
+
+
+def test_the_store_orders_deaths_even_where_the_clocks_say_the_opposite():
+    # Node 0's rank really died first (the store recorded it first) but node 0's clock runs a
+    # minute ahead of node 1's, where a rank died of it 40 ms later.
+    verdict = crash_verdict(
+        [death(1, 0, 1060.00, 13, 21, revision=7), death(2, 1, 1000.04, 1, 22, revision=8)]
+    )
+    assert verdict is not None and (verdict.culprit.rank, verdict.culprit.node) == (1, 0)
+
+
+def test_a_death_the_store_never_recorded_comes_after_every_recorded_one():
+    # Node 0's store was away when its rank died (no revision): node 1's recorded death comes
+    # first though its clock reads later; among unrecorded deaths, by node, then that node's
+    # clock, never one node's clock against another's.
+    deaths = [
+        death(0, 0, 10.0, 13, 30),
+        death(2, 1, 99.0, 1, 32, revision=5),
+        death(1, 0, 9.0, -15, 31),
+        death(3, 1, 2.0, -15, 33),
+    ]
+    verdict = crash_verdict(deaths)
+    assert verdict is not None and verdict.culprit.rank == 2
+    assert [d["rank"] for d in verdict.evidence["deaths"]] == [2, 1, 0, 3]
+    # One node alone (no store): its own clock orders its deaths, as it always did.
+    alone = crash_verdict([death(0, 0, 10.0, 13, 30), death(1, 0, 9.0, -15, 31)])
+    assert alone is not None and alone.culprit.rank == 1
 
 
 def test_a_killed_rank_is_named_by_its_signal_and_ties_go_to_the_lower_rank():
