@@ -31,12 +31,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..errors import TorchvitalsError
 from ..incidents import IncidentLog
 from ..protocol import ATTEMPT_ENV, CHECKPOINT, REFUSED, TRAIN, token_from_env
 from ..timeline import StepTimeline
 from .backends import OptimizerBackend, choose
 from .backends.optimizers import Optimizers
 from .backends.wrappers import unwrap_scheduler
+from .compat.pytorch import ddp_localized
 from .config import Config
 from .detect.detector import Detector
 from .detect.rules import Rule
@@ -160,6 +162,15 @@ class Agent:
         self.backend.check_checkpointable(self.config.checkpoint_dir)
         self.clock = clock
         distributed = dist.is_available() and dist.is_initialized()
+        if isinstance(model, DistributedDataParallel) and ddp_localized(model):
+            raise TorchvitalsError(
+                "torchvitals: DistributedDataParallel over a tensor-parallel model is not "
+                "supported: DDP turns the DTensor parameters into plain tensors of their local "
+                "pieces, which cannot be told from whole parameters, and reduces over its "
+                "data-parallel group only, so each tensor-parallel rank would judge its own "
+                "piece. Shard the data-parallel dimension with fully_shard(model, mesh=dp_mesh) "
+                "(FSDP x TP) instead"
+            )
         if group is None and isinstance(model, DistributedDataParallel):
             group = model.process_group
         self.group = group if distributed else None
