@@ -40,6 +40,7 @@ from ..timeline import StepTimeline
 from .backends import OptimizerBackend, choose
 from .backends.optimizers import Optimizers
 from .backends.wrappers import unwrap_scheduler
+from .compat.pytorch import ddp_localized
 from .config import Config
 from .consensus import Fence, Setting, shaping
 from .detect.detector import Detector
@@ -181,6 +182,7 @@ class Agent:
                 self.config = config if config is not None else Config.from_env(**(settings or {}))
                 agreed.update(shaping(self.config))
                 self.group, self.group_rank = self._group(group, distributed)
+                self._check_ddp(model)
                 self.backend = choose(optimizer, log)  # the optimizer's kind, once: backends/
                 self.optimizers = self.backend.optimizers  # a container's real optimizers
                 optimizer = self.optimizers.stepped
@@ -221,6 +223,19 @@ class Agent:
                 "of its own"
             )
         return group, dist.get_rank(group)
+
+    @staticmethod
+    def _check_ddp(model: nn.Module) -> None:
+        """DDP over a tensor-parallel model is refused (see the message)."""
+        if isinstance(model, DistributedDataParallel) and ddp_localized(model):
+            raise TorchvitalsError(
+                "torchvitals: DistributedDataParallel over a tensor-parallel model is not "
+                "supported: DDP turns the DTensor parameters into plain tensors of their local "
+                "pieces, which cannot be told from whole parameters, and reduces over its "
+                "data-parallel group only, so each tensor-parallel rank would judge its own "
+                "piece. Shard the data-parallel dimension with fully_shard(model, mesh=dp_mesh) "
+                "(FSDP x TP) instead"
+            )
 
     def _discover(self, model: nn.Module) -> tuple[Blocks, list[Any]]:
         """This rank's blocks and their wiring verdicts (before the ranks agree on them)."""

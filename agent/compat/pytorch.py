@@ -93,6 +93,17 @@ def mark_step_wrapped(fn: Any) -> None:
     fn._wrapped_by_lr_sched = True
 
 
+DDP_LOCALIZED = "_st_info"
+"""Set on each parameter by torch's DDP + tensor parallel workaround
+(``torch.distributed.tensor.parallel.ddp``): a DTensor turned into a plain tensor of its local
+piece, the placement kept aside until the forward pass."""
+
+
+def ddp_localized(model: torch.nn.Module) -> bool:
+    """Whether DDP replaced tensor-parallel DTensor parameters by their local pieces."""
+    return any(hasattr(p, DDP_LOCALIZED) for p in model.parameters())
+
+
 def tensor_version(t: torch.Tensor) -> int:
     """Autograd's in-place modification counter of ``t``."""
     return t._version
@@ -134,6 +145,13 @@ def problems() -> list[str]:
         f"{CLIP_SCALE}(" in inspect.getsource(clip_grad.clip_grad_norm_),
         "torch.nn.utils.clip_grad.clip_grad_norm_",
         f"calling {CLIP_SCALE}",
+    )
+    from torch.distributed.tensor.parallel import ddp as ddp_tensor_parallel
+
+    expect(
+        f"t.{DDP_LOCALIZED} = " in inspect.getsource(ddp_tensor_parallel._localize_dtensor),
+        "torch.distributed.tensor.parallel.ddp._localize_dtensor",
+        f"setting {DDP_LOCALIZED}",
     )
     # Imported here, not at the top: it loads torch._dynamo (seconds), which only this check and
     # pipeline-parallel jobs need.

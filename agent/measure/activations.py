@@ -3,6 +3,11 @@
 Each training forward pass of a sampled step adds, per block output, device scalars (sum, sum of
 squares, exact zeros, saturated and non-finite counts, abs max); nothing is copied to the host.
 Forward passes without grad or in eval mode (validation) are not counted.
+
+An output that is a DTensor is read through its local values (a DTensor operation here could
+start a collective inside the forward pass); one holding partial sums (``Partial``) has no
+element-wise statistics before its reduction, and is left out. Which ranks then hold copies of
+the same values (tensor parallelism) is weighed in ``copies``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 F64 = torch.float64
 SUM_FIELDS = ("count", "sum", "sumsq", "zeros", "saturated", "nonfinite")
@@ -60,6 +66,10 @@ class ActivationStats:
             if not (module.training and torch.is_grad_enabled()):
                 return
             x = first_tensor(output)
+            if isinstance(x, DTensor):
+                if any(placement.is_partial() for placement in x.placements):
+                    return
+                x = x.to_local()
             if x is None or not x.is_floating_point() or x.numel() == 0:
                 return
             with torch.no_grad():

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .blocks import Blocks
+from .stats import local, pieces
 
 F64 = torch.float64
 _MASK = (1 << 52) - 1  # float64 holds every integer below 2**53 exactly
@@ -53,11 +54,13 @@ class Fingerprint:
 
     def __init__(self, blocks: Blocks):
         self.names = list(blocks.names)
+        # A DDP module may hold tensor-parallel DTensors: their pieces differ between the ranks
+        # by design, so only parameters every rank holds whole are compared.
         self._params = [
             (p, b)
             for b, ps in enumerate(blocks.params)
             for _, p in ps
-            if p.element_size() in _INT and not p.is_complex()
+            if p.element_size() in _INT and not p.is_complex() and pieces(p) == 1
         ]
         self._index: torch.Tensor | None = None
         self.local: torch.Tensor | None = None
@@ -141,5 +144,6 @@ class Fingerprint:
 
 
 def _bits(p: torch.Tensor) -> torch.Tensor:
-    """A parameter's elements as integers of the same bits, flat (a view unless it is strided)."""
-    return p.detach().reshape(-1).view(_INT[p.element_size()])
+    """A parameter's elements as integers of the same bits, flat (a view unless it is strided);
+    a replicated DTensor's local copy, read without a DTensor operation (no collective)."""
+    return local(p.detach()).reshape(-1).view(_INT[p.element_size()])

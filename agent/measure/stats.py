@@ -7,6 +7,10 @@ SUM all-reduce turns into exact global values:
   local shards add up to the squared norm of the whole (``to_local()`` excludes padding); under
   DDP the gradients are identical on every rank, so each rank takes a disjoint set of blocks
   (``owned``) and the SUM reassembles them instead of multiplying by the world size.
+  A DTensor's local values have identical copies on every rank that holds the parameter but not
+  another piece of it (HSDP's replicate dimension; under FSDP x TP, on the tp ranks of a
+  parameter sharded over the dp mesh only): each copy is weighted by one over their number, once
+  at ``watch()`` (``replicas``).
 - update ratio: the same split, over parameters snapshotted around ``optimizer.step()``.
 - activations: each rank sees its own data; sums, counts and (via MAX) abs_max combine.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Placement
 
 from ..backends.base import GradSource, ParamSource
 from ..compat.pytorch import foreach_mul, foreach_norm, foreach_sub_
@@ -29,15 +33,44 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def replicas(p: torch.Tensor, world_size: int, split: bool) -> int:
-    """How many ranks contribute an identical copy of ``p``'s local values to a SUM."""
+def splits(placement: Placement) -> bool:
+    """Whether a placement cuts the tensor into different pieces across its mesh dimension.
+
+    ``Shard`` does, and so does FSDP2 x TP's ``_StridedShard``, which in torch 2.13 is neither a
+    ``Shard`` subclass nor ``is_shard()``: anything that is not a copy (``Replicate``) or a
+    partial sum (``Partial``, never a parameter's placement) is a piece.
+    """
+    return not (placement.is_replicate() or placement.is_partial())
+
+
+def pieces(p: torch.Tensor) -> int:
+    """How many different local pieces ``p`` is cut into (1 for a plain tensor)."""
+    if not isinstance(p, DTensor):
+        return 1
+    n = 1
+    for dim, placement in enumerate(p.placements):
+        if splits(placement):
+            n *= p.device_mesh.size(dim)
+    return n
+
+
+def replicas(p: torch.Tensor, holders: int, split: bool) -> float:
+    """How many ranks contribute an identical copy of ``p``'s local values to a SUM.
+
+    Args:
+        p: a parameter (or a DTensor of its layout).
+        holders: the ranks that hold this parameter (every rank, or a pipeline stage's ranks).
+        split: plain tensors are measured by one of their holders only (DDP's split).
+
+    Returns:
+        The holders over the pieces for a DTensor: the copies on its own mesh's replicated
+        dimensions and on the holders outside its mesh, which hold the same piece (under
+        FSDP x TP a parameter left out of the tensor-parallel plan lives on the dp mesh only,
+        identical on every tp rank).
+    """
     if isinstance(p, DTensor):
-        mesh, n = p.device_mesh, 1
-        for dim, placement in enumerate(p.placements):
-            if not isinstance(placement, Shard):
-                n *= mesh.size(dim)
-        return n
-    return 1 if split else world_size
+        return holders / pieces(p)
+    return 1 if split else holders
 
 
 class _Measured:
@@ -46,12 +79,12 @@ class _Measured:
     def __init__(self, blocks: Blocks, owned: list[bool], world_size: int, split: bool):
         self.entries: list[tuple[nn.Parameter, int, float]] = []
         for b, params in enumerate(blocks.params):
-            # The ranks holding identical copies of this block: every rank under DDP, a
-            # stage's data-parallel ranks under pipeline parallelism.
-            copies = len(blocks.holders[b]) if blocks.holders else world_size
+            # The ranks holding this block's parameters (whole or in pieces): every rank under
+            # DDP, FSDP2, HSDP and FSDP x TP, a stage's ranks under pipeline parallelism.
+            holders = len(blocks.holders[b]) if blocks.holders else world_size
             for _, p in params:
                 if isinstance(p, DTensor) or owned[b]:
-                    self.entries.append((p, b, 1.0 / replicas(p, copies, split)))
+                    self.entries.append((p, b, 1.0 / replicas(p, holders, split)))
         self.num_blocks = len(blocks)
         self._key: tuple[int, ...] | None = None
         self._index: dict[torch.device, tuple[torch.Tensor, torch.Tensor | None]] = {}
@@ -183,7 +216,7 @@ class UpdateRatio:
         self._local = (lambda p: local(p.detach())) if source is None else source
         self._bytes = [
             sum(
-                p.numel() * p.element_size() // _shards(p)
+                p.numel() * p.element_size() // pieces(p)
                 if source is None
                 else source(p).numel() * p.element_size()
                 for _, p in ps
@@ -237,13 +270,3 @@ class UpdateRatio:
             foreach_sub_(snapshot, current)
         d_sq = self._measured.block_sums(snapshot, positions, device)
         return d_sq, w_sq, chosen
-
-
-def _shards(p: torch.Tensor) -> int:
-    if not isinstance(p, DTensor):
-        return 1
-    n = 1
-    for dim, placement in enumerate(p.placements):
-        if isinstance(placement, Shard):
-            n *= p.device_mesh.size(dim)
-    return n

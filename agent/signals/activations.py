@@ -2,21 +2,35 @@
 
 Forward hooks armed before a sampled step record 0-d device tensors (no host sync); the step
 packs the counts and sums into the SUM vector and the maxima into the MAX vector.
+
+Where ranks can run the forward pass on the same batch (a layout with DTensor parameters: tensor
+parallelism), the first sampled step learns once which ranks hold copies of each block's
+activations (``measure.copies``, one all_gather); from then on each copy's counts and sums are
+weighted by one over their number, on the device, so a replicated output counts once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable, Sequence
+
+import torch
 
 from ..detect.observed import Observed
 from ..measure.activations import ActivationStats, summarize
 from ..measure.attention import AttentionStats
 from ..measure.blocks import unwrap
+from ..measure.copies import count_copies
 from ..measure.reduce import Packer, Reduced, Slot
 from ..report import Report
 from .base import Signal, StepContext
 from .setup import Setup
+
+F64 = torch.float64
+CountCopies = Callable[[Sequence[float], torch.Tensor, torch.Tensor], list[float]]
+"""(counts, sums, maxes) of this rank -> per block, the ranks holding identical activations."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +57,22 @@ class ActivationSignal(Signal):
         "torchvitals_attention_logit_max",
     )
 
-    def __init__(self, acts: ActivationStats, attn: AttentionStats, names: list[str]) -> None:
+    def __init__(
+        self,
+        acts: ActivationStats,
+        attn: AttentionStats,
+        names: list[str],
+        copies: CountCopies | None = None,
+    ) -> None:
+        """Args:
+        acts, attn: the hooks' statistics.
+        names: the block names.
+        copies: how to learn, once, which ranks hold copies of each block's activations
+            (None: every rank sees its own data).
+        """
         self.acts, self.attn, self.names = acts, attn, names
+        self._copies = copies
+        self._weights: tuple[list[float], torch.Tensor] | None = None
 
     def arm(self) -> None:
         """Record the next step's training forward passes."""
@@ -55,9 +83,19 @@ class ActivationSignal(Signal):
         if not self.acts.armed:
             return None
         counts, sums, maxes = self.acts.take(ctx.device)
+        if self._copies is not None:
+            copies, self._copies = self._copies(counts, sums, maxes), None
+            if any(c != 1.0 for c in copies):
+                inverse = [1.0 / c for c in copies]
+                self._weights = (inverse, torch.tensor(inverse, dtype=F64, device=ctx.device))
+        host_counts: list[float] = list(map(float, counts))
+        if self._weights is not None:
+            inverse, weights = self._weights
+            host_counts = [n * w for n, w in zip(host_counts, inverse)]
+            sums = sums * weights.unsqueeze(1)
         attn_counts, neg_entropy, logit = self.attn.take(ctx.device)
         return ActivationSlots(
-            packer.add_host_sum(counts),
+            packer.add_host_sum(host_counts),
             packer.add_sum(sums),
             packer.add_max(maxes),
             packer.add_host_sum(attn_counts),
@@ -103,8 +141,17 @@ def build(setup: Setup) -> ActivationSignal | None:
     if not setup.config.activations:
         return None
     blocks = setup.blocks
+    copies = None
+    if setup.world_size > 1 and setup.dtensors:
+        copies = functools.partial(
+            count_copies,
+            group=setup.group,
+            world=setup.world_size,
+            device=setup.collective_device,
+        )
     return ActivationSignal(
         ActivationStats(blocks.output_modules, setup.config.saturation_level),
         AttentionStats(unwrap(setup.model), blocks),
         blocks.names,
+        copies,
     )

@@ -65,10 +65,14 @@ class Setup:
         return self.layout.blocks
 
     @property
+    def dtensors(self) -> bool:
+        """Some parameters are DTensors (FSDP2, HSDP, tensor parallelism)."""
+        return any(isinstance(p, DTensor) for p in self.params)
+
+    @property
     def split(self) -> bool:
         """Under DDP each block's replicas split the measuring work (one of them measures it)."""
-        sharded = any(isinstance(p, DTensor) for p in self.params)
-        return self.config.split_ddp_work and self.world_size > 1 and not sharded
+        return self.config.split_ddp_work and self.world_size > 1 and not self.dtensors
 
     def owned(self) -> list[bool]:
         """Per block, whether this rank measures it (every block unless the work is split)."""

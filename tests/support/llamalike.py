@@ -1,6 +1,8 @@
 """A small llama-shaped language model for tests: the layers live in an ``nn.ModuleDict`` keyed
 "0", "1", ... (as torchtitan keeps them), with RMSNorm, SwiGLU and a fused QKV projection whose
 state-dict hooks present it as the separate ``wq``/``wk``/``wv`` weights a checkpoint expects.
+Unfused, it takes torchtitan's tensor-parallel plans (``support.meshes``): the attention reads its
+heads and sequence length from the projections' outputs, not from its input.
 """
 
 from __future__ import annotations
@@ -52,12 +54,15 @@ class Block(nn.Module):
         self.w2 = nn.Linear(2 * dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
+        head_dim = self.wo.in_features // self.heads
         h = self.attention_norm(x)
         q, k, v = self.qkv(h) if self.qkv is not None else (self.wq(h), self.wk(h), self.wv(h))
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        # Heads and sequence from the projections themselves: under tensor parallelism a rank
+        # holds some of the heads, and under sequence parallelism the projections see the whole
+        # sequence while ``x`` holds a piece of it.
+        q, k, v = (z.unflatten(-1, (-1, head_dim)).transpose(1, 2) for z in (q, k, v))
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.wo(a.transpose(1, 2).reshape(b, t, d))
+        x = x + self.wo(a.transpose(1, 2).flatten(2))
         h = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
