@@ -59,6 +59,17 @@ from .trust import CheckpointKey, UntrustedCheckpoint
 log = logging.getLogger(__name__)
 
 STATE = "state.json"
+# What loading one checkpoint can raise that means "this checkpoint, not the job": refused,
+# unreadable or not matching the model. Every rank sees it alike, so every rank goes on to the
+# previous checkpoint (or fails) together.
+LOAD_FAILURES = (
+    CheckpointError,
+    UntrustedCheckpoint,
+    dcp.CheckpointException,
+    KeyError,
+    ValueError,
+    RuntimeError,
+)
 T = TypeVar("T")
 
 
@@ -395,14 +406,7 @@ class CheckpointStore:
             if problem is None:
                 try:
                     return self._restore(folder, model, optimizer, scheduler, refused)
-                except (
-                    CheckpointError,
-                    UntrustedCheckpoint,
-                    dcp.CheckpointException,
-                    KeyError,
-                    ValueError,
-                    RuntimeError,
-                ) as e:
+                except LOAD_FAILURES as e:
                     # Every rank gets here alike: DCP raises its failures on every rank.
                     problem = f"it failed to load: {describe(e)}"
             if path is not None:
@@ -461,14 +465,7 @@ class CheckpointStore:
             read_shards(folder, model, optimizer, self._ranks)
             if scheduler is not None:
                 scheduler.load_state_dict(state["scheduler"])
-        except (
-            CheckpointError,
-            UntrustedCheckpoint,
-            dcp.CheckpointException,
-            KeyError,
-            ValueError,
-            RuntimeError,
-        ) as e:
+        except LOAD_FAILURES as e:
             error = e
         # One rank's failure after DCP's load (its plain state, its scheduler) is every rank's:
         # none keeps a state the others refused.

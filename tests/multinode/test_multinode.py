@@ -17,42 +17,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 
 import pytest
-from cluster import JOB, PYTHONPATH, Cluster, Etcd, free_port
+from cluster import JOB, PYTHONPATH, free_port
 
 from torchvitals import protocol
 
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    with Etcd(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
-
-
 @pytest.fixture
-def cluster(tmp_path, etcd, request):
-    made: list[Cluster] = []
-
-    def make(job: str | None = None, **kwargs) -> Cluster:
-        made.append(
-            Cluster(
-                tmp_path,
-                etcd.url,
-                job or f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}",
-                **kwargs,
-            )
-        )
-        return made[-1]
-
-    yield make
-    for c in made:
-        left = [(p.pid, " ".join(p.cmdline()[:4])) for p in c.processes()]
-        c.stop_all()
-        assert not left, f"processes left behind: {left}"
+def cluster(clusters):
+    return clusters
 
 
 def wait_until(predicate, timeout: float, poll: float = 0.1):

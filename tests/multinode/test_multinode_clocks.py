@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -38,38 +36,20 @@ STEPS = 16
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    with Etcd(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
-
-
 @pytest.fixture
-def cluster(tmp_path, etcd, request):
+def cluster(clusters):
     """Makes the test's job: 2 nodes x 2 ranks running ``incident_job.py``, node 1's clock off
     by ``skew`` seconds."""
-    made: list[Cluster] = []
 
     def make(*, skew: float, steps: int = STEPS, job_args=()) -> Cluster:
-        name = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[-40:]
-        made.append(
-            Cluster(
-                tmp_path,
-                etcd.url,
-                f"clocks-{name.strip('-')}-{uuid.uuid4().hex[:8]}",
-                script=INCIDENT_JOB,
-                nproc_per_node=2,
-                job_args=["--steps", str(steps), *job_args],
-                skew={1: skew},
-            )
+        return clusters(
+            script=INCIDENT_JOB,
+            nproc_per_node=2,
+            job_args=["--steps", str(steps), *job_args],
+            skew={1: skew},
         )
-        return made[-1]
 
-    yield make
-    for c in made:
-        left = [(p.pid, " ".join(p.cmdline()[:4])) for p in c.processes()]
-        c.stop_all()
-        assert not left, f"processes left behind: {left}"
+    return make
 
 
 def run(job: Cluster, during=None, steps: int = STEPS, timeout: float = 220) -> list[dict]:

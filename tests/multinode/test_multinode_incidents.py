@@ -24,13 +24,12 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
-from cluster import PYTHONPATH, Cluster, Etcd
+from cluster import PYTHONPATH, Cluster
 
 HERE = Path(__file__).resolve().parent
 INCIDENT_JOB = HERE / "incident_job.py"
@@ -38,36 +37,14 @@ INCIDENT_JOB = HERE / "incident_job.py"
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    with Etcd(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
-
-
 @pytest.fixture
-def cluster(tmp_path, etcd, request):
+def cluster(clusters):
     """Makes the test's job: 2 nodes x 2 ranks running ``incident_job.py``."""
-    made: list[Cluster] = []
 
     def make(*, job_args=(), **kwargs) -> Cluster:
-        made.append(
-            Cluster(
-                tmp_path,
-                etcd.url,
-                f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}",
-                script=INCIDENT_JOB,
-                nproc_per_node=2,
-                job_args=list(job_args),
-                **kwargs,
-            )
-        )
-        return made[-1]
+        return clusters(script=INCIDENT_JOB, nproc_per_node=2, job_args=list(job_args), **kwargs)
 
-    yield make
-    for c in made:
-        left = [(p.pid, " ".join(p.cmdline()[:4])) for p in c.processes()]
-        c.stop_all()
-        assert not left, f"processes left behind: {left}"
+    return make
 
 
 class FirstSeen:

@@ -1,0 +1,34 @@
+"""What the multi-node tests share: one real etcd per module, and a maker of simulated jobs
+that fails the test when any of a job's processes outlives it."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+from cluster import Cluster, Etcd
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    with Etcd(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+@pytest.fixture
+def clusters(tmp_path, etcd, request):
+    """Makes a ``Cluster`` on the module's etcd, named after the test unless ``job`` is given;
+    afterwards stops every job it made and asserts none left a process behind."""
+    made: list[Cluster] = []
+
+    def make(job: str | None = None, **kwargs) -> Cluster:
+        name = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)[-40:].strip("-")
+        made.append(Cluster(tmp_path, etcd.url, job or f"{name}-{uuid.uuid4().hex[:8]}", **kwargs))
+        return made[-1]
+
+    yield make
+    for c in made:
+        left = [(p.pid, " ".join(p.cmdline()[:4])) for p in c.processes()]
+        c.stop_all()
+        assert not left, f"processes left behind: {left}"
