@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from .agent.report import Action
+from .errors import TorchvitalsError
 from .incidents import IncidentLog
 from .timeline import FOLDER, STEPS_GLOB, SUPERVISOR_GLOB
 
@@ -88,7 +89,7 @@ _STEPS_NAME = re.compile(r"^steps-a(\d+)-p(\d+)\.jsonl$")
 _SUPERVISOR_NAME = re.compile(r"^supervisor-node(\d+)\.jsonl$")
 
 
-class GoodputError(ValueError):
+class GoodputError(TorchvitalsError, ValueError):
     """The folder holds no goodput records (the message names it)."""
 
 

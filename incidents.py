@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .agent.report import Action
+from .errors import TorchvitalsError
 
 log = logging.getLogger("torchvitals.incidents")
 
@@ -60,7 +61,7 @@ a runaway string does not fill the disk)."""
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-class IncidentError(ValueError):
+class IncidentError(TorchvitalsError, ValueError):
     """A record that is not an incident (the message names the file and the field)."""
 
 

@@ -10,7 +10,7 @@ Times, in one run, single process (default torch threads) and DDP world size 2 o
     export    the same with the Prometheus exporter and the event log on (never scraped)
     every     every signal every step (sample_every=1)
     watchdog  default + the watchdog (checkpoint_every=50): staged, written in the background
-    watchsync the same with synchronous saves (snapshot_max_bytes=0), as before issue 14
+    watchsync the same with synchronous saves (snapshot_max_bytes=0): no staged copy
     naive     hand-written per-parameter/per-block .item() statistics, every step
     wandb     wandb.watch(model, log="all", log_freq=1) in an offline run (skipped, with the
               reason, when wandb does not import; pip install wandb)

@@ -11,7 +11,7 @@ Report, lets the rank judge itself a straggler and runs the detector over it. Th
 wire time is not simulated (its payload is the same 40-odd floats at every world size); the
 host work around it is what grew with the world before.
 
-Beside it, ``one-hot`` replays what the agent did before issue 14: every rank's step and
+Beside it, ``one-hot`` replays what the agent once did: every rank's step and
 compute times as two world-sized one-hot vectors in the SUM, unpacked into lists, and the
 straggler rule's median of the others for every rank. Printed: microseconds per step (median of
 ``--rounds`` rounds of ``--steps`` steps, one in ten sampled) and the floats in an unsampled
@@ -144,7 +144,7 @@ class Step:
         return slots
 
     def _old_straggler(self, times: list[float]) -> None:
-        """The rule before issue 14: the median of the others, for every rank."""
+        """The rule as it once was: the median of the others, for every rank."""
         for r, v in enumerate(times):
             others = median(t for i, t in enumerate(times) if i != r)
             slow = v >= 1.5 * others and v - others >= 0.05

@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import TorchvitalsError
 from .webhook import Notification, order_of
 
 FILE = "directives.sqlite3"
@@ -107,7 +108,7 @@ class StoreLimits:
     """An acknowledged or expired directive is deleted this long after it was closed."""
 
 
-class StoreFull(Exception):
+class StoreFull(TorchvitalsError):
     """An order the store's bounds refuse; ``reason`` is a short, bounded metric label."""
 
     def __init__(self, reason: str, message: str) -> None:

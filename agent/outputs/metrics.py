@@ -1,5 +1,5 @@
 """Every metric an agent exports, defined once: name, type, help, scope and where its value
-comes from. ``exporter.py`` serves them; ``tests/unit/test_exporter.py`` checks each name
+comes from. ``exporter.py`` serves them; ``tests/integration/test_exporter.py`` checks each name
 against the Prometheus conventions.
 
     curl -s http://127.0.0.1:19400/metrics | grep ^torchvitals_

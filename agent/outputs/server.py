@@ -27,7 +27,7 @@ there already), not one turn of the loop later.
 
 Whatever clients do, the selector thread keeps serving. In one ``select()`` batch it reads the
 connections first and accepts last, so the cap never closes a socket the batch still reports
-(issue 26: that crashed the thread) and a connection whose request arrived is answered, not
+(that once crashed the thread) and a connection whose request arrived is answered, not
 dropped for a newcomer; an event for a connection no longer waiting is skipped. A client that
 resets before or during accept is forgotten without a word. Out of file descriptors (EMFILE),
 the listener stays readable: it is left alone for a back-off of 5 ms doubling to 1 s instead of

@@ -1,4 +1,4 @@
-"""Background checkpoints and the step at more ranks (issue 14), real gloo ranks:
+"""Background checkpoints and the step at more ranks, real gloo ranks:
 
 - a write that fails on one rank (disk full) is reported on every rank in the same step, the
   previous checkpoint stays the rollback target, and the rollback restores it from memory;

@@ -1,4 +1,4 @@
-"""A step the framework skipped by itself is that step's skip (issue 20, item 2): when the loop
+"""A step the framework skipped by itself is that step's skip: when the loop
 or a framework skips ``optimizer.step()`` (DeepSpeed's overflow, a GradScaler's, a loop's own
 test) and clears the gradients, the losses recorded for it are settled in that step on every
 rank, and the next, healthy step is stepped with its own loss."""

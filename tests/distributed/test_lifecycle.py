@@ -1,4 +1,4 @@
-"""Many ``watch()``/``close()`` cycles in one process never hang (issue 18, item 5).
+"""Many ``watch()``/``close()`` cycles in one process never hang.
 
 Six cycles on two gloo ranks with background checkpoints used to hang in most tries: each agent
 made a gloo group for its writes and destroyed it at close, and the next agent's group over the

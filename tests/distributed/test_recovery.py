@@ -1,4 +1,4 @@
-"""The watchdog's proof (issue 4), world size 2 on gloo: rollback on a NaN in one rank (DDP and
+"""The watchdog's proof, world size 2 on gloo: rollback on a NaN in one rank (DDP and
 FSDP2) against an independent reference, a loss spike from a LR x 50, SIGKILL of the whole job
 before / during / after a checkpoint commit with two and more resumes in one epoch, and the loop
 guard's abort with its exit code on every rank.

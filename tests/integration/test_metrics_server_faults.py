@@ -127,7 +127,7 @@ def healthy(server: MetricsServer, context=None) -> None:
 
 
 def test_a_connection_the_cap_drops_is_not_touched_again_later_in_the_same_batch():
-    # Issue 26: the cap closed the oldest waiting connection while the same select() batch
+    # Once the cap closed the oldest waiting connection while the same select() batch
     # still reported it ready; unregistering it raised ValueError (fd -1) and /metrics was dead.
     held = HeldSelector()
     with serve(max_connections=2, selector=held) as server:

@@ -49,9 +49,10 @@ class IncidentsAtPublish(Sink):
         self.seen.setdefault((report.step, str(report.action)), [i.key for i in self.log.read()[0]])
 
 
-def _train(agent, model, opt, steps, nan_at=(), once=True):
+def _train(agent, model, opt, steps, nan_at=(), once=True, before_step=lambda: None):
     done = set()
     for x, y in random_batches(steps, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]):
+        before_step()
         step = agent.step_count + 1
         loss = model.loss(x, y)
         if step in nan_at and not (once and step in done):
@@ -139,17 +140,24 @@ def test_the_step_records_say_each_steps_end_duration_wait_and_checkpoint(tmp_pa
 def test_a_run_of_skipped_nonfinite_steps_is_one_incident(tmp_path):
     model, opt = _model()
     agent = torchvitals.watch(model, opt, log_dir=str(tmp_path), run_name="r", metrics_port=0)
+    # The records' and the incidents' clock, moved by the loop: step n ends at 1000 + n seconds.
+    clock = itertools.count(1001.0)
+    now = [1000.0]
+    agent.incidents._clock = agent.timeline._clock = lambda: now[0]
     try:
-        _train(agent, model, opt, 6, nan_at={3, 4})
+        _train(
+            agent, model, opt, 6, nan_at={3, 4}, before_step=lambda: now.__setitem__(0, next(clock))
+        )
     finally:
         agent.close()
     (incident,), _ = IncidentLog(tmp_path / "r").read()
     assert incident.key == "nonfinite-a0000-s00000003" and incident.culprit.rank == 0
     steps = [x for x in _lines(tmp_path / "r") if x["e"] == "step"]
     assert [x["x"] for x in steps] == ["step", "step", "skip", "skip", "step", "step"]
-    # The two steps' wall time (taken before each one published, the records' after).
-    assert incident.lost_seconds == pytest.approx(steps[2]["d"] + steps[3]["d"], abs=2e-3)
-    assert steps[3]["t"] <= incident.recovered_at <= steps[4]["t"]
+    assert [x["t"] for x in steps] == [1001.0, 1002.0, 1003.0, 1004.0, 1005.0, 1006.0]
+    # The two skipped steps' wall time; it ended when step 5 trained again.
+    assert incident.lost_seconds == steps[2]["d"] + steps[3]["d"] == 2.0
+    assert incident.recovered_at == steps[4]["t"]
 
 
 def _straggler(step: int, rank: int, seconds: float, others: float, cause: str) -> Verdict:

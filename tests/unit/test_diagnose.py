@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -215,17 +213,12 @@ def test_diagnose_events_rejects_a_log_without_steps(tmp_path):
         diagnose_events(path)
 
 
-def test_cli_diagnose(tmp_path):
+def test_cli_diagnose(tmp_path, capsys):
     path = tmp_path / "events.jsonl"
     write_run(path)
-    ok = subprocess.run(
-        [sys.executable, "-m", "torchvitals", "diagnose", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.startswith("cause: vanishing gradients") and "fix: " in ok.stdout
+    assert main(["diagnose", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("cause: vanishing gradients") and "fix: " in out, err
 
 
 def test_cli_diagnose_missing_or_corrupt_log(tmp_path, capsys):

@@ -38,20 +38,25 @@ def test_a_held_back_step_is_written_after_the_interval(tmp_path):
 
 
 def test_nothing_is_written_after_close(tmp_path):
-    beat = Heartbeat(tmp_path, rank=2, interval_s=0.2, flush=True)
+    beat = Heartbeat(tmp_path, rank=2, interval_s=60.0, flush=True)
     beat.beat(5)
     beat.beat(6)  # held back, then closed before the timer fires
+    timer = beat._timer
+    assert timer is not None
     beat.close()
-    time.sleep(0.5)
+    timer.join(timeout=5)  # cancelled: its thread ends without firing
+    assert not timer.is_alive() and written_step(tmp_path) == 5
+    beat._flush_held()  # a timer that fired as close() ran: it writes nothing either
     assert written_step(tmp_path) == 5
 
 
 def test_without_flush_a_held_back_step_stays_held(tmp_path):
-    beat = Heartbeat(tmp_path, rank=2, interval_s=0.2)
+    beat = Heartbeat(tmp_path, rank=2, interval_s=60.0)
     beat.beat(5)
     beat.beat(6)
-    time.sleep(0.5)
+    assert beat._timer is None  # no timer that could write it later
     assert written_step(tmp_path) == 5
+    beat.close()
 
 
 def test_a_flushed_step_carries_the_time_it_was_reached_not_the_flush_time(tmp_path):

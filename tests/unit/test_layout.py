@@ -6,6 +6,7 @@ process: tests/integration/test_commands.py.)"""
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from pathlib import Path
 
@@ -420,22 +421,46 @@ def test_each_wire_contract_is_spelled_once(literal):
     assert literal in {v for v in vars(protocol).values() if isinstance(v, str)}
 
 
-def test_every_error_raised_on_purpose_shares_one_base():
-    from torchvitals.agent.outputs.exporter import MetricsPortError
-    from torchvitals.agent.recover.checkpoint import CheckpointError
-    from torchvitals.agent.recover.ledger import LedgerError
-    from torchvitals.collector.webhook import PayloadError
-    from torchvitals.protocol import TokenError
+def _class_bases() -> dict[str, set[str]]:
+    """Every class the package defines at a module's top level: its name, its bases' names."""
+    found: dict[str, set[str]] = {}
+    for path in MODULES.values():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                names = {
+                    b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+                    for b in node.bases
+                }
+                found.setdefault(node.name, set()).update(names)
+    return found
 
-    for cls in (
-        MetricsPortError,
-        CheckpointError,
-        LedgerError,
-        PayloadError,
-        TokenError,
-        torchvitals.TrainingAborted,
-    ):
-        assert issubclass(cls, torchvitals.TorchvitalsError), cls
+
+def _descendants(bases: dict[str, set[str]], roots: set[str]) -> set[str]:
+    """The classes that derive, through the package's own classes, from any of ``roots``."""
+    found = set(roots)
+    while grown := {name for name, of in bases.items() if of & found} - found:
+        found |= grown
+    return found
+
+
+def test_every_error_raised_on_purpose_shares_one_base():
+    """Every public exception class the package defines (warnings aside) is a TorchvitalsError,
+    read from the source of every module, so a new one cannot be missed."""
+    from torchvitals.agent.outputs.exporter import MetricsPortError
+    from torchvitals.collector.webhook import PayloadError
+
+    bases = _class_bases()
+    builtin = {
+        name
+        for name, cls in vars(builtins).items()
+        if isinstance(cls, type) and issubclass(cls, BaseException) and not issubclass(cls, Warning)
+    }
+    foreign = {b for of in bases.values() for b in of if b.endswith(("Error", "Exception"))}
+    errors = _descendants(bases, builtin | foreign) - builtin - foreign
+    ours = _descendants(bases, {"TorchvitalsError"})
+    outside = sorted(n for n in errors - ours if not n.startswith("_"))
+    assert "CheckpointError" in errors and "TrainingAborted" in errors  # the scan sees them
+    assert not outside, f"public errors that are not TorchvitalsErrors: {outside}"
     assert issubclass(torchvitals.TrainingAborted, SystemExit)  # still exits with its code
     assert issubclass(MetricsPortError, OSError) and issubclass(PayloadError, ValueError)
 
@@ -964,3 +989,32 @@ def test_no_action_is_a_string_literal_in_the_package():
         if (found := literal_actions(path.read_text()))
     }
     assert not wrong, wrong
+
+
+def test_nothing_points_at_an_issue_number():
+    """The repository stands alone: no file cites an issue tracker's numbers, which mean
+    nothing to a reader of the tree."""
+    cited = []
+    skip = {".git", "site", "build", "torchvitals.egg-info", "__pycache__", ".venv"}
+    for path in ROOT.rglob("*"):
+        rel = path.relative_to(ROOT)
+        if skip & set(rel.parts) or not path.is_file():
+            continue
+        if path.suffix not in {
+            ".py",
+            ".md",
+            ".toml",
+            ".yaml",
+            ".yml",
+            ".json",
+            ".txt",
+            ".tpl",
+        } and (
+            path.name not in {"run", "mypy", "Dockerfile"}
+            and not path.name.startswith("Dockerfile")
+        ):
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if re.search(r"\b[Ii]ssues? #?\d+", line):
+                cited.append(f"{rel}:{number}")
+    assert not cited, f"issue numbers cited: {cited}"

@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import threading
 import time
 
-import pytest
 import torch
 from support.models import TINY, TinyGPT
 
@@ -104,25 +102,3 @@ def test_two_agents_in_one_process_hand_the_signal_back(tmp_path):
     finally:
         first.close()
     assert signal.getsignal(STACK_SIGNAL) == signal.SIG_DFL
-
-
-def test_a_failed_watch_gives_the_signal_back(tmp_path):
-    from torchvitals.agent.outputs.exporter import MetricsPortError
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        torch.manual_seed(0)
-        model = TinyGPT(**TINY)
-        with pytest.raises(MetricsPortError):
-            torchvitals.watch(
-                model,
-                torch.optim.SGD(model.parameters(), lr=0.1),
-                heartbeat_dir=str(tmp_path),
-                log_dir="",
-                metrics_port=port,
-                metrics_port_strict=True,
-            )
-    assert signal.getsignal(STACK_SIGNAL) == signal.SIG_DFL
-    assert read_rank_beats(tmp_path)[0].stack_signal is None

@@ -245,29 +245,6 @@ def test_the_watchdog_from_pieces_saves_rolls_back_and_trips_the_guard(tmp_path)
 # ---------------------------------------------------------------- the background-write groups
 
 
-def test_the_checkpoint_group_is_made_once_and_follows_the_default_group():
-    import torch.distributed as dist
-
-    from torchvitals.agent.recover.groups import CheckpointGroups
-
-    groups = CheckpointGroups()
-    assert groups.get(None) is None, "a single process needs none"
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        first = groups.get(None)
-        assert groups.get(None) is first and groups.get(dist.group.WORLD) is first
-        dist.destroy_process_group()  # every group goes, ours with it
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        second = groups.get(None)
-        assert second is not first and dist.get_backend(second) == "gloo"
-        groups.close()  # what the process does at exit
-        with pytest.raises(ValueError):
-            dist.get_backend(second)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 # ---------------------------------------------------------------- close() with a write in flight
 
 

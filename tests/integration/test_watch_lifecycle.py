@@ -1,6 +1,12 @@
-"""watch() and close() in one process: a failed watch() leaves nothing behind, and any number
-of cycles (a sweep, ``Trainer.train()`` called twice) starts clean each time."""
+"""watch() and close() in one process: a failed watch() leaves nothing behind (its port, its log,
+its hooks and patches, the stack signal), and any number of cycles (a sweep,
+``Trainer.train()`` called twice) starts clean each time. Ports are bound for real, so these
+run in the integration tier.
 
+    python -m pytest tests/integration/test_watch_lifecycle.py
+"""
+
+import signal
 import socket
 
 import psutil
@@ -13,6 +19,7 @@ from torch.nn.utils import clip_grad
 import torchvitals
 from torchvitals.agent.recover.watchdog import ResumeRefused
 from torchvitals.agent.tools.demo.launch import free_ports
+from torchvitals.protocol import STACK_SIGNAL, read_rank_beats
 
 ORIGINAL = (GradScaler.step, clip_grad._clip_grads_with_norm_, torch.nn.utils.clip_grads_with_norm_)
 BATCHES = list(random_batches(8, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
@@ -124,3 +131,25 @@ def test_an_agent_dropped_without_close_frees_its_port_and_threads(tmp_path):
     assert gone() is None
     assert bindable(port), "a collected agent still holds its /metrics port"
     assert not [t for t in threading.enumerate() if t.name.startswith("torchvitals-metrics")]
+
+
+def test_a_failed_watch_gives_the_signal_back(tmp_path):
+    from torchvitals.agent.outputs.exporter import MetricsPortError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        torch.manual_seed(0)
+        model = TinyGPT(**TINY)
+        with pytest.raises(MetricsPortError):
+            torchvitals.watch(
+                model,
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                heartbeat_dir=str(tmp_path),
+                log_dir="",
+                metrics_port=port,
+                metrics_port_strict=True,
+            )
+    assert signal.getsignal(STACK_SIGNAL) == signal.SIG_DFL
+    assert read_rank_beats(tmp_path)[0].stack_signal is None

@@ -1,4 +1,8 @@
-"""Unit tests for the per-rank Prometheus exporter: python -m pytest tests/unit/test_exporter.py"""
+"""The per-rank Prometheus exporter, scraped over HTTP on 127.0.0.1: every series and its
+labels against the Report it came from, counters, histograms, a taken port, concurrent scrapes.
+
+    python -m pytest tests/integration/test_exporter.py
+"""
 
 from __future__ import annotations
 
