@@ -7,7 +7,8 @@
 
 The fields users read most are top-level; the rest live in small records by what they describe.
 ``to_dict`` writes every field flat (the event log's line, read back by ``from_dict``,
-``torchvitals-report`` and ``diagnose``), and the flat names of before stay readable.
+``torchvitals report`` and ``diagnose``); each record field also reads under that flat name
+(``report.checkpointed`` is ``report.checkpoint.saved``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import Any
 from .detect.verdict import Verdict
 from .jsonsafe import json_number, json_safe
 
-# json_safe and json_number are read from here too (their home of before).
 __all__ = [
     "Action",
     "Checkpointing",
@@ -30,7 +30,6 @@ __all__ = [
     "Rollback",
     "StepTiming",
 ]
-__all__ += ["json_number", "json_safe"]
 
 ACTIVATION_FIELDS = ("mean", "rms", "abs_max", "zero_fraction", "saturation_fraction", "nonfinite")
 
@@ -54,11 +53,7 @@ class Action(str, enum.Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class Rollback:
-    """One rollback, as every rank took it.
-
-    ``rollback["to_step"]`` (and ``"lr_scale"``, ``"skipped"``) still reads like the dict the
-    report held before; new code reads the attributes.
-    """
+    """One rollback, as every rank took it (``to_dict()`` for its JSON form)."""
 
     to_step: int
     """The healthy step restored."""
@@ -81,10 +76,6 @@ class Rollback:
             lr_scale=json_number(d["lr_scale"]),
             skipped=(int(skipped[0]), int(skipped[1])) if skipped else None,
         )
-
-    def __getitem__(self, key: str) -> Any:
-        """The old dict's reads (``report.rollback["to_step"]``), values as ``to_dict`` has them."""
-        return self.to_dict()[key]
 
 
 @dataclass

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -45,8 +44,6 @@ from ..errors import TorchvitalsError
 from .webhook import Notification, order_of
 
 FILE = "directives.sqlite3"
-LEGACY_FILE = "directives.json"
-"""The one-file state of earlier versions: imported once, then renamed ``*.migrated``."""
 FORMAT = 2
 """Version of the database's layout (``PRAGMA user_version``); another one is refused."""
 
@@ -137,8 +134,7 @@ class DirectiveStore:
     """Directives in ``<state_dir>/directives.sqlite3``, within ``limits``.
 
     Args:
-        state_dir: folder of the database; created when missing, read when present (a
-            ``directives.json`` of an earlier version is imported once).
+        state_dir: folder of the database; created when missing, read when present.
         clock: returns Unix time in seconds (tests pass a fake).
         limits: the bounds on jobs, directives and time.
     """
@@ -162,7 +158,6 @@ class DirectiveStore:
         self._db.execute("PRAGMA synchronous=FULL")  # a directive issued survives a power cut
         self._db.executescript(_SCHEMA)
         self._db.execute(f"PRAGMA user_version={FORMAT}")
-        self._import_legacy(folder / LEGACY_FILE)
         self._jobs = self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
 
     # ------------------------------------------------------------------ plumbing
@@ -179,36 +174,6 @@ class DirectiveStore:
                 self._jobs = self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
                 raise
             self._db.execute("COMMIT")
-
-    def _import_legacy(self, path: Path) -> None:
-        if not path.exists():
-            return
-        state = json.loads(path.read_text(encoding="utf-8"))
-        if state.get("format") != 1:
-            raise ValueError(f"{path}: unknown format {state.get('format')!r}")
-        with self._transaction() as db:
-            for d in state["directives"]:
-                closed = d.get("acknowledged_at")
-                db.execute(
-                    f"INSERT OR IGNORE INTO directives ({_COLUMNS}, closed_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
-                    (
-                        d["id"],
-                        d["job"],
-                        d["action"],
-                        d["fingerprint"],
-                        d["starts_at"],
-                        json.dumps(d["labels"]),
-                        d["issued_at"],
-                        closed,
-                        closed,
-                    ),
-                )
-                db.execute(
-                    "INSERT OR IGNORE INTO jobs (job, run, seen_at) VALUES (?, NULL, ?)",
-                    (d["job"], d["issued_at"]),
-                )
-        os.replace(path, path.with_name(path.name + ".migrated"))
 
     @staticmethod
     def _row(row: tuple) -> Directive:

@@ -131,7 +131,7 @@ class LossSpike(Rule):
     def __init__(self, t: Thresholds, norms: BlockNorms):
         self.t, self.norms = t, norms
         self.losses: deque[float] = deque(maxlen=t.window)
-        self.above: deque[bool] = deque(maxlen=3)
+        self.above: deque[bool] = deque(maxlen=t.loss_spike_recent)
         self.early: float | None = None
 
     def observe(self, report, seen):
@@ -158,11 +158,9 @@ class LossSpike(Rule):
         )
         threshold = center + self.t.loss_spike_mads * scale
         self.above.append(loss > threshold)
-        # One noisy batch a little past the threshold is not a spike (seen once in 40 healthy
-        # runs, at the tail of a cosine schedule): it must be back within 3 steps, unless it is
-        # twice as far out. (A rising spike can dip once on its way up: 2 of 3, not 2 in a row.)
-        severe = loss > center + 2 * self.t.loss_spike_mads * scale
-        if self.above[-1] and (sum(self.above) >= 2 or severe):
+        # One noisy batch a little past the threshold is not a spike (Thresholds.loss_spike_recent).
+        severe = loss > center + self.t.loss_spike_severe * self.t.loss_spike_mads * scale
+        if self.above[-1] and (sum(self.above) >= self.t.loss_spike_recent_hits or severe):
             evidence = {
                 "loss": loss,
                 "median": center,
@@ -301,7 +299,7 @@ class UpdateRatios(Rule):
                         {
                             "update_ratio": r,
                             "earlier_median": median(past),
-                            "healthy": 1e-3,
+                            "healthy": self.t.healthy_update_ratio,
                             "fired": "hot_lr_ratio",
                             "hot_lr_ratio": self.t.hot_lr_ratio,
                             "hot_lr_rise": self.t.hot_lr_rise,
@@ -312,7 +310,7 @@ class UpdateRatios(Rule):
                 past.append(r)
         for b, r in ratios.items():
             others = [v for o, v in ratios.items() if o != b and o != OTHER]
-            moving = others and median(others) >= 100 * self.t.dead_ratio
+            moving = others and median(others) >= self.t.dead_moving_factor * self.t.dead_ratio
             self.dead_run[b] = self.dead_run[b] + 1 if r <= self.t.dead_ratio and moving else 0
             if self.dead_run[b] >= self.t.dead_samples:
                 found.append(
@@ -392,6 +390,9 @@ class Activations(Rule):
         self.t = t
         self.first: dict[str, float] = {}
         self.high_run: dict[str, int] = {}
+        self.settled: set[str] = set()
+        """Blocks whose abs max once fell below ``explosion_hold`` of the first: never judged
+        again for an explosion."""
 
     def observe(self, report, seen):
         acts = report.activations
@@ -432,8 +433,14 @@ class Activations(Rule):
                     )
                 )
             first = self.first.setdefault(b, a["abs_max"])
-            high = first >= self.t.explosion_abs_max and a["abs_max"] >= 0.5 * first
-            self.high_run[b] = self.high_run.get(b, 0) + 1 if high else -(10**9)
+            high = (
+                first >= self.t.explosion_abs_max and a["abs_max"] >= self.t.explosion_hold * first
+            )
+            if not high:
+                self.settled.add(b)
+            if b in self.settled:
+                continue
+            self.high_run[b] = self.high_run.get(b, 0) + 1
             if self.high_run[b] >= self.t.explosion_samples:
                 found.append(
                     Verdict(
@@ -524,11 +531,11 @@ class DeadPipeline(Rule):
         self.recent.append(loss)
         self.max_norm = norm if self.max_norm is None or norm > self.max_norm else self.max_norm
         self.zero = self.zero and norm == 0
-        n_needed = 3 if self.zero else self.t.dead_pipeline_steps
+        n_needed = self.t.dead_pipeline_zero_steps if self.zero else self.t.dead_pipeline_steps
         if self.steps < n_needed:
             return []
         spread = self.high - self.low
-        flat = spread <= 1e-4 * abs(median(self.recent)) + 1e-8
+        flat = spread <= self.t.dead_pipeline_flat * abs(median(self.recent)) + 1e-8
         tiny = self.max_norm <= self.t.tiny_grad
         if (flat or self.zero) and tiny:
             return [

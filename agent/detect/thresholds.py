@@ -32,13 +32,22 @@ class Thresholds:
     min_history: int = 8
     """Values a rolling baseline needs before a rule judges against it."""
     loss_spike_mads: float = 6.0
-    """A loss above median + this x scale is a spike (scale: 1.4826 x MAD, floored below)."""
+    """A loss above median + this x scale is a spike (scale: 1.4826 x the MAD of the step-to-step
+    differences / sqrt(2), floored below)."""
     loss_spike_floor: float = 0.05
     """The spike scale is at least this fraction of the median loss, so a flat series does not
     alarm on noise."""
     loss_spike_abs_floor: float = 1e-3
     """... and at least this fraction of the first step's loss, so a loss memorised down to 1e-7
     does not page on every wiggle."""
+    loss_spike_recent: int = 3
+    """A loss past the threshold is a spike once ``loss_spike_recent_hits`` of the last this many
+    steps were past it (one noisy batch a little past it, back at once, is not: seen once in 40
+    healthy runs at the tail of a cosine schedule; a rising spike may dip once on its way up) ..."""
+    loss_spike_recent_hits: int = 2
+    """... (this many) ..."""
+    loss_spike_severe: float = 2.0
+    """... or at once when it lies this many times as far above the median as the threshold."""
     explosion_growth: float = 1.5
     """Total grad norm growing by at least this factor per step ..."""
     explosion_steps: int = 3
@@ -50,12 +59,18 @@ class Thresholds:
     divergence_cluster: float = 1.5
     """... while the other blocks' median of the same ratio stays below this, diverges (on two
     consecutive steps: one noisy step of a small head is not a divergence)."""
+    healthy_update_ratio: float = 1e-3
+    """The update ratio (update norm / weight norm) of a block training well: the evidence's
+    reference for ``hot_lr``, not itself a trigger."""
     hot_lr_ratio: float = 1e-2
     """An update ratio at least this (10x the healthy 1e-3) ..."""
     hot_lr_rise: float = 2.0
     """... and this many times the block's earlier median is a hot learning rate."""
     dead_ratio: float = 1e-6
-    """An update ratio at or below this, while the other blocks' median is 100x larger ..."""
+    """An update ratio at or below this, while the other blocks' median is at least
+    ``dead_moving_factor`` times larger ..."""
+    dead_moving_factor: float = 100.0
+    """... (this factor: the others do train) ..."""
     dead_samples: int = 2
     """... on this many consecutive samples is a dead layer."""
     vanishing_ratio: float = 100.0
@@ -68,8 +83,11 @@ class Thresholds:
     """At least this fraction of a block's outputs exactly zero is dead ReLU."""
     explosion_abs_max: float = 100.0
     """Activation abs max at least this on the first sample ..."""
+    explosion_hold: float = 0.5
+    """... and not falling below this fraction of it ..."""
     explosion_samples: int = 3
-    """... and not falling below half of it for this many samples is activation explosion."""
+    """... for this many samples is activation explosion (once it fell below, the block is not
+    judged again)."""
     attention_entropy: float = 0.1
     """Minimum per-head attention entropy (nats) at or below this is attention saturation ..."""
     attention_logit: float = 1e3
@@ -77,11 +95,16 @@ class Thresholds:
     overflow_skips: int = 3
     """This many GradScaler-skipped steps within ``window`` steps is fp16 overflow."""
     dead_pipeline_steps: int = 20
-    """Loss flat and gradients ~0 over the first this many steps is a dead pipeline ..."""
+    """Loss flat and gradients ~0 over the first this many steps is a dead pipeline (every
+    gradient exactly zero: over the first ``dead_pipeline_zero_steps``) ..."""
+    dead_pipeline_zero_steps: int = 3
+    """... (this many) ..."""
+    dead_pipeline_flat: float = 1e-4
+    """... where flat means a loss range within this fraction of its median (plus 1e-8) ..."""
     tiny_grad: float = 1e-8
     """... where ~0 means a total grad norm at or below this."""
     straggler_factor: float = 1.5
-    """A rank's compute time at least this x the other ranks' median ..."""
+    """A rank's compute time at least this x the other ranks' mean ..."""
     straggler_min_seconds: float = 0.05
     """... and at least this many seconds more ..."""
     straggler_steps: int = 5
@@ -148,7 +171,20 @@ class Thresholds:
                 ok, allowed = value > 0, "a number > 0"
             if not ok:
                 raise ConfigError(f"detect.{f.name}", value, allowed)
+        if self.loss_spike_recent_hits > self.loss_spike_recent:
+            raise ConfigError(
+                "detect.loss_spike_recent_hits",
+                self.loss_spike_recent_hits,
+                f"at most detect.loss_spike_recent ({self.loss_spike_recent})",
+            )
 
 
 _AT_LEAST_ZERO = {"warmup_steps"}
-_FRACTIONS = {"saturation_fraction", "dead_relu_fraction", "data_stall_ratio", "loss_spike_floor"}
+_FRACTIONS = {
+    "saturation_fraction",
+    "dead_relu_fraction",
+    "data_stall_ratio",
+    "loss_spike_floor",
+    "explosion_hold",
+    "dead_pipeline_flat",
+}

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ..report import json_safe
+from ..jsonsafe import json_safe
 from .agreement import CheckpointError, Ranks, describe
 from .durable import write_json
 from .state import get_states, set_states

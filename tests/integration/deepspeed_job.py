@@ -195,7 +195,7 @@ def main() -> None:
         if report.action == "rollback":
             digests["rolled back"] = partition_digest(engine)
             # Go on from the data of the step after the one restored, as a resumable loader does.
-            for g, state in zip(gens, drawn[report.rollback["to_step"] + 1]):
+            for g, state in zip(gens, drawn[report.rollback.to_step + 1]):
                 g.set_state(state)
         ratio = {
             b: math.sqrt(

@@ -9,7 +9,6 @@ instructions, never timed.
 from __future__ import annotations
 
 import json
-import time
 
 from test_collector_webhook import (
     JOB_TOKENS,
@@ -18,7 +17,6 @@ from test_collector_webhook import (
     job_auth,
     metrics,
     notification,
-    pending,
     request,
     running,
 )
@@ -281,42 +279,6 @@ def test_runs_and_directives_survive_a_restart(tmp_path):
     with running(tmp_path / "state") as server:
         assert poll(server, run="run-2") == []
         assert poll(server, run="run-1") == [d]
-
-
-def test_the_state_of_an_earlier_version_is_imported_once(tmp_path):
-    state = tmp_path / "state"
-    state.mkdir()
-    legacy = {
-        "format": 1,
-        "directives": [
-            {
-                "id": "00000000000000aa",
-                "job": "train-a",
-                "action": "rollback",
-                "fingerprint": "f1",
-                "starts_at": "2026-11-29T10:00:00Z",
-                "labels": {"job": "train-a"},
-                "issued_at": time.time(),
-                "acknowledged_at": None,
-            },
-            {
-                "id": "00000000000000bb",
-                "job": "train-a",
-                "action": "abort",
-                "fingerprint": "f2",
-                "starts_at": "2026-11-29T10:00:00Z",
-                "labels": {},
-                "issued_at": time.time(),
-                "acknowledged_at": time.time(),
-            },
-        ],
-    }
-    (state / "directives.json").write_text(json.dumps(legacy))
-    with running(state) as server:
-        assert [d["id"] for d in pending(server)] == ["00000000000000aa"]
-        assert health(server) == {"pending": 1, "acknowledged": 1}
-    assert not (state / "directives.json").exists()
-    assert (state / "directives.json.migrated").exists()
 
 
 def test_a_malformed_poll_is_400_with_the_reason(tmp_path):

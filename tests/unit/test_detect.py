@@ -182,6 +182,12 @@ def test_thresholds_are_configurable_and_unknown_ones_refused():
     assert Thresholds.from_overrides({"loss_spike_mads": 9}).loss_spike_mads == 9
     with pytest.raises(TypeError, match="loss_spike_madz"):
         Thresholds.from_overrides({"loss_spike_madz": 9})
+    with pytest.raises(
+        ValueError, match=r"loss_spike_recent_hits=4: at most .*loss_spike_recent \(3\)"
+    ):
+        Thresholds.from_overrides({"loss_spike_recent_hits": 4})
+    with pytest.raises(ValueError, match="explosion_hold"):
+        Thresholds.from_overrides({"explosion_hold": 1.5})
 
 
 def test_two_slow_ranks_are_both_named():

@@ -176,7 +176,7 @@ def test_the_back_off_survives_a_learning_rate_set_by_hand_every_step(tmp_path):
         report = agent.step(loss)
         opt.zero_grad(set_to_none=True)
         if s == 8:
-            assert report.action == "rollback" and report.rollback["lr_scale"] == 0.5
+            assert report.action == "rollback" and report.rollback.lr_scale == 0.5
         if s == 11:
             assert report.lr == [pytest.approx(0.005)]
             for p, b, g in zip(model.parameters(), before, grads):  # SGD: w -= lr * g

@@ -138,7 +138,7 @@ def test_a_rollback_backs_off_every_inner_optimizer_and_restores_their_state(tmp
             opt.zero_grad()
             report = agent.last_report
             if s == 6:
-                assert report.action == "rollback" and report.rollback["to_step"] == 4
+                assert report.action == "rollback" and report.rollback.to_step == 4
                 restored = model.state_dict()
                 assert all(torch.equal(restored[k], at_four[k]) for k in at_four)
         # after the rollback every inner optimizer stepped at half its own rate

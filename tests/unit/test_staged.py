@@ -56,11 +56,11 @@ def run(tmp_path, name, nan_at=27, steps=40, **config):
 def test_rollback_from_memory_lands_on_the_weights_a_disk_rollback_gives(tmp_path):
     reports, weights, loads, agent = run(tmp_path, "staged")
     sync_reports, sync_weights, sync_loads, _ = run(tmp_path, "sync", snapshot_max_bytes=0)
-    rollbacks = [(r.step, r.rollback["to_step"]) for r in reports if r.action == "rollback"]
+    rollbacks = [(r.step, r.rollback.to_step) for r in reports if r.action == "rollback"]
     assert (
         rollbacks
         == [(27, 20)]
-        == [(r.step, r.rollback["to_step"]) for r in sync_reports if r.action == "rollback"]
+        == [(r.step, r.rollback.to_step) for r in sync_reports if r.action == "rollback"]
     )
     assert loads == 0 and sync_loads == 1, (loads, sync_loads)
     assert all(torch.equal(weights[k], sync_weights[k]) for k in weights)

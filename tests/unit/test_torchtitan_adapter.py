@@ -149,7 +149,7 @@ def test_a_rolled_back_nan_does_not_stop_the_run_and_the_step_counter_follows(tm
         trainer, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3, healthy_window=0
     )
     rollbacks = [r for r in reports if r.action == "rollback"]
-    assert [(r.step, r.rollback["to_step"]) for r in rollbacks] == [(8, 6)]
+    assert [(r.step, r.rollback.to_step) for r in rollbacks] == [(8, 6)]
     assert agent.adapter.absorbed == [8]
     assert trainer.step == agent.step_count == 12
     assert trainer.lr_schedulers.schedulers[0].last_epoch == 12

@@ -57,8 +57,8 @@ def test_nan_rolls_back_to_the_last_healthy_checkpoint(tmp_path):
     rollbacks = [r for r in reports if r.action == "rollback"]
     assert len(rollbacks) == 1
     rb = rollbacks[0]
-    assert rb.step == 27 and rb.rollback["to_step"] == 20 and rb.rollback["lr_scale"] == 0.5
-    assert rb.rollback["skipped"] == [20, 29]  # checkpoint position .. batch 27 + margin 2
+    assert rb.step == 27 and rb.rollback.to_step == 20 and rb.rollback.lr_scale == 0.5
+    assert rb.rollback.skipped == (20, 29)  # checkpoint position .. batch 27 + margin 2
     assert agent.skipped_batches == [(20, 29)]
     assert [r.step for r in reports if r.checkpointed] == [10, 20, 30, 40]
     assert agent.lr_scale == 0.5
@@ -111,8 +111,8 @@ def test_a_fault_after_every_rollback_aborts_with_the_exit_code(tmp_path, fault)
     assert isinstance(info.value, SystemExit) and info.value.code == 79
     rollbacks = [r for r in reports if r.action != "step"]
     assert [(r.step, r.action) for r in rollbacks] == [(at, "rollback")] * 3
-    assert [r.rollback["to_step"] for r in rollbacks] == [20] * 3
-    assert [r.rollback["lr_scale"] for r in rollbacks] == [0.5, 0.25, 0.125]
+    assert [r.rollback.to_step for r in rollbacks] == [20] * 3
+    assert [r.rollback.lr_scale for r in rollbacks] == [0.5, 0.25, 0.125]
     assert agent.watchdog.rollbacks == 3
     assert agent.detector.history[-1].pattern == "rollback_loop"
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
