@@ -34,8 +34,8 @@ def test_a_bad_random_batch_rolls_back_once_and_is_never_drawn_again(tmp_path, d
     assert bad and drawn.count(bad[0]) == 1, "the bad batch was drawn again after the rollback"
     assert len(result.rollbacks) == 1, result.rollbacks
     rollback = result.rollbacks[0]
-    assert rollback["to_step"] == 20 and rollback["lr_scale"] == 0.5
-    assert rollback["skipped"] is None  # nothing was skipped: the RNGs were re-seeded
+    assert rollback.to_step == 20 and rollback.lr_scale == 0.5
+    assert rollback.skipped is None  # nothing was skipped: the RNGs were re-seeded
     reports = result.reports
     assert [r.action for r in reports].count("rollback") == 1
     after = [(i, r) for i, r in enumerate(reports) if i > 25 and r.action == "step"]
