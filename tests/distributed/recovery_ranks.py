@@ -353,6 +353,11 @@ def killable_run(
     marker = Path(log_dir) / f"nan-injected-rank{rank}"
     for batch_id, x, y in agent.batches(data):
         step = agent.step_count + 1
+        if kill is not None and rank == 0 and step == kill[1] + 1:
+            # The kill comes from the background write of step kill[1]. Rank 0's training
+            # waits for it here, so rank 1 cannot finish the epoch (a kill after the commit of
+            # step 50 leaves two steps) while the write is still going on a loaded machine.
+            threading.Event().wait(timeout=120)
         write({"event": "batch", "step": step, "id": batch_id})
         loss = forward_loss(model, x, y)
         if rank == 1 and step == 25 and not marker.exists():
