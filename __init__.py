@@ -37,7 +37,7 @@ _EXPORTS = {
     "watch": ".agent.agent",
     "Config": ".agent.config",
     "Report": ".agent.report",
-    "Action": ".agent.report",
+    "Action": ".records.vocabulary",
     "Rollback": ".agent.report",
     "record_attention": ".agent.measure.attention",
     "Thresholds": ".agent.detect.thresholds",
@@ -63,7 +63,7 @@ _EXPORTS = {
     # The errors the README tells a caller to catch, from the module that raises each.
     "CheckpointError": ".agent.recover.agreement",
     "ResumeRefused": ".agent.recover.resume_policy",
-    "LedgerError": ".agent.recover.ledger",
+    "LedgerError": ".records.ledger",
     "DoubleStepError": ".agent.guard",
     "GuardBypassedError": ".agent.guard",
     "MetricsPortError": ".agent.outputs.exporter",
@@ -85,10 +85,8 @@ if TYPE_CHECKING:
     from .agent.measure.attention import record_attention as record_attention
     from .agent.outputs.exporter import MetricsPortError as MetricsPortError
     from .agent.recover.agreement import CheckpointError as CheckpointError
-    from .agent.recover.ledger import LedgerError as LedgerError
     from .agent.recover.resume_policy import ResumeRefused as ResumeRefused
     from .agent.recover.watchdog import TrainingAborted as TrainingAborted
-    from .agent.report import Action as Action
     from .agent.report import Report as Report
     from .agent.report import Rollback as Rollback
     from .agent.seams import CRITICAL as CRITICAL
@@ -103,6 +101,8 @@ if TYPE_CHECKING:
     from .agent.seams import Sink as Sink
     from .agent.seams import Slot as Slot
     from .agent.seams import StepContext as StepContext
+    from .records.ledger import LedgerError as LedgerError
+    from .records.vocabulary import Action as Action
 
     __version__: str
 

@@ -42,7 +42,7 @@ from detection to localization and to recovery, and what each cost. DIR is the j
 stderr and skipped; exit 2 when DIR is not a folder.
 
 ``goodput`` prints the job's wall time, its productive time and their ratio, the rest (badput)
-by cause and each incident's lost seconds, across every attempt (the rules: goodput.py);
+by cause and each incident's lost seconds, across every attempt (the rules: records/goodput.py);
 ``--json`` prints them as one object. DIR as for ``incidents`` (or its ``goodput/``); exit 2
 with a one-line error when it holds no records. Both read ``--json`` from
 ``TORCHVITALS_INCIDENTS_JSON`` / ``TORCHVITALS_GOODPUT_JSON`` too.
@@ -80,9 +80,9 @@ import sys
 import time
 from pathlib import Path
 
-from .agent.tools.demo import FAULTS
 from .collector.supervisor.options import SupervisorConfig
 from .errors import TorchvitalsError
+from .protocol import DEMO_FAULTS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     demo.add_argument(
         "--fault",
-        choices=FAULTS,
+        choices=DEMO_FAULTS,
         default=env("TORCHVITALS_DEMO_FAULT", "lr-spike"),
         help="the fault injected mid-run (default: lr-spike; env TORCHVITALS_DEMO_FAULT)",
     )
@@ -296,7 +296,7 @@ def _job_folder(given: str, sub: str) -> Path:
 
 
 def _incidents(args: argparse.Namespace) -> int:
-    from .incidents import FOLDER, IncidentLog
+    from .records.incidents import FOLDER, IncidentLog
 
     folder = _job_folder(args.folder, FOLDER)
     if not folder.is_dir():
@@ -316,7 +316,7 @@ def _incidents(args: argparse.Namespace) -> int:
 
 def _accounted(folder: Path) -> dict[str, float | None]:
     """Each incident's lost seconds as the goodput accounting finds them ({} without records)."""
-    from .goodput import GoodputError, account
+    from .records.goodput import GoodputError, account
 
     try:
         return {i.key: i.lost_seconds for i in account(folder).incidents}
@@ -367,7 +367,7 @@ def _incident_table(found: list, accounted: dict[str, float | None]) -> str:
 
 
 def _goodput(args: argparse.Namespace) -> int:
-    from .goodput import FOLDER, GoodputError, account
+    from .records.goodput import FOLDER, GoodputError, account
 
     try:
         figures = account(_job_folder(args.folder, FOLDER))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import TorchvitalsError
+from .records.durable import replace_json
 
 # ---------------------------------------------------------------- environment
 
@@ -150,9 +151,7 @@ def write_heartbeat(
         record["metrics_url"] = metrics_url
     if stack_signal is not None:
         record["stack_signal"] = int(stack_signal)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record), encoding="utf-8")
-    os.replace(tmp, path)
+    replace_json(path, record, fsync=False)
 
 
 @dataclass(frozen=True)
@@ -260,3 +259,8 @@ def token_from_env(environ: Mapping[str, str] | None = None) -> str:
     """The token from ``TOKEN_ENV`` or the file ``TOKEN_FILE_ENV`` names; "" when neither is set."""
     environ = os.environ if environ is None else environ
     return read_token(environ.get(TOKEN_ENV), environ.get(TOKEN_FILE_ENV)) or ""
+
+
+DEMO_FAULTS = ("lr-spike", "nan", "frozen", "none")
+"""The faults ``torchvitals demo --fault`` injects into its ranks (the CLI parses the flag
+without loading the agent; the demo's ranks check it)."""

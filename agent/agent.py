@@ -34,9 +34,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import TorchvitalsError
-from ..incidents import IncidentLog
 from ..protocol import ATTEMPT_ENV, CHECKPOINT, REFUSED, TRAIN, token_from_env
-from ..timeline import StepTimeline
+from ..records.incidents import IncidentLog
+from ..records.ledger import LedgerError
+from ..records.timeline import StepTimeline
 from .backends import OptimizerBackend, choose
 from .backends.optimizers import Optimizers
 from .backends.wrappers import unwrap_scheduler
@@ -61,7 +62,6 @@ from .patches import AttributePatch, PatchSet
 from .recover.batches import SkipAwareBatches
 from .recover.directives import DirectivePoller
 from .recover.heartbeat import Heartbeat
-from .recover.ledger import LedgerError
 from .recover.stacks import StackDumps
 from .recover.trust import CheckpointKey
 from .recover.watchdog import Watchdog

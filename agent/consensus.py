@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, TorchvitalsError
-from ..incidents import hostname
+from ..records.incidents import hostname
 from .config import Config
 from .detect.thresholds import Thresholds
 

@@ -13,11 +13,11 @@ The fields users read most are top-level; the rest live in small records by what
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..records.vocabulary import Action
 from .detect.verdict import Verdict
 from .jsonsafe import json_number, json_safe
 
@@ -32,23 +32,6 @@ __all__ = [
 ]
 
 ACTIVATION_FIELDS = ("mean", "rms", "abs_max", "zero_fraction", "saturation_fraction", "nonfinite")
-
-
-class Action(str, enum.Enum):
-    """What every rank did with the step. A ``str``: ``report.action == "rollback"`` holds, and
-    JSON writes the value."""
-
-    STEP = "step"
-    """The optimizer stepped."""
-    SKIP = "skip"
-    """No optimizer step on any rank."""
-    ROLLBACK = "rollback"
-    """Every rank restored the last healthy checkpoint (see ``Report.rollback``)."""
-    ABORT = "abort"
-    """The loop guard or a collector's order gave up on the run."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,6 +29,7 @@ TORCH_FREE = frozenset(
         "unit/test_disruption_costs.py",
         "unit/test_goodput_export.py",
         "unit/test_incidents.py",
+        "unit/test_records.py",
         "unit/test_launcher_log.py",
         "unit/test_death_marks.py",
         "unit/test_heartbeat_ages.py",

@@ -22,7 +22,7 @@ import os
 import socket
 from pathlib import Path
 
-from ..recover.durable import replace_json
+from ...records.durable import replace_json
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class TargetFile:
             labels["job"] = job
         try:
             # Renamed into place: Prometheus re-reads a changed file and must never see half.
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             replace_json(self.path, [{"targets": [target], "labels": labels}])
         except OSError as exc:
             log.warning(

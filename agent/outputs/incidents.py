@@ -38,18 +38,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ...incidents import (
-    ABORT,
-    DIVERGENCE,
-    LOSS_SPIKE,
-    NONFINITE,
-    STRAGGLER,
-    Culprit,
-    Incident,
-    IncidentLog,
-    hostname,
-)
 from ...protocol import ATTEMPT_ENV, NODE_ENV
+from ...records.incidents import Culprit, Incident, IncidentLog, hostname
+from ...records.vocabulary import ABORT, DIVERGENCE, LOSS_SPIKE, NONFINITE, STRAGGLER
 from ..detect import verdict as patterns
 from ..detect.verdict import Verdict
 from ..jsonsafe import json_safe

@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Callable
 
-from ...timeline import StepTimeline
+from ...records.timeline import StepTimeline
 from ..report import Report
 
 

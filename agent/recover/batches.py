@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeGuard
 
 import torch
 
-from .ledger import SkipRanges
+from ...records.ledger import SkipRanges
 
 
 class SkipAwareBatches:

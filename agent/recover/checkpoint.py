@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from ...records.durable import fsync_dir, write_json
 from .agreement import CheckpointError, Ranks, describe, failures
-from .durable import fsync_dir, write_json
 from .manifest import COMMITTED, MANIFEST, digests, step_of, verify, write_manifest
 from .rng import rng_state, set_rng_state
 from .shards import jsonable, read_shards, write_shards

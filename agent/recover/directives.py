@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...protocol import ACTIONS, JOB_ID_ENVS, RUN_PARAM, token_from_env
-from .jobid import job_identity
+from ...records.jobid import job_identity
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ...records.durable import sha256_file, write_json
 from .agreement import CheckpointError, Ranks, failures
-from .durable import sha256_file, write_json
 from .trust import CheckpointKey
 
 MANIFEST = "manifest.json"

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...errors import TorchvitalsError
 from ...protocol import ATTEMPT_ENV
-from .ledger import Ledger
+from ...records.ledger import Ledger
 
 MODES = ("restart", "auto", "never")
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
+from ...records.durable import write_json
 from ..jsonsafe import json_safe
 from .agreement import CheckpointError, Ranks, describe
-from .durable import write_json
 from .state import get_states, set_states
 from .trust import SafeReader, TensorsOnlyPlanner, merge_plain, split_plain
 

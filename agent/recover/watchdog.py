@@ -35,6 +35,8 @@ import torch.distributed as dist
 
 from ...errors import TorchvitalsError
 from ...protocol import CHECKPOINT, LEDGER_FILE, REFUSED, TRAIN
+from ...records.jobid import job_identity, resume_decision
+from ...records.ledger import Ledger
 from ..config import Config
 from ..detect.verdict import Verdict
 from ..jsonsafe import json_safe
@@ -43,8 +45,6 @@ from .async_save import Outcome
 from .batches import SkipAwareBatches
 from .checkpoint import CheckpointError, CheckpointStore
 from .groups import checkpoint_group
-from .jobid import job_identity, resume_decision
-from .ledger import Ledger
 from .resume_policy import ResumePolicy, ResumeRefused, restarted
 from .rng import reseed
 from .rollback_policy import RollbackPolicy

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...incidents import (
+from ...records.incidents import Culprit, Incident
+from ...records.vocabulary import (
     ABORT,
     CRASH,
     DIVERGENCE,
@@ -24,8 +25,6 @@ from ...incidents import (
     NODE_LOST,
     NONFINITE,
     STRAGGLER,
-    Culprit,
-    Incident,
 )
 from ..detect import verdict as P
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from ...incidents import Incident
+from ...records.incidents import Incident
 from ..detect import verdict as P
 from ..detect.verdict import Verdict
 from ..jsonsafe import json_number

@@ -17,8 +17,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...goodput import CAUSES, Goodput
-from ...incidents import KINDS, Incident
+from ...records.goodput import CAUSES, Goodput
+from ...records.incidents import Incident
+from ...records.vocabulary import KINDS
 from .culprit import STOPPED, who
 from .jobrecords import JobRecords
 

@@ -19,11 +19,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...goodput import Goodput, account
-from ...incidents import FOLDER as INCIDENTS_FOLDER
-from ...incidents import Incident, IncidentLog
 from ...protocol import LEDGER_FILE
-from ...timeline import FOLDER as GOODPUT_FOLDER
+from ...records.goodput import Goodput, account
+from ...records.incidents import FOLDER as INCIDENTS_FOLDER
+from ...records.incidents import Incident, IncidentLog
+from ...records.timeline import FOLDER as GOODPUT_FOLDER
 
 
 @dataclass(frozen=True)

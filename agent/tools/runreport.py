@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...goodput import Goodput
-from ...incidents import Incident
+from ...records.goodput import Goodput
+from ...records.incidents import Incident
+from ...records.ledger import Ledger
 from ..detect.verdict import CRITICAL, HOT_LR, INFO, WARNING
 from ..jsonsafe import json_number
 from ..outputs.eventlog import read_events
-from ..recover.ledger import Ledger
 from ..report import Action, Rollback
 from .diagnose import Diagnosis, diagnose_events
 from .incidentplots import goodput_html, incidents_html, plot_badput, plot_incidents

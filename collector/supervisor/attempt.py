@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from ...incidents import CRASH, HANG
 from ...protocol import (
     ATTEMPT_ENV,
     HEARTBEAT_DIR_ENV,
@@ -38,6 +37,7 @@ from ...protocol import (
     read_heartbeats,
     read_rank_beats,
 )
+from ...records.vocabulary import CRASH, HANG
 from .disruptions import Disruptions
 from .hang_clock import HangClock
 from .localizer import Localizer, generation_of, incident_key

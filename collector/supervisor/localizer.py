@@ -18,7 +18,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from ...incidents import CRASH, HANG, NODE_LOST, Culprit, Incident
+from ...records.incidents import Culprit, Incident
+from ...records.vocabulary import CRASH, HANG, NODE_LOST
 from .disruptions import Disruptions
 from .hang_clock import RESTART, STARTUP, HangClock
 from .job_records import NodeState

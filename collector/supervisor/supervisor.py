@@ -40,9 +40,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ...agent.recover.jobid import job_identity, launcher_job_id
-from ...agent.recover.ledger import Ledger, LedgerError
 from ...protocol import JOB_ID_ENV, LEDGER_FILE, NODE_ENV, read_heartbeats
+from ...records.jobid import job_identity, launcher_job_id
+from ...records.ledger import Ledger, LedgerError
 from .attempt import AttemptRunner
 from .disruptions import Disruptions
 from .goodput_export import GoodputCollector
@@ -121,7 +121,7 @@ class Supervisor:
         self.job_id = _job_id(config, environ, self.command)
         config = self.config = replace(config, node_rank=node_rank(config, environ))
         # Every attempt, on every node, is the same job: the ledger continues it after any
-        # restart and refuses it to another job (torchvitals.agent.recover.jobid).
+        # restart and refuses it to another job (torchvitals.records.jobid).
         environ[JOB_ID_ENV] = self.job_id
         # The ranks name their node as the supervisors do (torchrun's GROUP_RANK follows the
         # c10d rendezvous' arrival order, which may differ): an agent's incident and a

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import torchvitals
 from torchvitals.agent.outputs.sinks import Sink
-from torchvitals.incidents import IncidentLog
+from torchvitals.records.incidents import IncidentLog
 
 
 class IncidentsAtPublish(Sink):

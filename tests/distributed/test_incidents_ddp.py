@@ -10,7 +10,7 @@ import pytest
 from nan_incident_ranks import nan_on_rank1
 from support.world import run_world
 
-from torchvitals.incidents import IncidentLog
+from torchvitals.records.incidents import IncidentLog
 
 NAN_STEP, STEPS = 12, 16
 

@@ -113,6 +113,48 @@ def test_the_torch_free_commands_run_where_torch_cannot_be_imported(tmp_path):
     assert (run / "loss.png").is_file()
 
 
+LOADED = """
+import sys
+from torchvitals.__main__ import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print("LOADED", " ".join(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("incidents", "JOB"), ("goodput", "JOB"), ("supervise", "--help")],
+    ids=["incidents", "goodput", "supervise"],
+)
+def test_the_commands_on_a_jobs_records_load_neither_torch_the_agent_nor_the_collector(
+    argv, tmp_path
+):
+    """What runs on every node (the supervisor) and what a person runs on a login node over a
+    job's folder loads the records and the supervisor's own modules, nothing of the training
+    side or the webhook service."""
+    job = tmp_path / "job"
+    for kind in ("incidents", "goodput"):
+        (job / kind).mkdir(parents=True)
+    args = [str(job) if a == "JOB" else a for a in argv]
+    out = subprocess.run(
+        [sys.executable, "-c", LOADED, *args], capture_output=True, text=True, timeout=120
+    )
+    loaded = next(
+        (line.split()[1:] for line in out.stdout.splitlines() if line.startswith("LOADED")), None
+    )
+    assert loaded is not None, out.stdout[-2000:] + out.stderr[-2000:]
+    unwanted = [
+        m
+        for m in loaded
+        if m == "torch" or m.startswith(("torch.", "torchvitals.agent", "torchvitals.collector"))
+    ]
+    assert not unwanted, (argv, unwanted)
+    assert "torchvitals.records" in loaded, loaded
+
+
 @pytest.mark.parametrize(
     "cls, argv",
     [

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from support.goodput_jobs import crash_then_rollback
 
-from torchvitals.goodput import CAUSES
-from torchvitals.incidents import Culprit, Incident, IncidentLog
+from torchvitals.records.goodput import CAUSES
+from torchvitals.records.incidents import Culprit, Incident, IncidentLog
 
 NO_TORCH = 'raise ImportError("torch is not importable here: the command must not need it")\n'
 

@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from torchvitals.incidents import IncidentLog
+from torchvitals.records.incidents import IncidentLog
 
 RACER = """
 import json, sys, time

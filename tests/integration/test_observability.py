@@ -49,8 +49,8 @@ from torchvitals.collector import CollectorConfig, CollectorServer
 from torchvitals.collector.supervisor.disruptions import Disruptions
 from torchvitals.collector.supervisor.goodput_export import GoodputCollector
 from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
-from torchvitals.incidents import Culprit, Incident
-from torchvitals.timeline import StepTimeline
+from torchvitals.records.incidents import Culprit, Incident
+from torchvitals.records.timeline import StepTimeline
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "observed_job.py"
 RUNBOOKS = REPO / "docs" / "runbooks.md"

@@ -30,7 +30,7 @@ from torchvitals.collector.supervisor.options import SupervisorConfig
 from torchvitals.collector.supervisor.peers import NodesLost
 from torchvitals.collector.supervisor.store_peers import StorePeers
 from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
-from torchvitals.incidents import Culprit, Incident, IncidentLog
+from torchvitals.records.incidents import Culprit, Incident, IncidentLog
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,7 +25,7 @@ import pytest
 from torchvitals.collector.supervisor.options import SupervisorConfig
 from torchvitals.collector.supervisor.supervisor import Supervisor
 from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
-from torchvitals.incidents import Incident, IncidentLog
+from torchvitals.records.incidents import Incident, IncidentLog
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchvitals.timeline import StepTimeline, SupervisorTimeline
+from torchvitals.records.timeline import StepTimeline, SupervisorTimeline
 
 
 def crash_then_rollback(folder: Path) -> None:

@@ -31,9 +31,9 @@ from torchvitals.agent.outputs.incidents import (
 )
 from torchvitals.agent.outputs.sinks import Sink
 from torchvitals.agent.report import Report
-from torchvitals.goodput import account
-from torchvitals.incidents import Culprit, IncidentLog
 from torchvitals.protocol import ATTEMPT_ENV, NODE_ENV
+from torchvitals.records.goodput import account
+from torchvitals.records.incidents import Culprit, IncidentLog
 
 QUIET = {"log_dir": "", "metrics_port": 0}
 

@@ -18,8 +18,8 @@ from torchvitals.agent.recover.carried import (
     adopt,
     carried_state,
 )
-from torchvitals.agent.recover.ledger import Ledger
 from torchvitals.agent.recover.watchdog import Watchdog
+from torchvitals.records.ledger import Ledger
 
 
 def _watchdog(tmp_path) -> Watchdog:

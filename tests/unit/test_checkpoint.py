@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
-from torchvitals.agent.recover.ledger import Ledger, LedgerError
 from torchvitals.agent.recover.snapshot import Restored
+from torchvitals.records.ledger import Ledger, LedgerError
 
 
 def _setup(seed: int = 0):

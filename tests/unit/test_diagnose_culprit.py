@@ -15,10 +15,10 @@ import pytest
 from torchvitals.__main__ import main
 from torchvitals.agent.detect import CRITICAL, WARNING, Verdict
 from torchvitals.agent.outputs.eventlog import EventLog
-from torchvitals.agent.recover.ledger import Ledger
 from torchvitals.agent.report import Report
 from torchvitals.agent.tools.diagnose import diagnose_events
-from torchvitals.incidents import Culprit, Incident, IncidentLog
+from torchvitals.records.incidents import Culprit, Incident, IncidentLog
+from torchvitals.records.ledger import Ledger
 
 NAN = math.nan
 T0 = 1_700_000_000.0
@@ -179,7 +179,7 @@ def test_cli_diagnose_takes_the_job_folder(tmp_path, capsys, monkeypatch):
 
 def test_an_incident_naming_nobody_does_not_lead_the_diagnosis():
     from torchvitals.agent.tools.culprit import from_incidents
-    from torchvitals.incidents import Culprit, Incident
+    from torchvitals.records.incidents import Culprit, Incident
 
     spike = Incident(
         kind="loss_spike",

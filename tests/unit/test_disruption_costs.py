@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torchvitals.collector.supervisor.disruptions import Disruptions
 from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
-from torchvitals.incidents import Culprit, Incident, IncidentLog
+from torchvitals.records.incidents import Culprit, Incident, IncidentLog
 
 
 def incident(kind: str, key: str, detected_at: float) -> Incident:

@@ -1,6 +1,6 @@
 """The goodput accounting over record folders written by the real writers (StepTimeline,
 SupervisorTimeline) at explicit times, every figure checked against a reference computed by
-hand from the rules in goodput.py.
+hand from the rules in records/goodput.py.
 
     python -m pytest tests/unit/test_goodput.py -q
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from support.goodput_jobs import crash_then_rollback
 
-from torchvitals.goodput import CAUSES, Accountant, GoodputError, account
-from torchvitals.incidents import Culprit, Incident, IncidentLog
-from torchvitals.timeline import StepTimeline, SupervisorTimeline
+from torchvitals.records.goodput import CAUSES, Accountant, GoodputError, account
+from torchvitals.records.incidents import Culprit, Incident, IncidentLog
+from torchvitals.records.timeline import StepTimeline, SupervisorTimeline
 
 
 def adds_up(g) -> None:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from torchvitals.incidents import (
+from torchvitals.records.incidents import (
     EVIDENCE_MAX_BYTES,
-    KINDS,
     Culprit,
     Incident,
     IncidentError,
     IncidentLog,
 )
+from torchvitals.records.vocabulary import KINDS
 
 
 def incident(key: str = "hang-a0002", **changes) -> Incident:

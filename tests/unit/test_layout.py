@@ -373,17 +373,29 @@ def test_no_import_cycle_anywhere():
     assert not cycles, cycles
 
 
-def test_the_collector_reaches_into_the_agent_only_for_the_ledger():
+def test_nothing_outside_the_agent_imports_from_it():
+    """The agent imports the shared layers (records, protocol, settings, errors); nothing below
+    or beside it imports the agent: the supervisor, the collector and the commands that read a
+    job's folder load neither torch nor the agent. The package's ``__init__`` (its lazy public
+    names) and ``__main__`` (the CLI, which imports a command's module when it runs) aside."""
+    wrong = {}
     for module, targets in GRAPH.items():
-        if module.startswith("torchvitals.collector"):
-            into_agent = {t for t in targets if t.startswith("torchvitals.agent")}
-            assert into_agent <= {
-                "torchvitals.agent",
-                "torchvitals.agent.recover",
-                "torchvitals.agent.recover.ledger",
-                "torchvitals.agent.recover.durable",
-                "torchvitals.agent.recover.jobid",
-            }, (module, into_agent)
+        if module.startswith("torchvitals.agent") or module in (
+            "torchvitals",
+            "torchvitals.__main__",
+        ):
+            continue
+        if into_agent := sorted(t for t in targets if t.startswith("torchvitals.agent")):
+            wrong[module] = into_agent
+    assert not wrong, wrong
+
+
+def test_the_records_import_only_the_shared_layers():
+    allowed = {"torchvitals.errors", "torchvitals.protocol"}
+    for module, targets in GRAPH.items():
+        if module.startswith("torchvitals.records"):
+            outside = {t for t in targets if not t.startswith("torchvitals.records")}
+            assert outside <= allowed, (module, outside - allowed)
 
 
 @pytest.mark.parametrize(
@@ -980,7 +992,7 @@ def test_no_action_is_a_string_literal_in_the_package():
     """Every action the package compares, assigns or defaults is an ``Action`` member: one
     spelling, which a type checker follows (users' ``report.action == "rollback"`` still holds,
     ``Action`` is a ``str``)."""
-    from torchvitals.agent.report import Action
+    from torchvitals.records.vocabulary import Action
 
     assert {a.value for a in Action} == ACTION_VALUES
     wrong = {

@@ -19,9 +19,9 @@ from torchvitals.agent.report import Report
 from torchvitals.agent.tools.incidentplots import goodput_html, incidents_html
 from torchvitals.agent.tools.jobrecords import read_job_records
 from torchvitals.agent.tools.runreport import write_report
-from torchvitals.goodput import CAUSES, account
-from torchvitals.incidents import Culprit, Incident, IncidentLog
-from torchvitals.timeline import StepTimeline, SupervisorTimeline
+from torchvitals.records.goodput import CAUSES, account
+from torchvitals.records.incidents import Culprit, Incident, IncidentLog
+from torchvitals.records.timeline import StepTimeline, SupervisorTimeline
 
 T0 = 1_700_000_000.0
 RED, ORANGE = (0xD6, 0x27, 0x28), (0xE6, 0x9F, 0x00)

@@ -12,8 +12,8 @@ from support.models import TINY, TinyGPT, random_batches
 
 import torchvitals
 from torchvitals.agent.recover.checkpoint import CheckpointError
-from torchvitals.agent.recover.durable import sha256_file
 from torchvitals.agent.recover.trust import CheckpointKey, SafeReader, UntrustedCheckpoint
+from torchvitals.records.durable import sha256_file
 
 BATCHES = list(random_batches(8, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 

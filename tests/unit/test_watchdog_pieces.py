@@ -26,7 +26,6 @@ from torchvitals.agent.detect.verdict import (
 from torchvitals.agent.recover import checkpoint
 from torchvitals.agent.recover.agreement import Ranks
 from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
-from torchvitals.agent.recover.ledger import Ledger
 from torchvitals.agent.recover.resume_policy import ResumePolicy, ResumeRefused, restarted
 from torchvitals.agent.recover.rollback_policy import Rollback, RollbackPolicy
 from torchvitals.agent.recover.save_policy import SavePolicy
@@ -34,6 +33,7 @@ from torchvitals.agent.recover.saver import Saver, SyncSaver
 from torchvitals.agent.recover.staged import StagedSaves
 from torchvitals.agent.recover.watchdog import TrainingAborted, Watchdog
 from torchvitals.protocol import ATTEMPT_ENV
+from torchvitals.records.ledger import Ledger
 
 HOT = Verdict(HOT_LR, WARNING, 10, "a")
 

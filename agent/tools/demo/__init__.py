@@ -6,6 +6,3 @@
 fault, ``data`` the bundled text (package data) and synthetic token batches, ``model`` the small
 GPT (which the examples, tests and benchmarks train on the synthetic batches).
 """
-
-FAULTS = ("lr-spike", "nan", "frozen", "none")
-"""The faults ``--fault`` injects (here, torch-free, so ``torchvitals --help`` needs no torch)."""

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import torchvitals
 
-from . import FAULTS
+from ....protocol import DEMO_FAULTS as FAULTS
 from .data import Vocab, load_text, text_batches
 from .model import TinyGPT
 

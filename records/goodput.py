@@ -57,10 +57,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .agent.report import Action
-from .errors import TorchvitalsError
+from ..errors import TorchvitalsError
 from .incidents import IncidentLog
+from .schema import (
+    ACTION,
+    ATTEMPT,
+    BEGAN,
+    CHECKPOINT,
+    DATA_WAIT,
+    ENDED,
+    EVENT,
+    SCHEMA_VERSION,
+    SECONDS,
+    STEP,
+    TIME,
+    VERSION,
+    check_version,
+)
 from .timeline import FOLDER, STEPS_GLOB, SUPERVISOR_GLOB
+from .vocabulary import FAULT_KINDS, ROLLBACK_KINDS, Action
 
 __all__ = ["CAUSES", "FOLDER", "Accountant", "Goodput", "GoodputError", "IncidentCost", "account"]
 
@@ -81,8 +96,6 @@ CAUSES = (
 
 _US = 1_000_000
 _PRODUCTIVE = "productive"
-_FAULT_KINDS = frozenset({"hang", "crash", "node_lost", "abort"})
-_ROLLBACK_KINDS = frozenset({"nonfinite", "loss_spike", "divergence"})
 _MATCH_SLACK_US = 120 * _US
 """How far before a disruption an incident's detection may lie and still be its cause."""
 _STEPS_NAME = re.compile(r"^steps-a(\d+)-p(\d+)\.jsonl$")
@@ -235,10 +248,10 @@ class _Steps:
             return None
         try:
             record = json.loads(line)
-            if record.get("e") == "start":
-                at = float(record["t"]) - float(record.get("load", 0.0))
+            if record.get(EVENT) == "start":
+                at = float(record[TIME]) - float(record.get("load", 0.0))
             else:
-                at = float(record["t"]) - float(record.get("d", 0.0))
+                at = float(record[TIME]) - float(record.get(SECONDS, 0.0))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
         return at if math.isfinite(at) else None
@@ -271,7 +284,7 @@ class _Steps:
             self.line_no += 1
             try:
                 record = _parse(raw)
-                if record.get("e") == "step":
+                if record.get(EVENT) == "step":
                     self._step(record)
                 else:
                     self._line(record)
@@ -279,11 +292,11 @@ class _Steps:
                 self.problems.append(f"{self.path}:{self.line_no}: {exc}")
 
     def _line(self, record: dict[str, Any]) -> None:
-        kind = record.get("e")
+        kind = record.get(EVENT)
         if kind == "start":
             if self.begin is not None:
                 raise ValueError("a start line after this process's first line")
-            at, load = _time(record, "t"), _duration(record, "load", optional=True)
+            at, load = _time(record, TIME), _duration(record, "load", optional=True)
             self.start, self.begin, self.end = at, at - load, at
             self._add("checkpoint", load)
         else:
@@ -292,12 +305,12 @@ class _Steps:
     def _step(self, record: dict[str, Any]) -> None:
         # The hot loop of a long job's file (a million lines): one check per value here, the
         # words of what is wrong only for a line that fails it.
-        step: Any = record.get("s")
-        end: Any = record.get("t")
-        d: Any = record.get("d")
-        w: Any = record.get("w") or 0
-        c: Any = record.get("c") or 0
-        action = record.get("x")
+        step: Any = record.get(STEP)
+        end: Any = record.get(TIME)
+        d: Any = record.get(SECONDS)
+        w: Any = record.get(DATA_WAIT) or 0
+        c: Any = record.get(CHECKPOINT) or 0
+        action = record.get(ACTION)
         if not (
             type(step) is int
             and step >= 0
@@ -360,13 +373,13 @@ def _fine(value: Any) -> bool:
 
 def _step_problem(record: dict[str, Any]) -> None:
     """Raise what is wrong with a step line that failed ``_fine``, naming the field."""
-    step = record.get("s")
+    step = record.get(STEP)
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"s: expected a step number, got {step!r:.40}")
-    _time(record, "t")
-    _duration(record, "d")
-    _duration(record, "w", optional=True)
-    _duration(record, "c", optional=True)
+    _time(record, TIME)
+    _duration(record, SECONDS)
+    _duration(record, DATA_WAIT, optional=True)
+    _duration(record, CHECKPOINT, optional=True)
     raise ValueError(f"x: expected a string, got {record.get('x')!r:.40}")
 
 
@@ -380,6 +393,9 @@ def _parse(raw: str | bytes) -> dict[str, Any]:
         raise ValueError(f"not JSON: {raw[:60]!r}") from None
     if type(record) is not dict:
         raise ValueError("not a JSON object")
+    version = record.get(VERSION, SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        check_version(version)  # a ValueError: the line is a problem named by its file
     return record
 
 
@@ -424,7 +440,7 @@ class _Attempt:
 
     def t0(self) -> int | None:
         if self.line is not None:
-            return self.line["t0"]
+            return self.line[BEGAN]
         if self.wait is not None:
             return self.wait[1]
         return self.procs[0].begin if self.procs else None
@@ -539,18 +555,18 @@ def _read_supervisor(path: Path, problems: list[str]) -> list[dict[str, Any]]:
 
 def _supervisor_record(record: dict[str, Any]) -> dict[str, Any]:
     """A supervisor line, its times in microseconds, checked."""
-    kind = record.get("e")
+    kind = record.get(EVENT)
     if kind == "end":
-        return {"e": kind, "t": _time(record, "t")}
+        return {EVENT: kind, TIME: _time(record, TIME)}
     if kind not in ("wait", "attempt"):
         raise ValueError(f"not a supervisor's record (e={kind!r:.40})")
-    number = record.get("a")
+    number = record.get(ATTEMPT)
     if not isinstance(number, int) or isinstance(number, bool):
         raise ValueError(f"a: expected an attempt number, got {number!r:.40}")
-    t0, t1 = _time(record, "t0"), _time(record, "t1")
+    t0, t1 = _time(record, BEGAN), _time(record, ENDED)
     if t1 < t0:
         raise ValueError(f"t1 before t0 ({t1 - t0} us)")
-    out = {"e": kind, "a": number, "t0": t0, "t1": t1}
+    out = {EVENT: kind, ATTEMPT: number, BEGAN: t0, ENDED: t1}
     if kind == "attempt":
         status = record.get("status")
         if not isinstance(status, int) or isinstance(status, bool):
@@ -566,25 +582,27 @@ def _attempts(clock: list[dict[str, Any]], procs: list[_Steps]) -> list[_Attempt
     attempts: list[_Attempt] = []
     wait: dict[str, Any] | None = None
     for r in clock:
-        if r["e"] == "wait":
+        if r[EVENT] == "wait":
             if wait is not None:  # waited again without starting: a wait of its own
-                attempts.append(_Attempt(wait["a"], wait=(wait["t0"], wait["t1"])))
+                attempts.append(_Attempt(wait[ATTEMPT], wait=(wait[BEGAN], wait[ENDED])))
             wait = r
-        elif r["e"] == "attempt":
-            if wait is not None and wait["a"] != r["a"]:
-                attempts.append(_Attempt(wait["a"], wait=(wait["t0"], wait["t1"])))
+        elif r[EVENT] == "attempt":
+            if wait is not None and wait[ATTEMPT] != r[ATTEMPT]:
+                attempts.append(_Attempt(wait[ATTEMPT], wait=(wait[BEGAN], wait[ENDED])))
                 wait = None
             attempts.append(
-                _Attempt(r["a"], wait=None if wait is None else (wait["t0"], wait["t1"]), line=r)
+                _Attempt(
+                    r[ATTEMPT], wait=None if wait is None else (wait[BEGAN], wait[ENDED]), line=r
+                )
             )
             wait = None
         elif wait is not None:  # waited, then ended without starting
-            attempts.append(_Attempt(wait["a"], wait=(wait["t0"], wait["t1"]), end=r["t"]))
+            attempts.append(_Attempt(wait[ATTEMPT], wait=(wait[BEGAN], wait[ENDED]), end=r[TIME]))
             wait = None
         elif attempts:
-            attempts[-1].end = max(attempts[-1].end or 0, r["t"])
+            attempts[-1].end = max(attempts[-1].end or 0, r[TIME])
     if wait is not None:  # the attempt running now
-        attempts.append(_Attempt(wait["a"], wait=(wait["t0"], wait["t1"])))
+        attempts.append(_Attempt(wait[ATTEMPT], wait=(wait[BEGAN], wait[ENDED])))
     for p in procs:
         _attempt_of(p, attempts).procs.append(p)
     return sorted((a for a in attempts if a.first() is not None), key=lambda a: a.first() or 0)
@@ -597,7 +615,7 @@ def _attempt_of(proc: _Steps, attempts: list[_Attempt]) -> _Attempt:
     same = [a for a in attempts if a.number == proc.attempt]
     for a in same:
         t0 = a.t0()
-        t1 = a.line["t1"] if a.line is not None else math.inf
+        t1 = a.line[ENDED] if a.line is not None else math.inf
         if t0 is not None and t0 <= proc.begin <= t1:
             return a
     before = [a for a in same if (a.first() or 0) <= proc.begin]
@@ -641,7 +659,7 @@ def _pieces(attempts: list[_Attempt]) -> list[_Piece]:
             work_end = max(work_end, p.end)
         last = work_end
         if a.line is not None:
-            t1, ended = a.line["t1"], a.end is not None and i == len(attempts) - 1
+            t1, ended = a.line[ENDED], a.end is not None and i == len(attempts) - 1
             if a.line["ok"]:
                 out.append(_span("teardown", work_end, t1))
             else:
@@ -726,7 +744,7 @@ def _costs(found: list[Any], disruptions: list[_Disruption]) -> tuple[IncidentCo
     kind and time, the nearest detection first; one incident per disruption)."""
     assigned: dict[str, int] = {}
     for d in sorted(disruptions, key=lambda d: d.at):
-        kinds = _ROLLBACK_KINDS if d.kind == "rollback" else _FAULT_KINDS
+        kinds = ROLLBACK_KINDS if d.kind == "rollback" else FAULT_KINDS
         candidates = [
             i
             for i in found

@@ -28,7 +28,21 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from .agent.report import Action
+from .schema import (
+    ACTION,
+    ATTEMPT,
+    BEGAN,
+    CHECKPOINT,
+    DATA_WAIT,
+    ENDED,
+    EVENT,
+    SCHEMA_VERSION,
+    SECONDS,
+    STEP,
+    TIME,
+    VERSION,
+)
+from .vocabulary import Action
 
 log = logging.getLogger("torchvitals.goodput")
 
@@ -53,7 +67,8 @@ class _Lines:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+            line = {VERSION: SCHEMA_VERSION, **record}
+            self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
             self._file.flush()
         except (OSError, ValueError) as exc:
             if not self._failed:
@@ -92,10 +107,10 @@ class StepTimeline:
         ``load_seconds`` loading its checkpoint."""
         self._lines.write(
             {
-                "e": "start",
-                "a": self.attempt,
+                EVENT: "start",
+                ATTEMPT: self.attempt,
                 "pid": self.pid,
-                "t": at,
+                TIME: at,
                 "resumed": resumed,
                 "load": load_seconds,
             }
@@ -115,13 +130,13 @@ class StepTimeline:
         which ``data_wait`` waiting for its batch and ``checkpoint`` saving or restoring."""
         self._lines.write(
             {
-                "e": "step",
-                "s": step,
-                "t": end,
-                "d": seconds,
-                "w": data_wait,
-                "c": checkpoint,
-                "x": str(action),
+                EVENT: "step",
+                STEP: step,
+                TIME: end,
+                SECONDS: seconds,
+                DATA_WAIT: data_wait,
+                CHECKPOINT: checkpoint,
+                ACTION: str(action),
             }
         )
 
@@ -143,7 +158,7 @@ class SupervisorTimeline:
 
     def waited(self, attempt: int, *, start: float, end: float) -> None:
         """The node waited for the others from ``start`` to ``end`` before ``attempt``."""
-        self._lines.write({"e": "wait", "a": attempt, "t0": start, "t1": end})
+        self._lines.write({EVENT: "wait", ATTEMPT: attempt, BEGAN: start, ENDED: end})
 
     def attempt(
         self,
@@ -160,10 +175,10 @@ class SupervisorTimeline:
         seen (None: at ``end``)."""
         self._lines.write(
             {
-                "e": "attempt",
-                "a": attempt,
-                "t0": start,
-                "t1": end,
+                EVENT: "attempt",
+                ATTEMPT: attempt,
+                BEGAN: start,
+                ENDED: end,
                 "reason": reason,
                 "status": status,
                 "detected": end if detected is None else detected,
@@ -172,7 +187,7 @@ class SupervisorTimeline:
 
     def ended(self, *, at: float, code: int) -> None:
         """This node's supervision ended at ``at`` with exit status ``code``."""
-        self._lines.write({"e": "end", "t": at, "code": code})
+        self._lines.write({EVENT: "end", TIME: at, "code": code})
 
     def close(self) -> None:
         self._lines.close()

@@ -30,23 +30,19 @@ import math
 import os
 import re
 import socket
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .agent.report import Action
-from .errors import TorchvitalsError
+from ..errors import TorchvitalsError
+from .durable import create_json, replace_json
+from .schema import SCHEMA_VERSION, VERSION, check_version, version_of
+from .vocabulary import (
+    KINDS,
+)
 
 log = logging.getLogger("torchvitals.incidents")
-
-HANG, CRASH, NODE_LOST = "hang", "crash", "node_lost"
-NONFINITE, LOSS_SPIKE, STRAGGLER, DIVERGENCE = "nonfinite", "loss_spike", "straggler", "divergence"
-ABORT = Action.ABORT.value
-"""The job gave up on purpose: the report's action of that step, spelled once."""
-KINDS = (HANG, CRASH, NODE_LOST, NONFINITE, LOSS_SPIKE, STRAGGLER, DIVERGENCE, ABORT)
-"""Every kind of incident (a bounded label set: the metrics and alerts use it too)."""
 
 FOLDER = "incidents"
 """The incidents' sub-folder of the job's folder."""
@@ -123,7 +119,8 @@ class Incident:
             raise IncidentError(f"key: {self.key!r} is not a file-safe name")
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        """The record as its file holds it: every field, and the schema version ``v``."""
+        out = {VERSION: SCHEMA_VERSION, **dataclasses.asdict(self)}
         out["evidence"] = _bounded(self.evidence)
         return out
 
@@ -133,9 +130,11 @@ class Incident:
 
         Raises:
             IncidentError: a field is missing or of the wrong type (named, with ``where``).
+            RecordVersionError: a record of a schema version this torchvitals does not read.
         """
         if not isinstance(d, dict):
             raise IncidentError(f"{where}: not a JSON object")
+        check_version(version_of(d), where)
         culprit = d.get("culprit") or {}
         if not isinstance(culprit, dict):
             raise IncidentError(f"{where}: culprit: not an object")
@@ -251,17 +250,9 @@ class IncidentLog:
         Raises:
             OSError: the folder cannot be written (a caller inside training logs it and goes on).
         """
-        self.path.mkdir(parents=True, exist_ok=True)
         final = self._file(incident.key)
-        if final.exists():
-            return False
-        tmp = self._write_tmp(incident)
-        try:
-            os.link(tmp, final)  # fails if the key exists: one writer wins, whole or not at all
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
+        if not create_json(final, incident.to_dict(), indent=1):
+            return False  # another writer had it: one writer wins, whole or not at all
         log.warning("torchvitals incident: %s", incident.line())
         self._prune(keep=final)
         return True
@@ -276,8 +267,7 @@ class IncidentLog:
         if found is None:
             return None
         updated = dataclasses.replace(found, **changes)
-        tmp = self._write_tmp(updated)
-        os.replace(tmp, self._file(key))
+        replace_json(self._file(key), updated.to_dict(), indent=1, fsync=False)
         return updated
 
     def get(self, key: str) -> Incident | None:
@@ -314,13 +304,6 @@ class IncidentLog:
         if not self.path.is_dir():
             return iter(())
         return (p for p in self.path.glob("*.json") if not p.name.startswith("."))
-
-    def _write_tmp(self, incident: Incident) -> Path:
-        fd, name = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=self.path)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(incident.to_dict(), f, indent=1, default=str)
-            f.write("\n")
-        return Path(name)
 
     def _prune(self, keep: Path) -> None:
         files = list(self._files())

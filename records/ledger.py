@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...errors import TorchvitalsError
+from ..errors import TorchvitalsError
 from .durable import replace_json
+from .schema import SCHEMA_VERSION, RecordVersionError, check_version
 
-VERSION = 1
 _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "checkpoint": {"step": (int,), "path": (str,), "time": (int, float)},
     "rollback": {
@@ -276,7 +276,7 @@ class Ledger:
 
     def to_dict(self) -> dict[str, Any]:
         document = {
-            "version": VERSION,
+            "version": SCHEMA_VERSION,
             "lr_scale": self.lr_scale,
             "skipped": [list(r) for r in self.skipped],
             "entries": self.entries,
@@ -294,14 +294,21 @@ class Ledger:
                 self._write()
 
     def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         replace_json(self.path, self.to_dict(), indent=1)
 
     def _check(self, document: Any) -> None:
         """Types first, then sense: every value a restart acts on is one a run could have
         written (a learning-rate scale in (0, 1], skips that the rollbacks made, steps that
         the checkpoints hold)."""
-        if not isinstance(document, dict) or document.get("version") != VERSION:
-            raise self._corrupt(f"not a version-{VERSION} ledger document")
+        version = document.get("version") if isinstance(document, dict) else None
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            try:
+                check_version(version, f"ledger {self.path}")
+            except RecordVersionError as exc:
+                raise LedgerError(f"{exc}; refusing to start over from an empty ledger") from None
+        if version != SCHEMA_VERSION:
+            raise self._corrupt(f"not a version-{SCHEMA_VERSION} ledger document")
         scale = document.get("lr_scale")
         if not _scale_ok(scale):
             raise self._corrupt(

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ...protocol import JOB_ID_ENV, JOB_ID_ENVS
+from ..protocol import JOB_ID_ENV, JOB_ID_ENVS
 
 RDZV_ID_FLAGS = ("--rdzv-id", "--rdzv_id")
 """torchrun's flag naming the rendezvous (and so the job), in both of its spellings."""
