@@ -69,6 +69,14 @@ PROCESS_PATTERNS = frozenset({STRAGGLER, MEMORY_GROWTH, DATA_STALL})
 weights as good as they were, so they do not make a step unhealthy for the watchdog (a slow node
 that stays slow would otherwise stop every healthy checkpoint for the rest of the run)."""
 
+RESPONSE_PATTERNS = frozenset({ROLLBACK_LOOP, COLLECTOR_DIRECTIVE})
+"""What the job did about the other verdicts, not what went wrong: it gave up after too many
+rollbacks, or it obeyed the collector's order. The diagnosis reports them beside the cause it
+names from the symptoms, and no alert fires on their counters: the abort that ends a rollback
+loop stops the process before a scrape can see the count rise (the abort incident and
+TorchvitalsRollbacksTooFrequent page for it), and a directive answers an alert that already
+fired."""
+
 
 @dataclass(frozen=True)
 class Verdict:

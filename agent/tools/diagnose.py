@@ -15,6 +15,9 @@ diagnosis leads with it (``culprit.py``): ``rank 1 (node 0, host h): non-finite 
   objective), "dead layer" (one block does not move), "straggler" (one rank is slow),
   "replica divergence" (one DDP replica's weights changed), "memory leak", "data stall";
 - "no anomaly".
+
+What the job did about it (``RESPONSES``: it gave up after too many rollbacks, or obeyed the
+collector) is no cause of its own: the diagnosis lists it beside the cause.
 """
 
 from __future__ import annotations
@@ -98,6 +101,13 @@ SHOWN = {
 }
 """Pattern -> the evidence values worth a reader's attention (others: the first few numbers)."""
 
+RESPONSES = {
+    P.ROLLBACK_LOOP: "gave up after too many rollbacks ({reason}): exit code {exit_code}",
+    P.COLLECTOR_DIRECTIVE: "obeyed the collector's order to {action}",
+}
+"""The verdicts that record the job's response (``verdict.RESPONSE_PATTERNS``), not a symptom:
+each -> the line the diagnosis gives it, filled from its evidence."""
+
 FIXES = {
     NUMERICAL: "Find the overflowing op: compute the loss from logits (log_softmax/cross_entropy, "
     "never log of a softmax), add eps to divisions and logs, prefer bf16 to fp16 (or "
@@ -165,6 +175,8 @@ class Diagnosis:
     """The leading incident's own one-line cause ("" without one)."""
     incidents: list[str] = field(default_factory=list)
     """One line per incident of the run, oldest first, and per record that could not be read."""
+    responses: list[str] = field(default_factory=list)
+    """What the job did about it (``RESPONSES``), one line each with its step, oldest first."""
 
     def render(self) -> str:
         """The diagnosis as a few readable lines for a terminal, the culprit first."""
@@ -184,6 +196,8 @@ class Diagnosis:
         lines.append(f"fix: {self.fix}")
         if self.also:
             lines.append("also seen: " + "; ".join(self.also))
+        if self.responses:
+            lines += ["the job's response:"] + [f"  - {r}" for r in self.responses]
         if self.incidents:
             lines += ["incidents:"] + [f"  - {i}" for i in self.incidents]
         return "\n".join(lines)
@@ -218,6 +232,7 @@ def diagnose(
     if lead is not None:
         diagnosis.culprit, diagnosis.culprit_cause = lead.line, lead.cause
     diagnosis.incidents = [i.line() for i in incidents]
+    diagnosis.responses = _responses(found)
     return diagnosis
 
 
@@ -340,6 +355,21 @@ def _with_loss_ranks(verdict: dict[str, Any], ranks: Any) -> dict[str, Any]:
     ):
         return verdict
     return {**verdict, "evidence": {**evidence, "ranks": ranks}}
+
+
+def _responses(found: list[dict[str, Any]]) -> list[str]:
+    """One line per response verdict, oldest first (a directive repeats: once per action)."""
+    lines: list[str] = []
+    for v in sorted(found, key=lambda v: v["step"]):
+        template = RESPONSES.get(v["pattern"])
+        if template is None:
+            continue
+        evidence = v["evidence"] if isinstance(v["evidence"], dict) else {}
+        ev = {k: "?" for k in ("reason", "exit_code", "action")} | evidence
+        line = template.format(**ev)
+        if not any(seen.endswith(line) for seen in lines):
+            lines.append(f"step {v['step']}: {line}")
+    return lines
 
 
 def _as_dict(v: Any) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from torchvitals.agent.config import _RENAMED, SECTIONS
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
-PAGES = sorted([REPO / "README.md", *DOCS.glob("*.md")])
+PAGES = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", *DOCS.glob("*.md")])
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)

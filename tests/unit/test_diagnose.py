@@ -266,3 +266,28 @@ def test_vitals_patterns_are_causes_of_their_own(pattern, evidence, cause, words
     d = diagnose([Verdict(pattern, severity, 19, None, evidence)], healthy_losses())
     assert d.cause == cause and cause in CAUSES and d.first_step == 19
     assert words in d.summary and d.fix
+
+
+def test_what_the_job_did_is_listed_beside_the_cause_not_taken_for_one():
+    """A rollback loop and a collector's order record the job's response: the cause still comes
+    from the symptoms (here the spikes), and the responses are listed, each once."""
+    spikes = [Verdict("loss_spike", CRITICAL, s, None, {"loss": 9.0}) for s in (30, 45, 60)]
+    responses = [
+        Verdict("collector_directive", CRITICAL, 50, None, {"action": "rollback"}),
+        Verdict("collector_directive", CRITICAL, 51, None, {"action": "rollback"}),
+        Verdict(
+            "rollback_loop",
+            CRITICAL,
+            60,
+            None,
+            {"reason": "loss_spike", "max_rollbacks": 3, "exit_code": 75},
+        ),
+    ]
+    d = diagnose([*spikes, *responses], healthy_losses(60))
+    assert d.cause == "gradient explosion" and d.also == []
+    assert d.responses == [
+        "step 50: obeyed the collector's order to rollback",
+        "step 60: gave up after too many rollbacks (loss_spike): exit code 75",
+    ]
+    assert "the job's response:" in d.render()
+    assert diagnose(spikes, healthy_losses(60)).responses == []
