@@ -8,7 +8,7 @@ folder, with the rank, node, host and pid that caused it.
     writer.aborted(report, verdict)                      # before an abort is raised
 
 The verdicts every rank reached from the step's one reduction say what happened; global rank 0
-writes it (``torchvitals.incidents``): a non-finite loss or gradient (kind ``nonfinite``, the
+writes it (``torchvitals.records.incidents``): a non-finite loss or gradient (kind ``nonfinite``, the
 culprit the rank whose own loss it was, told by the reduction), a loss spike, a straggler (the
 slow rank, once per episode, with compute, data wait or communication as its cause), diverging
 DDP replicas, and an abort (the loop guard, a collector's order). The record is written in the

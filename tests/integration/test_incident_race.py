@@ -14,7 +14,7 @@ from torchvitals.records.incidents import IncidentLog
 
 RACER = """
 import json, sys, time
-from torchvitals.incidents import Culprit, Incident, IncidentLog
+from torchvitals.records.incidents import Culprit, Incident, IncidentLog
 from pathlib import Path
 folder, me = sys.argv[1], int(sys.argv[2])
 log = IncidentLog(folder, limit=100_000)
