@@ -46,10 +46,10 @@ from promstack import (
 from support.world import free_port
 
 from torchvitals.collector import CollectorConfig, CollectorServer
-from torchvitals.collector.supervisor.disruptions import Disruptions
-from torchvitals.collector.supervisor.goodput_export import GoodputCollector
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 from torchvitals.incidents import Culprit, Incident
+from torchvitals.supervisor.disruptions import Disruptions
+from torchvitals.supervisor.goodput_export import GoodputCollector
+from torchvitals.supervisor.telemetry import SupervisorMetrics
 from torchvitals.timeline import StepTimeline
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "observed_job.py"

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from torchvitals.collector.supervisor.disruptions import Disruptions
-from torchvitals.collector.supervisor.etcd import EtcdStore
-from torchvitals.collector.supervisor.findings import NodeFindings, RankDeath, RankFinding
-from torchvitals.collector.supervisor.job_records import KEY_ROOT
-from torchvitals.collector.supervisor.localize import crash_verdict, hang_verdict, union
-from torchvitals.collector.supervisor.localizer import Localizer
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.peers import NodesLost
-from torchvitals.collector.supervisor.store_peers import StorePeers
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 from torchvitals.incidents import Culprit, Incident, IncidentLog
+from torchvitals.supervisor.disruptions import Disruptions
+from torchvitals.supervisor.etcd import EtcdStore
+from torchvitals.supervisor.findings import NodeFindings, RankDeath, RankFinding
+from torchvitals.supervisor.job_records import KEY_ROOT
+from torchvitals.supervisor.localize import crash_verdict, hang_verdict, union
+from torchvitals.supervisor.localizer import Localizer
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.peers import NodesLost
+from torchvitals.supervisor.store_peers import StorePeers
+from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,8 +19,8 @@ from torchvitals import protocol
 from torchvitals.agent.recover.jobid import job_identity, launcher_job_id, resume_decision
 from torchvitals.agent.recover.ledger import LedgerError
 from torchvitals.agent.recover.watchdog import ResumeRefused
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.supervisor import Supervisor
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.supervisor import Supervisor
 
 BATCHES = list(random_batches(6, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 RESTART_VARS = (protocol.ATTEMPT_ENV, "TORCHELASTIC_RESTART_COUNT", *protocol.JOB_ID_ENVS)

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.goodput_jobs import crash_then_rollback
 
-from torchvitals.collector.supervisor.goodput_export import GoodputCollector
 from torchvitals.goodput import CAUSES, Accountant, account
+from torchvitals.supervisor.goodput_export import GoodputCollector
 from torchvitals.timeline import StepTimeline, SupervisorTimeline
 
 

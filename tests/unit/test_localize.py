@@ -16,14 +16,14 @@ import threading
 
 import pytest
 
-from torchvitals.collector.supervisor.findings import (
+from torchvitals.supervisor.findings import (
     STACK_EXCERPT_CHARS,
     NodeFindings,
     RankDeath,
     RankFinding,
 )
-from torchvitals.collector.supervisor.localize import crash_verdict, hang_verdict, union
-from torchvitals.collector.supervisor.rank_probe import parse_stack
+from torchvitals.supervisor.localize import crash_verdict, hang_verdict, union
+from torchvitals.supervisor.rank_probe import parse_stack
 
 # A gloo rank blocked in all_reduce while its peer spins, dumped by faulthandler on the stack
 # signal (torch 2.13, Python 3.11): the strings the supervisor reads.
@@ -329,7 +329,7 @@ def test_a_killed_rank_is_named_by_its_signal_and_ties_go_to_the_lower_rank():
 
 
 def test_incident_keys_name_the_attempt_and_torchruns_worker_generation():
-    from torchvitals.collector.supervisor.localizer import generation_of, incident_key
+    from torchvitals.supervisor.localizer import generation_of, incident_key
 
     assert incident_key("hang", 2) == "hang-a0002"
     assert incident_key("crash", 2, 1) == "crash-a0002-r1"

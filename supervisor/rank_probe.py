@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from ...protocol import RankBeat, read_rank_beats, stack_path
+from ..protocol import RankBeat, read_rank_beats, stack_path
 from .findings import GONE, STACK_EXCERPT_FRAMES, STOPPED_STATES, RankFinding
 
 STACK_READ_MAX_BYTES = 256 * 1024

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...incidents import Incident, IncidentLog
-from ...timeline import SupervisorTimeline
+from ..incidents import Incident, IncidentLog
+from ..timeline import SupervisorTimeline
 from .telemetry import SupervisorMetrics
 
 log = logging.getLogger("torchvitals.supervisor")

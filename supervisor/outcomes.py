@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ...protocol import Beat
+from ..protocol import Beat
 from .peers import JobEnded, JobRestarted, NodesLost
 
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ...incidents import CRASH, HANG, NODE_LOST, Culprit, Incident
+from ..incidents import CRASH, HANG, NODE_LOST, Culprit, Incident
 from .disruptions import Disruptions
 from .hang_clock import RESTART, STARTUP, HangClock
 from .job_records import NodeState

@@ -23,8 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from ...incidents import CRASH
-from ...protocol import RankBeat
+from ..incidents import CRASH
+from ..protocol import RankBeat
 from .death_marks import DeathMarks, Mark
 from .deaths import DeathWatch
 from .findings import NodeFindings, RankDeath

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...incidents import Culprit
+from ..incidents import Culprit
 from .findings import GONE, STOPPED_STATES, NodeFindings, RankDeath, RankFinding
 
 BEAT_SLACK_S = 2.0

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from ...incidents import CRASH, HANG
-from ...protocol import (
+from ..incidents import CRASH, HANG
+from ..protocol import (
     ATTEMPT_ENV,
     HEARTBEAT_DIR_ENV,
     HEARTBEAT_GLOB,

@@ -40,9 +40,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ...agent.recover.jobid import job_identity, launcher_job_id
-from ...agent.recover.ledger import Ledger, LedgerError
-from ...protocol import JOB_ID_ENV, LEDGER_FILE, NODE_ENV, read_heartbeats
+from ..agent.recover.jobid import job_identity, launcher_job_id
+from ..agent.recover.ledger import Ledger, LedgerError
+from ..protocol import JOB_ID_ENV, LEDGER_FILE, NODE_ENV, read_heartbeats
 from .attempt import AttemptRunner
 from .disruptions import Disruptions
 from .goodput_export import GoodputCollector

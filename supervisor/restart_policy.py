@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...protocol import (
+from ..protocol import (
     ABORT_EXIT_CODE,
     BUDGET_EXIT_CODE,
     NO_PROGRESS_EXIT_CODE,
