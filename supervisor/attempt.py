@@ -42,8 +42,9 @@ from .disruptions import Disruptions
 from .hang_clock import HangClock
 from .localizer import Localizer, generation_of, incident_key
 from .options import SupervisorConfig
+from .orders import JobEnded, JobRestarted, NodesLost
 from .outcomes import Exited, Hung, Ordered, Outcome
-from .peers import JobEnded, JobRestarted, NodesLost, Peers
+from .peers import Peers
 from .process import die_with_parent, stop_group
 from .telemetry import SupervisorMetrics
 from .witness import Witness

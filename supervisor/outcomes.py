@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..protocol import Beat
-from .peers import JobEnded, JobRestarted, NodesLost
+from .orders import JobEnded, JobRestarted, NodesLost
 
 
 @dataclass(frozen=True, kw_only=True)

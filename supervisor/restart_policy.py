@@ -27,10 +27,10 @@ from ..protocol import (
     NO_PROGRESS_EXIT_CODE,
     REFUSED_EXIT_CODE,
 )
-from .job_records import JobAttempt
 from .options import SupervisorConfig
+from .orders import JobEnded, JobRestarted, NodesLost
 from .outcomes import Exited, Hung, Ordered, Outcome
-from .peers import JobEnded, JobRestarted, NodesLost
+from .store_schema import JobAttempt
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,10 @@ from ..protocol import JOB_ID_ENV, LEDGER_FILE, NODE_ENV, read_heartbeats
 from .attempt import AttemptRunner
 from .disruptions import Disruptions
 from .goodput_export import GoodputCollector
-from .job_records import JobAttempt
 from .options import SupervisorConfig, node_rank
+from .orders import JobEnded, StartAttempt
 from .outcomes import Outcome
-from .peers import JobEnded, Peers, SoloPeers, StartAttempt
+from .peers import Peers, SoloPeers
 from .restart_policy import (
     Decision,
     Follow,
@@ -62,6 +62,7 @@ from .restart_policy import (
     failure,
 )
 from .store_peers import StorePeers, store_of
+from .store_schema import JobAttempt
 from .telemetry import SupervisorMetrics
 
 log = logging.getLogger("torchvitals.supervisor")

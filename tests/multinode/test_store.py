@@ -23,10 +23,10 @@ import pytest
 from cluster import PYTHONPATH, Certs, Etcd
 
 from torchvitals.supervisor.etcd import EtcdStore, StoreError, StoreTLS
-from torchvitals.supervisor.job_records import KEY_ROOT
 from torchvitals.supervisor.options import SupervisorConfig
-from torchvitals.supervisor.peers import JobEnded, StartAttempt
+from torchvitals.supervisor.orders import JobEnded, StartAttempt
 from torchvitals.supervisor.store_peers import StorePeers, store_of
+from torchvitals.supervisor.store_schema import KEY_ROOT
 from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 pytestmark = pytest.mark.timeout(60)

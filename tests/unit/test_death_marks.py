@@ -14,7 +14,7 @@ import threading
 from torchvitals.protocol import TRAIN, RankBeat
 from torchvitals.supervisor.death_marks import DeathMarks
 from torchvitals.supervisor.deaths import DeathWatch
-from torchvitals.supervisor.findings import NodeFindings
+from torchvitals.supervisor.rank_findings import NodeFindings
 from torchvitals.supervisor.witness import Witness
 
 GONE_PIDS = (2**22 + 11, 2**22 + 12, 2**22 + 13)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from torchvitals.protocol import TRAIN, heartbeat_path, write_heartbeat
 from torchvitals.supervisor.disruptions import Disruptions
-from torchvitals.supervisor.findings import NodeFindings
 from torchvitals.supervisor.localizer import Localizer
 from torchvitals.supervisor.options import SupervisorConfig
 from torchvitals.supervisor.peers import SoloPeers
+from torchvitals.supervisor.rank_findings import NodeFindings
 from torchvitals.supervisor.rank_probe import probe_ranks
 from torchvitals.supervisor.telemetry import SupervisorMetrics
 from torchvitals.supervisor.witness import Witness

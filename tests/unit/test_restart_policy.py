@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 from torchvitals.protocol import Beat
-from torchvitals.supervisor.job_records import JobAttempt, NodeState
 from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.orders import JobEnded, JobRestarted, NodesLost
 from torchvitals.supervisor.outcomes import Exited, Hung, Ordered
-from torchvitals.supervisor.peers import JobEnded, JobRestarted, NodesLost
 from torchvitals.supervisor.restart_policy import (
     Follow,
     GiveUp,
@@ -22,6 +21,7 @@ from torchvitals.supervisor.restart_policy import (
     Succeed,
     failure,
 )
+from torchvitals.supervisor.store_schema import JobAttempt, NodeState
 
 POLICY = RestartPolicy(
     max_restarts=3, no_progress_restarts=2, backoff_s=1.0, backoff_max_s=3.0, node=1
