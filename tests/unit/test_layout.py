@@ -373,10 +373,15 @@ def test_no_import_cycle_anywhere():
     assert not cycles, cycles
 
 
-def test_the_collector_reaches_into_the_agent_only_for_the_ledger():
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_supervisor_reaches_into_the_agent_only_for_the_ledger():
+    assert "torchvitals.supervisor.supervisor" in GRAPH  # no stale name
     for module, targets in GRAPH.items():
-        if module.startswith("torchvitals.collector"):
-            into_agent = {t for t in targets if t.startswith("torchvitals.agent")}
+        if _within(module, "torchvitals.supervisor"):
+            into_agent = {t for t in targets if _within(t, "torchvitals.agent")}
             assert into_agent <= {
                 "torchvitals.agent",
                 "torchvitals.agent.recover",
@@ -384,6 +389,35 @@ def test_the_collector_reaches_into_the_agent_only_for_the_ledger():
                 "torchvitals.agent.recover.durable",
                 "torchvitals.agent.recover.jobid",
             }, (module, into_agent)
+
+
+def test_the_supervisor_never_imports_the_collector():
+    """The supervisor runs on every node, the webhook service beside the job: neither imports
+    the other (each module's imports, in functions too)."""
+    wrong = {
+        module: sorted(into)
+        for module, targets in GRAPH.items()
+        if _within(module, "torchvitals.supervisor")
+        and (into := {t for t in targets if _within(t, "torchvitals.collector")})
+    }
+    assert not wrong, wrong
+
+
+def test_the_collector_imports_neither_the_agent_nor_the_supervisor():
+    assert "torchvitals.collector.webhook" in GRAPH  # no stale name
+    wrong = {
+        module: sorted(into)
+        for module, targets in GRAPH.items()
+        if _within(module, "torchvitals.collector")
+        and (
+            into := {
+                t
+                for t in targets
+                if _within(t, "torchvitals.agent") or _within(t, "torchvitals.supervisor")
+            }
+        )
+    }
+    assert not wrong, wrong
 
 
 @pytest.mark.parametrize(
