@@ -30,7 +30,7 @@ folder; ``--job-dir`` (repeatable; env ``TORCHVITALS_REPORT_JOB_DIR`` /
 elsewhere.
 
 ``supervise`` runs the command after ``--`` and restarts it when it crashes or its heartbeat
-stalls (supervisor/: exit 0 when the job exits 0, 76 when restarts stop making
+stalls (``torchvitals.supervisor``: exit 0 when the job exits 0, 76 when restarts stop making
 progress, 77 when the restart budget is spent). Its flags are read from
 ``TORCHVITALS_SUPERVISOR_<FLAG>`` too (``--help`` lists them).
 

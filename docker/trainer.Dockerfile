@@ -24,6 +24,7 @@ WORKDIR /src
 COPY pyproject.toml README.md LICENSE py.typed __init__.py __main__.py errors.py lazy.py protocol.py settings.py ./
 COPY agent ./agent
 COPY collector ./collector
+COPY supervisor ./supervisor
 RUN pip install ".[data]" \
  && pip uninstall --yes pip setuptools wheel
 
