@@ -1,8 +1,9 @@
-"""Who stopped the job: the culprit of a hang or a crash, decided from every node's findings.
+"""Who stopped the job: the rules naming the culprit of a hang or a crash (a ``Blame``), from
+every node's findings.
 
     ranks, deaths = union(findings_of_every_node)
-    blame = blame_hang(ranks)       # Blame(culprit, cause, evidence, rule)
-    blame = blame_crash(deaths)     # None: no rank's death was seen
+    blame = blame_hang(ranks)         # Blame(culprit, cause, rule, evidence)
+    blame = blame_crash(deaths)       # None: no rank's death was seen
 
 Pure functions of the findings, sorted before they are read, so every node that holds the same
 findings names the same culprit (the incident's first writer wins, whichever node it is). No rule
@@ -51,7 +52,8 @@ LISTED_RANKS = 64
 
 @dataclass(frozen=True)
 class Blame:
-    """The culprit of one disruption and what proves it."""
+    """The culprit of one disruption (a hang or a crash of the job) and what proves it; not the
+    agent's per-step ``Verdict`` (``agent.detect.verdict``)."""
 
     culprit: Culprit
     """Null fields where unknown (``Culprit()``: no rank stands out)."""
