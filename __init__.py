@@ -12,11 +12,12 @@ The package reads as the pipeline of one training step, one folder a stage:
   statistics, the packed reduction) -> ``detect/`` (verdicts) -> ``recover/`` (watchdog,
   checkpoints, ledger, batches, heartbeat, directives) -> ``outputs/`` (/metrics, event log,
   live view); ``tools/`` are the offline commands (diagnose, report, preflight, demo).
-- ``collector/`` runs beside the job: the Alertmanager webhook service, and ``supervisor/``,
-  which restarts a job that crashes or hangs.
-- ``protocol`` holds the contracts between the two sides (environment names, heartbeat files,
-  directive codes, the token, exit codes), ``settings`` how flags and ``TORCHVITALS_*``
-  variables reach a config, ``errors`` the base exception.
+- ``collector/`` runs beside the job: the Alertmanager webhook service.
+- ``supervisor/`` runs on every node: ``torchvitals supervise`` restarts a job that crashes or
+  hangs. It never imports the collector.
+- ``protocol`` holds the contracts between the agent and what runs beside it (environment
+  names, heartbeat files, directive codes, the token, exit codes), ``settings`` how flags and
+  ``TORCHVITALS_*`` variables reach a config, ``errors`` the base exception.
 
 The names below load on first use, so the collector, the supervisor and the offline readers
 (``torchvitals diagnose``/``report``) start without importing torch. So do the errors a caller

@@ -30,7 +30,7 @@ folder; ``--job-dir`` (repeatable; env ``TORCHVITALS_REPORT_JOB_DIR`` /
 elsewhere.
 
 ``supervise`` runs the command after ``--`` and restarts it when it crashes or its heartbeat
-stalls (collector/supervisor/: exit 0 when the job exits 0, 76 when restarts stop making
+stalls (``torchvitals.supervisor``: exit 0 when the job exits 0, 76 when restarts stop making
 progress, 77 when the restart budget is spent). Its flags are read from
 ``TORCHVITALS_SUPERVISOR_<FLAG>`` too (``--help`` lists them).
 
@@ -80,9 +80,9 @@ import sys
 import time
 from pathlib import Path
 
-from .collector.supervisor.options import SupervisorConfig
 from .errors import TorchvitalsError
 from .protocol import DEMO_FAULTS
+from .supervisor.options import SupervisorConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -379,7 +379,7 @@ def _goodput(args: argparse.Namespace) -> int:
 
 
 def _supervise(args: argparse.Namespace) -> int:
-    from .collector.supervisor.command import supervise
+    from .supervisor.command import supervise
 
     flags = {
         k: v for k, v in vars(args).items() if k not in ("command", "job_command") and v is not None

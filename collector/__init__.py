@@ -1,20 +1,19 @@
-"""The job-level collector: Alertmanager webhook in, directives for the job out; and the supervisor.
+"""The job-level collector: Alertmanager webhook in, directives for the job out.
 
     torchvitals-collector --help
 
 ``webhook`` parses and validates the payload, ``directives`` keeps the directives it yields
 (idempotent, on disk, bounded, bound to the run they are for), ``auth`` says which token may do
 what (Alertmanager's posts alerts, a job's serves its own directives), ``server`` serves them
-over HTTP, ``metrics`` counts what happened, ``config`` its settings. ``supervisor/`` restarts
-a job that crashes or hangs (``torchvitals supervise -- CMD``). Imports no torch: the collector
-image carries none.
+over HTTP, ``metrics`` counts what happened, ``config`` its settings. Imports no torch: the
+collector image carries none. (The per-node supervisor, ``torchvitals supervise``, is a package
+of its own: ``torchvitals.supervisor``.)
 """
 
 from .auth import Principal, Tokens
 from .config import CollectorConfig
 from .directives import Directive, DirectiveStore, StoreFull, StoreLimits
 from .server import CollectorServer, create_app, serve
-from .supervisor import Supervisor, SupervisorConfig, supervise
 from .webhook import Notification, PayloadError, parse_notification
 
 __all__ = [
@@ -27,11 +26,8 @@ __all__ = [
     "Principal",
     "StoreFull",
     "StoreLimits",
-    "Supervisor",
-    "SupervisorConfig",
     "Tokens",
     "create_app",
     "parse_notification",
     "serve",
-    "supervise",
 ]

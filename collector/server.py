@@ -20,7 +20,7 @@ power 403, each with ``{"error": reason, "message": ...}``):
 Starlette on uvicorn (h11): a maintained ASGI stack of two light packages, where the
 standard library's ``http.server`` is documented as not meant for production. They come with
 the ``collector`` extra (``pip install 'torchvitals[collector]'``) and are imported only when a
-server is built, so importing ``torchvitals.collector`` (the supervisor does) needs neither.
+server is built, so importing ``torchvitals.collector`` needs neither.
 """
 
 from __future__ import annotations

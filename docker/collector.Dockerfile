@@ -18,6 +18,8 @@ COPY pyproject.toml README.md LICENSE py.typed __init__.py __main__.py errors.py
 COPY docker/collector-requirements.py ./docker/
 COPY agent ./agent
 COPY collector ./collector
+COPY supervisor ./supervisor
+COPY records ./records
 # Those requirements, then the package without its dependencies; then the installers leave
 # the environment, so the final image has nothing that builds or installs packages.
 RUN python docker/collector-requirements.py pyproject.toml > /tmp/requirements.txt \

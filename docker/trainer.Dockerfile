@@ -24,6 +24,8 @@ WORKDIR /src
 COPY pyproject.toml README.md LICENSE py.typed __init__.py __main__.py errors.py lazy.py protocol.py settings.py ./
 COPY agent ./agent
 COPY collector ./collector
+COPY supervisor ./supervisor
+COPY records ./records
 RUN pip install ".[data]" \
  && pip uninstall --yes pip setuptools wheel
 

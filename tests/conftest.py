@@ -33,7 +33,7 @@ TORCH_FREE = frozenset(
         "unit/test_launcher_log.py",
         "unit/test_death_marks.py",
         "unit/test_heartbeat_ages.py",
-        "unit/test_localize.py",
+        "unit/test_blame.py",
         "unit/test_restart_bound.py",
         "unit/test_rfc3339.py",
         "unit/test_supervisor_unit.py",

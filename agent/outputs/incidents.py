@@ -8,13 +8,13 @@ folder, with the rank, node, host and pid that caused it.
     writer.aborted(report, verdict)                      # before an abort is raised
 
 The verdicts every rank reached from the step's one reduction say what happened; global rank 0
-writes it (``torchvitals.records.incidents``): a non-finite loss or gradient (kind ``nonfinite``, the
-culprit the rank whose own loss it was, told by the reduction), a loss spike, a straggler (the
-slow rank, once per episode, with compute, data wait or communication as its cause), diverging
-DDP replicas, and an abort (the loop guard, a collector's order). The record is written in the
-step that saw it, before any rollback; when the step rolls back it is updated with when the
-job trained again and the wall time thrown away (the steps since the restored checkpoint, and
-the restore).
+writes it (``torchvitals.records.incidents``): a non-finite loss or gradient (kind
+``nonfinite``, the culprit the rank whose own loss it was, told by the reduction), a loss spike,
+a straggler (the slow rank, once per episode, with compute, data wait or communication as its
+cause), diverging DDP replicas, and an abort (the loop guard, a collector's order). The record
+is written in the step that saw it, before any rollback; when the step rolls back it is updated
+with when the job trained again and the wall time thrown away (the steps since the restored
+checkpoint, and the restore).
 
 Who a rank is (its host, its node, its pid) is gathered to rank 0 once, at ``watch()``: nothing
 per step. The node is the supervisor's (``protocol.NODE_ENV``), else torchrun's ``GROUP_RANK``,

@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
@@ -261,6 +262,18 @@ def test_images_are_multi_stage_non_root_with_healthcheck_and_pinned_torch(name)
                     for i in ignored
                     if i.startswith("!")
                 ), f"{source} is excluded from the build context by .dockerignore"
+    # The package is whole in the image: every top-level module and every package pyproject
+    # lists (a module the build leaves out installs fine and fails at its first import).
+    copied = {
+        source.rstrip("/")
+        for copy in _args(build, "COPY")
+        if not copy.startswith("--from")
+        for source in shlex.split(copy)[:-1]
+    }
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {p.split(".")[1] for p in project["tool"]["setuptools"]["packages"] if "." in p}
+    missing = sorted(({p.name for p in ROOT.glob("*.py")} | packages) - copied)
+    assert not missing, f"{name} does not copy {missing} into the package it installs"
 
 
 def test_collector_image_runs_the_collector_and_trainer_image_runs_the_supervisor():

@@ -18,8 +18,8 @@ import torch
 
 import torchvitals
 from torchvitals.collector.config import CollectorConfig
-from torchvitals.collector.supervisor.options import SECRET_FIELDS, SupervisorConfig
 from torchvitals.settings import field_docs
+from torchvitals.supervisor.options import SECRET_FIELDS, SupervisorConfig
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The folder holding the support package, which ``preflight`` imports its factory from."""

@@ -53,17 +53,33 @@ def last_line(out: subprocess.CompletedProcess) -> str:
 
 
 def test_the_collector_and_the_supervisor_import_neither_torch_nor_web_stack_nor_plots():
-    # The web stack loads when a collector server is built, never on import (the supervisor
-    # imports torchvitals.collector and needs no collector extra).
+    # The web stack loads when a collector server is built, never on import.
     assert (
         last_line(
             run(
                 "import sys, torchvitals.collector, torchvitals.collector.__main__, "
-                "torchvitals.__main__; " + LOADED
+                "torchvitals.supervisor.command, torchvitals.__main__; " + LOADED
             )
         )
         == "[]"
     )
+
+
+def test_the_supervisor_options_import_nothing_of_the_collector_nor_the_agent():
+    # What `torchvitals supervise` parses its flags with: the supervisor never imports the
+    # webhook service, and its options need none of the agent (nor torch, nor the web stack).
+    out = run(
+        "import sys, torchvitals.supervisor.options; "
+        "print(sorted(m for m in sys.modules if m.startswith("
+        "('torchvitals.collector', 'torchvitals.agent')))); " + LOADED
+    )
+    assert out.stdout.split("\n")[-3:-1] == ["[]", "[]"], out.stdout
+    # The whole supervisor: the ledger's modules of the agent, never the collector.
+    out = run(
+        "import sys, torchvitals.supervisor.command; "
+        "print(sorted(m for m in sys.modules if m.startswith('torchvitals.collector')))"
+    )
+    assert last_line(out) == "[]", out.stdout
 
 
 def test_import_torchvitals_is_torch_free_and_knows_its_version():

@@ -26,7 +26,16 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "py.typed", "agent", "collector")
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "py.typed",
+    "agent",
+    "collector",
+    "supervisor",
+    "records",
+)
 """What the wheel is built from besides the top-level modules (the packages pyproject lists)."""
 
 pytestmark = pytest.mark.slow  # a wheel build and three pip resolutions: 16-22 s on 2 cores

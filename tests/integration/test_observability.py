@@ -46,11 +46,11 @@ from promstack import (
 from support.world import free_port
 
 from torchvitals.collector import CollectorConfig, CollectorServer
-from torchvitals.collector.supervisor.disruptions import Disruptions
-from torchvitals.collector.supervisor.goodput_export import GoodputCollector
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 from torchvitals.records.incidents import Culprit, Incident
 from torchvitals.records.timeline import StepTimeline
+from torchvitals.supervisor.disruptions import Disruptions
+from torchvitals.supervisor.goodput_export import GoodputCollector
+from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 JOB_SCRIPT = Path(__file__).resolve().parent / "observed_job.py"
 RUNBOOKS = REPO / "docs" / "runbooks.md"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.supervisor import Supervisor
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.supervisor import Supervisor
+from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 JOB = Path(__file__).with_name("supervised_job.py")
 ROOT = Path(__file__).resolve().parents[2]

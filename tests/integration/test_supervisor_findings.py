@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from torchvitals.collector.supervisor.disruptions import Disruptions
-from torchvitals.collector.supervisor.etcd import EtcdStore
-from torchvitals.collector.supervisor.findings import NodeFindings, RankDeath, RankFinding
-from torchvitals.collector.supervisor.job_records import KEY_ROOT
-from torchvitals.collector.supervisor.localize import crash_verdict, hang_verdict, union
-from torchvitals.collector.supervisor.localizer import Localizer
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.peers import NodesLost
-from torchvitals.collector.supervisor.store_peers import StorePeers
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 from torchvitals.records.incidents import Culprit, Incident, IncidentLog
+from torchvitals.supervisor.blame import blame_crash, blame_hang, union
+from torchvitals.supervisor.disruptions import Disruptions
+from torchvitals.supervisor.etcd import EtcdStore
+from torchvitals.supervisor.localizer import Localizer
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.orders import NodesLost
+from torchvitals.supervisor.rank_findings import NodeFindings, RankDeath, RankFinding
+from torchvitals.supervisor.store_peers import StorePeers
+from torchvitals.supervisor.store_schema import KEY_ROOT
+from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -174,11 +174,11 @@ def test_the_node_that_saw_the_hang_waits_for_the_others_findings_and_both_name_
         assert answered.is_set() and took < 5, took  # not the whole findings_wait_s
         assert [f.node for f in every] == [0, 1]
         ranks, _ = union(every)
-        verdict = hang_verdict(ranks)
-        assert (verdict.culprit.rank, verdict.culprit.node) == (2, 1)
+        blame = blame_hang(ranks)
+        assert (blame.culprit.rank, blame.culprit.node) == (2, 1)
         # Node 1, deciding on the same findings read from the store, names the same rank.
-        again = hang_verdict(union(nodes[1].gather(1, NODE1).findings)[0])
-        assert again.culprit == verdict.culprit and again.cause == verdict.cause
+        again = blame_hang(union(nodes[1].gather(1, NODE1).findings)[0])
+        assert again.culprit == blame.culprit and again.cause == blame.cause
         assert nodes[1].wanted(1, now=True) == ()  # answered: not asked again
     finally:
         for node in nodes:
@@ -199,8 +199,8 @@ def test_a_node_that_does_not_answer_is_decided_without_after_findings_wait_s(et
         started = time.monotonic()
         every = nodes[0].gather(1, crash).findings
         assert 1.5 <= time.monotonic() - started < 4
-        verdict = crash_verdict(union(every)[1])
-        assert verdict is not None and verdict.culprit.rank == 1
+        blame = blame_crash(union(every)[1])
+        assert blame is not None and blame.culprit.rank == 1
         names = {e.key[len(KEY_ROOT + job) + 1 :] for e in store.prefix(f"{KEY_ROOT}{job}/")}
         assert {"findings/00000/a0001/crash-a0001", "wanted/00000/a0001/crash-a0001"} <= names
         # The next attempt starts: this node's findings and requests of the old one are gone.
@@ -244,8 +244,8 @@ def test_deaths_are_ordered_by_the_stores_revisions_not_by_the_nodes_clocks(etcd
                 ),
             ),
         ]
-        verdict = crash_verdict(union(deaths)[1])
-        assert verdict is not None and (verdict.culprit.rank, verdict.culprit.node) == (0, 0)
+        blame = blame_crash(union(deaths)[1])
+        assert blame is not None and (blame.culprit.rank, blame.culprit.node) == (0, 0)
         # The records are the store's revisions of these keys, and go with the next attempt.
         entries = {e.key[len(KEY_ROOT + job) + 1 :]: e for e in store.prefix(f"{KEY_ROOT}{job}/")}
         assert entries["deaths/00000/a0001/100"].mod_revision == first

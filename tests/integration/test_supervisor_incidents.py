@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.supervisor import Supervisor
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 from torchvitals.records.incidents import Incident, IncidentLog
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.supervisor import Supervisor
+from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 

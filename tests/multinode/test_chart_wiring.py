@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 import test_helm_chart
 from test_helm_chart import VALUE_SETS, container_env, one, render
 
-from torchvitals.collector.supervisor.options import SupervisorConfig, node_rank
+from torchvitals.supervisor.options import SupervisorConfig, node_rank
 
 chart = test_helm_chart.chart
 """The loaded chart, the fixture tests/deploy/test_helm_chart.py uses (one per module)."""

@@ -17,10 +17,10 @@ from support.models import TINY, TinyGPT, random_batches
 import torchvitals
 from torchvitals import protocol
 from torchvitals.agent.recover.watchdog import ResumeRefused
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.supervisor import Supervisor
 from torchvitals.records.jobid import job_identity, launcher_job_id, resume_decision
 from torchvitals.records.ledger import LedgerError
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.supervisor import Supervisor
 
 BATCHES = list(random_batches(6, batch=2, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 RESTART_VARS = (protocol.ATTEMPT_ENV, "TORCHELASTIC_RESTART_COUNT", *protocol.JOB_ID_ENVS)

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from cluster import PYTHONPATH, Cluster, Etcd
 
-from torchvitals.collector.supervisor.etcd import EtcdStore
-from torchvitals.collector.supervisor.job_records import KEY_ROOT
-from torchvitals.collector.supervisor.localize import BEAT_SLACK_S
+from torchvitals.supervisor.blame import BEAT_SLACK_S
+from torchvitals.supervisor.etcd import EtcdStore
+from torchvitals.supervisor.store_schema import KEY_ROOT
 
 HERE = Path(__file__).resolve().parent
 INCIDENT_JOB = HERE / "incident_job.py"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torchvitals.collector.supervisor.options import SupervisorConfig, node_rank
+from torchvitals.supervisor.options import SupervisorConfig, node_rank
 
 PYTHONPATH = os.pathsep.join(
     p for p in (str(Path(__file__).resolve().parents[2].parent), os.environ.get("PYTHONPATH")) if p

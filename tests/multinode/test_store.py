@@ -22,12 +22,12 @@ from dataclasses import replace
 import pytest
 from cluster import PYTHONPATH, Certs, Etcd
 
-from torchvitals.collector.supervisor.etcd import EtcdStore, StoreError, StoreTLS
-from torchvitals.collector.supervisor.job_records import KEY_ROOT
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.peers import JobEnded, StartAttempt
-from torchvitals.collector.supervisor.store_peers import StorePeers, store_of
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
+from torchvitals.supervisor.etcd import EtcdStore, StoreError, StoreTLS
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.orders import JobEnded, StartAttempt
+from torchvitals.supervisor.store_peers import StorePeers, store_of
+from torchvitals.supervisor.store_schema import KEY_ROOT
+from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -289,10 +289,10 @@ def test_a_job_that_ends_for_good_leaves_nothing_in_the_store(etcd):
 
 ABANDONED = """
 import sys, time
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.etcd import EtcdStore
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
-from torchvitals.collector.supervisor.store_peers import StorePeers
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.etcd import EtcdStore
+from torchvitals.supervisor.telemetry import SupervisorMetrics
+from torchvitals.supervisor.store_peers import StorePeers
 config = SupervisorConfig(nnodes=2, node_rank=int(sys.argv[3]), store_url=sys.argv[1],
                           node_ttl_s=1, job_ttl_s=3)
 StorePeers(EtcdStore(sys.argv[1]), sys.argv[2], config, SupervisorMetrics()).join()

@@ -11,11 +11,11 @@ from __future__ import annotations
 import itertools
 import threading
 
-from torchvitals.collector.supervisor.death_marks import DeathMarks
-from torchvitals.collector.supervisor.deaths import DeathWatch
-from torchvitals.collector.supervisor.findings import NodeFindings
-from torchvitals.collector.supervisor.witness import Witness
 from torchvitals.protocol import TRAIN, RankBeat
+from torchvitals.supervisor.death_marks import DeathMarks
+from torchvitals.supervisor.deaths import DeathWatch
+from torchvitals.supervisor.rank_findings import NodeFindings
+from torchvitals.supervisor.witness import Witness
 
 GONE_PIDS = (2**22 + 11, 2**22 + 12, 2**22 + 13)
 """Above Linux's largest pid (2**22): no process has them, so they are gone when watched."""

@@ -6,9 +6,9 @@ disruptions it held (a crash, then its restart stuck at startup).
 
 from __future__ import annotations
 
-from torchvitals.collector.supervisor.disruptions import Disruptions
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 from torchvitals.records.incidents import Culprit, Incident, IncidentLog
+from torchvitals.supervisor.disruptions import Disruptions
+from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 
 def incident(kind: str, key: str, detected_at: float) -> Incident:

@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.goodput_jobs import crash_then_rollback
 
-from torchvitals.collector.supervisor.goodput_export import GoodputCollector
 from torchvitals.records.goodput import CAUSES, Accountant, account
 from torchvitals.records.timeline import StepTimeline, SupervisorTimeline
+from torchvitals.supervisor.goodput_export import GoodputCollector
 
 
 class Clock:

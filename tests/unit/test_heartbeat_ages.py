@@ -8,15 +8,15 @@ python -m pytest tests/unit/test_heartbeat_ages.py
 
 from __future__ import annotations
 
-from torchvitals.collector.supervisor.disruptions import Disruptions
-from torchvitals.collector.supervisor.findings import NodeFindings
-from torchvitals.collector.supervisor.localizer import Localizer
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.peers import SoloPeers
-from torchvitals.collector.supervisor.rank_probe import probe_ranks
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
-from torchvitals.collector.supervisor.witness import Witness
 from torchvitals.protocol import TRAIN, heartbeat_path, write_heartbeat
+from torchvitals.supervisor.disruptions import Disruptions
+from torchvitals.supervisor.localizer import Localizer
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.peers import SoloPeers
+from torchvitals.supervisor.rank_findings import NodeFindings
+from torchvitals.supervisor.rank_probe import probe_ranks
+from torchvitals.supervisor.telemetry import SupervisorMetrics
+from torchvitals.supervisor.witness import Witness
 
 SKEW_S = 30.0
 """This host's clock against the other node's: whatever it is, the ages do not change."""

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 
-from torchvitals.collector.supervisor.launcher_log import FailureLines, LauncherLog
+from torchvitals.supervisor.launcher_log import FailureLines, LauncherLog
 
 # torchrun 2.13's stderr when rank 1 of two exits 13 (--max-restarts 0): the elastic agent's log
 # line, then the summary whose root cause names the global rank.

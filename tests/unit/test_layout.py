@@ -373,6 +373,10 @@ def test_no_import_cycle_anywhere():
     assert not cycles, cycles
 
 
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def test_nothing_outside_the_agent_imports_from_it():
     """The agent imports the shared layers (records, protocol, settings, errors); nothing below
     or beside it imports the agent: the supervisor, the collector and the commands that read a
@@ -396,6 +400,35 @@ def test_the_records_import_only_the_shared_layers():
         if module.startswith("torchvitals.records"):
             outside = {t for t in targets if not t.startswith("torchvitals.records")}
             assert outside <= allowed, (module, outside - allowed)
+
+
+def test_the_supervisor_never_imports_the_collector():
+    """The supervisor runs on every node, the webhook service beside the job: neither imports
+    the other (each module's imports, in functions too)."""
+    wrong = {
+        module: sorted(into)
+        for module, targets in GRAPH.items()
+        if _within(module, "torchvitals.supervisor")
+        and (into := {t for t in targets if _within(t, "torchvitals.collector")})
+    }
+    assert not wrong, wrong
+
+
+def test_the_collector_imports_neither_the_agent_nor_the_supervisor():
+    assert "torchvitals.collector.webhook" in GRAPH  # no stale name
+    wrong = {
+        module: sorted(into)
+        for module, targets in GRAPH.items()
+        if _within(module, "torchvitals.collector")
+        and (
+            into := {
+                t
+                for t in targets
+                if _within(t, "torchvitals.agent") or _within(t, "torchvitals.supervisor")
+            }
+        )
+    }
+    assert not wrong, wrong
 
 
 @pytest.mark.parametrize(

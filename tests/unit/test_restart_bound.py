@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from collections import deque
 
-from torchvitals.collector.supervisor.hang_clock import (
+from torchvitals.protocol import Beat
+from torchvitals.supervisor.hang_clock import (
     CHECKPOINT,
     RESTART,
     STARTUP,
     TRAIN,
     HangClock,
 )
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.protocol import Beat
+from torchvitals.supervisor.options import SupervisorConfig
 
 CONFIG = SupervisorConfig(
     startup_timeout_s=600, restart_floor_s=60, restart_factor=3, hang_timeout_s=30

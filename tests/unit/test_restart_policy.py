@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from torchvitals.collector.supervisor.job_records import JobAttempt, NodeState
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.outcomes import Exited, Hung, Ordered
-from torchvitals.collector.supervisor.peers import JobEnded, JobRestarted, NodesLost
-from torchvitals.collector.supervisor.restart_policy import (
+from torchvitals.protocol import Beat
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.orders import JobEnded, JobRestarted, NodesLost
+from torchvitals.supervisor.outcomes import Exited, Hung, Ordered
+from torchvitals.supervisor.restart_policy import (
     Follow,
     GiveUp,
     NoRestart,
@@ -21,7 +21,7 @@ from torchvitals.collector.supervisor.restart_policy import (
     Succeed,
     failure,
 )
-from torchvitals.protocol import Beat
+from torchvitals.supervisor.store_schema import JobAttempt, NodeState
 
 POLICY = RestartPolicy(
     max_restarts=3, no_progress_restarts=2, backoff_s=1.0, backoff_max_s=3.0, node=1

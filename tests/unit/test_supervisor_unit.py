@@ -12,10 +12,10 @@ import pytest
 
 from torchvitals.__main__ import parse_args
 from torchvitals.agent.recover.heartbeat import Heartbeat
-from torchvitals.collector.supervisor.hang_clock import HangClock
-from torchvitals.collector.supervisor.options import SupervisorConfig
-from torchvitals.collector.supervisor.telemetry import SupervisorMetrics
 from torchvitals.protocol import CHECKPOINT, TRAIN, Beat, RankBeat, combine_beats, read_heartbeats
+from torchvitals.supervisor.hang_clock import HangClock
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 
 def test_flag_wins_over_environment_wins_over_default(monkeypatch):

@@ -7,8 +7,8 @@ python -m pytest tests/unit/test_worker_groups.py
 
 from __future__ import annotations
 
-from torchvitals.collector.supervisor.worker_groups import WorkerGroups
 from torchvitals.protocol import TRAIN, RankBeat
+from torchvitals.supervisor.worker_groups import WorkerGroups
 
 
 def beats(pids: dict[int, int], t: float, step: int = 5, phase: str = TRAIN) -> dict:

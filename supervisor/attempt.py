@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from ...protocol import (
+from ..protocol import (
     ATTEMPT_ENV,
     HEARTBEAT_DIR_ENV,
     HEARTBEAT_GLOB,
@@ -37,13 +37,14 @@ from ...protocol import (
     read_heartbeats,
     read_rank_beats,
 )
-from ...records.vocabulary import CRASH, HANG
+from ..records.vocabulary import CRASH, HANG
 from .disruptions import Disruptions
 from .hang_clock import HangClock
 from .localizer import Localizer, generation_of, incident_key
 from .options import SupervisorConfig
+from .orders import JobEnded, JobRestarted, NodesLost
 from .outcomes import Exited, Hung, Ordered, Outcome
-from .peers import JobEnded, JobRestarted, NodesLost, Peers
+from .peers import Peers
 from .process import die_with_parent, stop_group
 from .telemetry import SupervisorMetrics
 from .witness import Witness

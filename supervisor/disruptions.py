@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...records.incidents import Incident, IncidentLog
-from ...records.timeline import SupervisorTimeline
+from ..records.incidents import Incident, IncidentLog
+from ..records.timeline import SupervisorTimeline
 from .telemetry import SupervisorMetrics
 
 log = logging.getLogger("torchvitals.supervisor")

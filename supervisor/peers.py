@@ -1,4 +1,4 @@
-"""What a node's supervisor asks of the job's other nodes, and the orders they answer with.
+"""The seam between a node's supervisor and the job's other nodes: what it asks of them.
 
     record = peers.join()                     # the job's current attempt
     go = peers.wait_for_peers(record.number)  # StartAttempt(n): every node ready; or JobEnded
@@ -10,7 +10,8 @@
     peers.restart(next_record)                # a restart here is a restart of the job everywhere
 
 One node, no store: ``SoloPeers`` (nothing to agree on). Several: ``StorePeers``
-(``store_peers``), agreeing through the job's etcd.
+(``store_peers``), agreeing through the job's etcd. What they answer with:
+``orders``; what ``gather`` brings back: ``Gathered``.
 """
 
 from __future__ import annotations
@@ -18,41 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from .findings import NodeFindings
-from .job_records import JobAttempt, NodeState
-
-
-@dataclass(frozen=True)
-class StartAttempt:
-    """Every node is ready: start ``attempt`` (a later one when the job moved on meanwhile)."""
-
-    attempt: int
-
-
-@dataclass(frozen=True)
-class JobRestarted:
-    """Another node restarted the job into ``attempt``: stop this node's launcher and follow."""
-
-    attempt: int
-    reason: str = ""
-    """Why that node restarted it (a person reads it)."""
-
-
-@dataclass(frozen=True)
-class NodesLost:
-    """Nodes of the job stopped renewing their leases: stop, and restart without (or with a
-    replacement for) them."""
-
-    lost: tuple[NodeState, ...]
-    """Their last published state (host, pid, step)."""
-    reason: str
-    """``node 1 (host h, supervisor pid p) lost at step 57 (...)``, one per lost node."""
-    step: int | None = None
-    """The step this node's ranks had reached when the loss was seen: in synchronous training
-    the step the lost node reached too (what it published lags by up to a lease renewal)."""
-    published_at: tuple[float | None, ...] = ()
-    """For each of ``lost``: when its published step was first seen (unix seconds; None:
-    never)."""
+from .orders import JobEnded, JobRestarted, NodesLost, StartAttempt
+from .rank_findings import NodeFindings
+from .store_schema import JobAttempt, NodeState
 
 
 @dataclass(frozen=True)
@@ -66,19 +35,6 @@ class Gathered:
     last seen: the incident is their loss."""
     published_at: tuple[float | None, ...] = ()
     """For each of ``lost``: when its last published step was first seen (unix seconds)."""
-
-
-@dataclass(frozen=True)
-class JobEnded:
-    """The job ended for good (on any node's word): exit with ``code``, never restart."""
-
-    code: int
-    reason: str = ""
-
-
-Order = StartAttempt | JobRestarted | NodesLost | JobEnded
-"""What the job asks of this node: ``wait_for_peers`` answers StartAttempt or JobEnded,
-``watch`` JobRestarted, NodesLost or JobEnded (or None: go on)."""
 
 
 class Peers(Protocol):

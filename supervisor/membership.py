@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .job_records import RUNNING, WAITING, NodeState
 from .job_store import JobStore
+from .store_schema import RUNNING, WAITING, NodeState
 from .telemetry import SupervisorMetrics
 
 

@@ -11,7 +11,7 @@ Each node's supervisor keeps ``<job>/nodes/<rank>`` alive under a lease of ``nod
 ``<job>/attempt``, changed only by a compare-and-swap, so two nodes failing at once make one
 new attempt; the end of the job for good (an abort, a refused folder, a restart policy that gave
 up, a lost node never replaced) is ``<job>/final``, which every node obeys (the keys and their
-records: ``job_records``). A node whose lease expires is lost: the others stop their launchers,
+records: ``store_schema``). A node whose lease expires is lost: the others stop their launchers,
 name it, and wait up to ``peer_timeout_s`` for a replacement (a new supervisor with that node
 rank) before ending the job, or, ``min_nodes`` allowing, going on without it (``barrier``).
 
@@ -40,13 +40,14 @@ from dataclasses import replace
 
 from .barrier import StartBarrier
 from .etcd import EtcdStore, StoreError, StoreTLS
-from .findings import NodeFindings
 from .findings_exchange import FindingsExchange
-from .job_records import DONE, RUNNING, WAITING, JobAttempt, JobFinal, NodeState
 from .job_store import JobStore, StoreOutage
 from .membership import Membership
 from .options import SupervisorConfig
-from .peers import Gathered, JobEnded, JobRestarted, NodesLost, StartAttempt
+from .orders import JobEnded, JobRestarted, NodesLost, StartAttempt
+from .peers import Gathered
+from .rank_findings import NodeFindings
+from .store_schema import DONE, RUNNING, WAITING, JobAttempt, JobFinal, NodeState
 from .telemetry import SupervisorMetrics
 
 log = logging.getLogger("torchvitals.supervisor")

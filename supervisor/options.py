@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...protocol import (
+from ..protocol import (
     ABORT_EXIT_CODE,
     BUDGET_EXIT_CODE,
     ENV_PREFIX,
@@ -22,7 +22,7 @@ from ...protocol import (
     NODE_LOST_EXIT_CODE,
     REFUSED_EXIT_CODE,
 )
-from ...settings import add_flags, settings
+from ..settings import add_flags, settings
 
 SUPERVISOR_ENV_PREFIX = ENV_PREFIX + "SUPERVISOR_"
 """``TORCHVITALS_SUPERVISOR_<FIELD>``: the variable of each ``SupervisorConfig`` field."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 
 from .etcd import Entry, EtcdStore, StoreError
-from .job_records import (
+from .store_schema import (
     KEY_ROOT,
     JobAttempt,
     JobFinal,

@@ -1,8 +1,9 @@
-"""Who stopped the job: the culprit of a hang or a crash, decided from every node's findings.
+"""Who stopped the job: the rules naming the culprit of a hang or a crash (a ``Blame``), from
+every node's findings.
 
     ranks, deaths = union(findings_of_every_node)
-    verdict = hang_verdict(ranks)       # Verdict(culprit, cause, evidence, rule)
-    verdict = crash_verdict(deaths)     # None: no rank's death was seen
+    blame = blame_hang(ranks)         # Blame(culprit, cause, rule, evidence)
+    blame = blame_crash(deaths)       # None: no rank's death was seen
 
 Pure functions of the findings, sorted before they are read, so every node that holds the same
 findings names the same culprit (the incident's first writer wins, whichever node it is). No rule
@@ -38,8 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...records.incidents import Culprit
-from .findings import GONE, STOPPED_STATES, NodeFindings, RankDeath, RankFinding
+from ..records.incidents import Culprit
+from .rank_findings import GONE, STOPPED_STATES, NodeFindings, RankDeath, RankFinding
 
 BEAT_SLACK_S = 2.0
 """The agents write their heartbeat at most once a second: two ranks' heartbeat ages less than
@@ -50,8 +51,9 @@ LISTED_RANKS = 64
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The culprit of one disruption and what proves it."""
+class Blame:
+    """The culprit of one disruption (a hang or a crash of the job) and what proves it; not the
+    agent's per-step ``Verdict`` (``agent.detect.verdict``)."""
 
     culprit: Culprit
     """Null fields where unknown (``Culprit()``: no rank stands out)."""
@@ -82,7 +84,7 @@ def culprit_of(r: RankFinding | RankDeath) -> Culprit:
     return Culprit(rank=r.rank, node=r.node, host=r.host, pid=r.pid)
 
 
-def hang_verdict(ranks: Sequence[RankFinding], *, slack_s: float = BEAT_SLACK_S) -> Verdict:
+def blame_hang(ranks: Sequence[RankFinding], *, slack_s: float = BEAT_SLACK_S) -> Blame:
     """The culprit of a hang, from every rank's finding (see the module's rules).
 
     Args:
@@ -98,7 +100,7 @@ def hang_verdict(ranks: Sequence[RankFinding], *, slack_s: float = BEAT_SLACK_S)
     waiting = [r for r in alive if r.waiting]
     top = max((r.step for r in ranks), default=None)
 
-    def named(rule: str, suspects: list[RankFinding], cause: str, **more: Any) -> Verdict:
+    def named(rule: str, suspects: list[RankFinding], cause: str, **more: Any) -> Blame:
         first = suspects[0]
         evidence = {
             "rule": rule,
@@ -110,7 +112,7 @@ def hang_verdict(ranks: Sequence[RankFinding], *, slack_s: float = BEAT_SLACK_S)
             **more,
             "ranks": listed,
         }
-        return Verdict(culprit_of(first), f"{culprit_of(first).describe()} {cause}", rule, evidence)
+        return Blame(culprit_of(first), f"{culprit_of(first).describe()} {cause}", rule, evidence)
 
     stopped = [r for r in alive if r.state in STOPPED_STATES]
     if stopped:
@@ -153,7 +155,7 @@ def hang_verdict(ranks: Sequence[RankFinding], *, slack_s: float = BEAT_SLACK_S)
     else:
         where = "in a collective" if len(waiting) == len(alive) else "alike"
         cause = f"no rank stands out: every rank waits {where} (step {top})"
-    return Verdict(Culprit(), cause, "none", {"rule": "none", "step": top, "ranks": listed})
+    return Blame(Culprit(), cause, "none", {"rule": "none", "step": top, "ranks": listed})
 
 
 def _behind(alive: list[RankFinding], slack_s: float) -> list[RankFinding]:
@@ -211,7 +213,7 @@ def ended_by(status: int | None) -> str:
     return f"exit status {status}"
 
 
-def crash_verdict(deaths: Sequence[RankDeath]) -> Verdict | None:
+def blame_crash(deaths: Sequence[RankDeath]) -> Blame | None:
     """The rank that died first, across nodes (None: no rank's death was seen): the first the
     store recorded (see the module's order)."""
     deaths = sorted(deaths, key=_death_order)
@@ -248,4 +250,4 @@ def crash_verdict(deaths: Sequence[RankDeath]) -> Verdict | None:
         if first.rank is not None
         else f"the worker with pid {first.pid} on node {first.node} (host {first.host})"
     )
-    return Verdict(who, f"{name} died first: {ended_by(status)}", "first death", evidence)
+    return Blame(who, f"{name} died first: {ended_by(status)}", "first death", evidence)

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import psutil
 
-from ...protocol import RankBeat, read_rank_beats, stack_path
-from .findings import GONE, STACK_EXCERPT_FRAMES, STOPPED_STATES, RankFinding
+from ..protocol import RankBeat, read_rank_beats, stack_path
+from .rank_findings import GONE, STACK_EXCERPT_FRAMES, STOPPED_STATES, RankFinding
 
 STACK_READ_MAX_BYTES = 256 * 1024
 """Most of a stack file read after one signal (every thread of a busy rank fits)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from ...protocol import Beat
+from ..protocol import Beat
 from .options import SupervisorConfig
 
 STARTUP, RESTART, CHECKPOINT, TRAIN = "startup", "restart", "checkpoint", "train"

@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable
 
 from .etcd import StoreError
-from .findings import NodeFindings
-from .job_records import RUNNING, NodeState
 from .job_store import JobStore, StoreOutage
 from .membership import Membership
 from .options import SupervisorConfig
 from .peers import Gathered
+from .rank_findings import NodeFindings
+from .store_schema import RUNNING, NodeState
 
 log = logging.getLogger("torchvitals.supervisor")
 

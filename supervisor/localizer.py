@@ -18,14 +18,15 @@ import logging
 import time
 from collections.abc import Callable
 
-from ...records.incidents import Culprit, Incident
-from ...records.vocabulary import CRASH, HANG, NODE_LOST
+from ..records.incidents import Culprit, Incident
+from ..records.vocabulary import CRASH, HANG, NODE_LOST
+from .blame import BEAT_SLACK_S, Blame, blame_crash, blame_hang, union
 from .disruptions import Disruptions
 from .hang_clock import RESTART, STARTUP, HangClock
-from .job_records import NodeState
-from .localize import BEAT_SLACK_S, Verdict, crash_verdict, hang_verdict, union
 from .options import SupervisorConfig
-from .peers import NodesLost, Peers
+from .orders import NodesLost
+from .peers import Peers
+from .store_schema import NodeState
 from .witness import Witness
 
 log = logging.getLogger("torchvitals.supervisor")
@@ -79,10 +80,10 @@ class Localizer:
     ) -> Incident:
         """A hang seen here: every node's ranks looked at (before anything is stopped), the
         culprit named, the incident recorded (unless another node was first)."""
-        verdict = self._verdict(attempt, key, witness)
+        blame = self._blame_hang(attempt, key, witness)
         now_age = detected_at - (clock.beat.time if clock.beat is not None else detected_at)
-        evidence = dict(verdict.evidence)
-        cause = verdict.cause
+        evidence = dict(blame.evidence)
+        cause = blame.cause
         phase = clock.phase()
         if phase in (STARTUP, RESTART):
             evidence.update(_startup_evidence(self.config, clock))
@@ -90,13 +91,13 @@ class Localizer:
                 cause = (
                     f"startup after restart took more than {clock.timeout():.1f} s (the first "
                     f"start took {clock.first_start_s or 0:.1f} s)"
-                    + ("" if verdict.rule == "none" else f"; {verdict.cause}")
+                    + ("" if blame.rule == "none" else f"; {blame.cause}")
                 )
         evidence.update(phase=phase, timeout_s=round(clock.timeout(), 3))
         if clock.beat is not None:
             evidence["last_heartbeat_age_s"] = round(now_age, 3)
         step = clock.beat.step if clock.beat is not None else None
-        incident = self._incident(HANG, key, attempt, verdict, cause, evidence, step, detected_at)
+        incident = self._incident(HANG, key, attempt, blame, cause, evidence, step, detected_at)
         self.book.record(incident, last_advance=clock.beat.time if clock.beat is not None else None)
         return incident
 
@@ -127,19 +128,19 @@ class Localizer:
                 seen=f"its ranks' collectives failed here ({key})",
             )[0]
         _, deaths = union(gathered.findings)
-        verdict = crash_verdict(deaths)
-        if verdict is None:
+        blame = blame_crash(deaths)
+        if blame is None:
             status = "" if launcher_status is None else f" with status {launcher_status}"
-            verdict = Verdict(
+            blame = Blame(
                 Culprit(node=self.node, host=self.host),
                 f"the launcher exited{status} and no rank was seen dying (none had written a "
                 "heartbeat, or every rank ended cleanly)",
                 "none",
                 {"rule": "none"},
             )
-        evidence = {**verdict.evidence, "launcher_status": launcher_status}
+        evidence = {**blame.evidence, "launcher_status": launcher_status}
         incident = self._incident(
-            CRASH, key, attempt, verdict, verdict.cause, evidence, step, detected_at
+            CRASH, key, attempt, blame, blame.cause, evidence, step, detected_at
         )
         self.book.record(incident, last_advance=last_advance)
         return incident
@@ -210,16 +211,16 @@ class Localizer:
             log.info("torchvitals supervise: node findings for %s asked; answering", key)
             self.peers.answer(attempt, witness.findings(key).as_of(seen))
 
-    def _verdict(self, attempt: int, key: str, witness: Witness) -> Verdict:
+    def _blame_hang(self, attempt: int, key: str, witness: Witness) -> Blame:
         ranks, _ = union(self.peers.gather(attempt, witness.findings(key)).findings)
-        return hang_verdict(ranks, slack_s=self._slack_s)
+        return blame_hang(ranks, slack_s=self._slack_s)
 
     def _incident(
         self,
         kind: str,
         key: str,
         attempt: int,
-        verdict: Verdict,
+        blame: Blame,
         cause: str,
         evidence: dict,
         step: int | None,
@@ -230,11 +231,11 @@ class Localizer:
             kind=kind,
             key=key,
             step=step,
-            culprit=verdict.culprit,
+            culprit=blame.culprit,
             cause=cause,
             evidence=evidence,
             detected_at=detected_at,
-            localized_at=self._wall() if verdict.culprit != Culprit() else None,
+            localized_at=self._wall() if blame.culprit != Culprit() else None,
             attempt=attempt,
             writer=self.book.writer,
         )

@@ -40,16 +40,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ...protocol import JOB_ID_ENV, LEDGER_FILE, NODE_ENV, read_heartbeats
-from ...records.jobid import job_identity, launcher_job_id
-from ...records.ledger import Ledger, LedgerError
+from ..protocol import JOB_ID_ENV, LEDGER_FILE, NODE_ENV, read_heartbeats
+from ..records.jobid import job_identity, launcher_job_id
+from ..records.ledger import Ledger, LedgerError
 from .attempt import AttemptRunner
 from .disruptions import Disruptions
 from .goodput_export import GoodputCollector
-from .job_records import JobAttempt
 from .options import SupervisorConfig, node_rank
+from .orders import JobEnded, StartAttempt
 from .outcomes import Outcome
-from .peers import JobEnded, Peers, SoloPeers, StartAttempt
+from .peers import Peers, SoloPeers
 from .restart_policy import (
     Decision,
     Follow,
@@ -62,6 +62,7 @@ from .restart_policy import (
     failure,
 )
 from .store_peers import StorePeers, store_of
+from .store_schema import JobAttempt
 from .telemetry import SupervisorMetrics
 
 log = logging.getLogger("torchvitals.supervisor")

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...protocol import (
+from ..protocol import (
     ABORT_EXIT_CODE,
     BUDGET_EXIT_CODE,
     NO_PROGRESS_EXIT_CODE,
     REFUSED_EXIT_CODE,
 )
-from .job_records import JobAttempt
 from .options import SupervisorConfig
+from .orders import JobEnded, JobRestarted, NodesLost
 from .outcomes import Exited, Hung, Ordered, Outcome
-from .peers import JobEnded, JobRestarted, NodesLost
+from .store_schema import JobAttempt
 
 
 @dataclass(frozen=True)

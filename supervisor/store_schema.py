@@ -3,7 +3,7 @@
     <KEY_ROOT><job>/attempt          JobAttempt  the job's attempt and the restart policy's state
     <KEY_ROOT><job>/final            JobFinal    the end of the job for good, which every node obeys
     <KEY_ROOT><job>/nodes/<rank>     NodeState   one node's supervisor: host, pid, attempt, state
-    <KEY_ROOT><job>/findings/<rank>/a<attempt>/<incident key>   one node's findings (findings.py)
+    <KEY_ROOT><job>/findings/<rank>/a<attempt>/<incident key>   one node's findings (rank_findings)
     <KEY_ROOT><job>/wanted/<rank>/a<attempt>/<incident key>     a node asks the others for theirs
     <KEY_ROOT><job>/deaths/<rank>/a<attempt>/<pid>              a rank died: seen now (its revision)
 

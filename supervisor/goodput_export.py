@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ...records.goodput import CAUSES, Accountant, GoodputError
+from ..records.goodput import CAUSES, Accountant, GoodputError
 from .telemetry import SUPERVISOR_PREFIX
 
 log = logging.getLogger("torchvitals.supervisor")

@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import TorchvitalsError
+from ..errors import TorchvitalsError
 
 log = logging.getLogger("torchvitals.supervisor")
 

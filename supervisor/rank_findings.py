@@ -10,7 +10,7 @@ that travel between the nodes through the job's store.
 A hang is told from ``RankFinding`` (each rank's process state, heartbeat step and age, and
 Python stack), a crash from ``RankDeath`` (how each rank's process ended, and the store's revision
 of the moment its node saw it). Each node publishes its own under the incident's key; the decision
-(``localize``) is made on the union, so every node computes the same culprit.
+(``blame``) is made on the union, so every node computes the same culprit.
 
 No decision compares one host's wall clock with another's (hosts' clocks may be seconds or
 minutes apart): a heartbeat's age is its rank's clock against its own supervisor's, one host's,

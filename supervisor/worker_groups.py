@@ -18,7 +18,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from ...protocol import RankBeat
+from ..protocol import RankBeat
 from .process import running
 from .witness import Witness
 

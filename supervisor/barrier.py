@@ -18,7 +18,7 @@ from .etcd import StoreError
 from .job_store import JobStore, StoreOutage
 from .membership import Membership
 from .options import SupervisorConfig
-from .peers import JobEnded, StartAttempt
+from .orders import JobEnded, StartAttempt
 from .telemetry import SupervisorMetrics
 
 log = logging.getLogger("torchvitals.supervisor")

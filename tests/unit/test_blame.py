@@ -4,7 +4,7 @@ faulthandler writes them, and the findings' round trip through the store's JSON.
 clocks are 30 s apart name the same culprit as nodes whose clocks agree: the order comes from
 the store's revisions, step numbers and each host's own durations.
 
-python -m pytest tests/unit/test_localize.py
+python -m pytest tests/unit/test_blame.py
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import threading
 
 import pytest
 
-from torchvitals.collector.supervisor.findings import (
+from torchvitals.supervisor.blame import blame_crash, blame_hang, union
+from torchvitals.supervisor.rank_findings import (
     STACK_EXCERPT_CHARS,
     NodeFindings,
     RankDeath,
     RankFinding,
 )
-from torchvitals.collector.supervisor.localize import crash_verdict, hang_verdict, union
-from torchvitals.collector.supervisor.rank_probe import parse_stack
+from torchvitals.supervisor.rank_probe import parse_stack
 
 # A gloo rank blocked in all_reduce while its peer spins, dumped by faulthandler on the stack
 # signal (torch 2.13, Python 3.11): the strings the supervisor reads.
@@ -90,7 +90,7 @@ def test_the_training_thread_is_read_among_every_thread_of_a_real_dump(tmp_path)
         fn == "test_the_training_thread_is_read_among_every_thread_of_a_real_dump"
         for _, _, fn in frames
     )
-    assert "test_localize.py" in frame
+    assert "test_blame.py" in frame
 
 
 def test_a_stopped_rank_is_the_culprit_before_anything_else():
@@ -100,41 +100,41 @@ def test_a_stopped_rank_is_the_culprit_before_anything_else():
         rank(2, state="T", asked=False, stack="", waiting=None, frame=None),
         rank(3, stack_text=SPINNING),
     ]
-    verdict = hang_verdict(ranks)
-    assert verdict.rule == "stopped"
-    assert (verdict.culprit.rank, verdict.culprit.node, verdict.culprit.pid) == (2, 1, 1002)
-    assert verdict.cause == "rank 2 (node 1, host host1, pid 1002) is stopped (SIGSTOP)"
-    assert verdict.evidence["state"] == "T"
-    assert [r["state"] for r in verdict.evidence["ranks"]] == ["S", "S", "T", "S"]
+    blame = blame_hang(ranks)
+    assert blame.rule == "stopped"
+    assert (blame.culprit.rank, blame.culprit.node, blame.culprit.pid) == (2, 1, 1002)
+    assert blame.cause == "rank 2 (node 1, host host1, pid 1002) is stopped (SIGSTOP)"
+    assert blame.evidence["state"] == "T"
+    assert [r["state"] for r in blame.evidence["ranks"]] == ["S", "S", "T", "S"]
 
 
 def test_a_rank_spinning_in_user_code_while_the_others_wait_is_the_culprit_with_its_frame():
-    verdict = hang_verdict([rank(0), rank(1, stack_text=SPINNING), rank(2), rank(3)])
-    assert verdict.rule == "spinning" and verdict.culprit.rank == 1
-    assert verdict.evidence["frame"] == 'File "/tmp/fh/r.py", line 10 in spin'
-    assert 'runs File "/tmp/fh/r.py", line 10 in spin while ranks 0, 2, 3 wait in' in verdict.cause
-    solo = hang_verdict([rank(0, stack_text=SPINNING), rank(1)])
+    blame = blame_hang([rank(0), rank(1, stack_text=SPINNING), rank(2), rank(3)])
+    assert blame.rule == "spinning" and blame.culprit.rank == 1
+    assert blame.evidence["frame"] == 'File "/tmp/fh/r.py", line 10 in spin'
+    assert 'runs File "/tmp/fh/r.py", line 10 in spin while ranks 0, 2, 3 wait in' in blame.cause
+    solo = blame_hang([rank(0, stack_text=SPINNING), rank(1)])
     assert solo.cause.endswith("while rank 1 waits in one")
-    assert verdict.evidence["waiting"] == [0, 2, 3]
+    assert blame.evidence["waiting"] == [0, 2, 3]
 
 
 def test_a_rank_that_does_not_answer_while_the_others_wait_is_named_silent():
     quiet = rank(3, state="D", stack="", waiting=None, frame=None)
-    verdict = hang_verdict([rank(0), rank(1), rank(2), quiet])
-    assert (verdict.rule, verdict.culprit.rank) == ("silent", 3)
-    assert "state D" in verdict.cause
+    blame = blame_hang([rank(0), rank(1), rank(2), quiet])
+    assert (blame.rule, blame.culprit.rank) == ("silent", 3)
+    assert "state D" in blame.cause
 
 
 def test_a_gone_rank_is_named_while_the_others_still_run():
     gone = rank(1, state="gone", asked=False, stack="", waiting=None, frame=None)
-    assert (hang_verdict([rank(0), gone]).rule, hang_verdict([rank(0), gone]).culprit.rank) == (
+    assert (blame_hang([rank(0), gone]).rule, blame_hang([rank(0), gone]).culprit.rank) == (
         "gone",
         1,
     )
     # Every process gone (a restart that hangs before its first heartbeat): nobody to name.
     everyone = [rank(r, state="gone", asked=False, stack="", waiting=None) for r in range(2)]
-    verdict = hang_verdict(everyone)
-    assert verdict.rule == "none" and verdict.culprit.rank is None
+    blame = blame_hang(everyone)
+    assert blame.rule == "none" and blame.culprit.rank is None
 
 
 SKEWS = [0.0, 30.0, -30.0]
@@ -151,27 +151,27 @@ def test_without_stacks_the_rank_whose_heartbeat_stopped_long_before_is_behind(s
         rank(1, node=0, step=37, beat_time=90.0, beat_age_s=18.0, **blind),
         rank(2, node=1, step=41, beat_time=100.0 + skew, beat_age_s=8.0, **blind),
     ]
-    verdict = hang_verdict(ranks)
-    assert (verdict.rule, verdict.culprit.rank) == ("behind", 1)
-    assert "step 37, 10 s older than the others' (step 41)" in verdict.cause
+    blame = blame_hang(ranks)
+    assert (blame.rule, blame.culprit.rank) == ("behind", 1)
+    assert "step 37, 10 s older than the others' (step 41)" in blame.cause
     # The same hang seen from node 1's side, its rank the one behind.
     ranks = [
         rank(0, node=0, step=41, beat_time=100.0, beat_age_s=8.0, **blind),
         rank(2, node=1, step=37, beat_time=90.0 + skew, beat_age_s=18.0, **blind),
     ]
-    assert (hang_verdict(ranks).rule, hang_verdict(ranks).culprit.rank) == ("behind", 2)
+    assert (blame_hang(ranks).rule, blame_hang(ranks).culprit.rank) == ("behind", 2)
     # A lower step written within the slack of the others' says nothing, whatever the clocks
     # say: the agents write at most once a second, so a fast job's files lag by a step or more.
     close = [
         rank(0, node=0, step=41, beat_age_s=8.0, **blind),
         rank(2, node=1, step=40, beat_time=99.5 - abs(skew), beat_age_s=9.5, **blind),
     ]
-    assert hang_verdict(close).rule == "none"
+    assert blame_hang(close).rule == "none"
     # The slack widens with the moments apart at which the nodes took their ages.
-    assert hang_verdict(close, slack_s=1.0).culprit.rank == 2
+    assert blame_hang(close, slack_s=1.0).culprit.rank == 2
     # A rank whose age is unknown is not judged.
     unknown = [rank(0, step=41, **blind), rank(1, step=37, beat_age_s=None, **blind)]
-    assert hang_verdict(unknown).rule == "none"
+    assert blame_hang(unknown).rule == "none"
 
 
 def test_heartbeat_ages_travel_as_of_the_moment_the_nodes_share():
@@ -193,10 +193,10 @@ def test_heartbeat_ages_travel_as_of_the_moment_the_nodes_share():
 
 
 def test_when_every_rank_waits_alike_no_culprit_is_named():
-    verdict = hang_verdict([rank(r) for r in range(4)])
-    assert verdict.rule == "none" and verdict.culprit.rank is None and verdict.culprit.node is None
-    assert verdict.cause == "no rank stands out: every rank waits in a collective (step 41)"
-    assert len(verdict.evidence["ranks"]) == 4
+    blame = blame_hang([rank(r) for r in range(4)])
+    assert blame.rule == "none" and blame.culprit.rank is None and blame.culprit.node is None
+    assert blame.cause == "no rank stands out: every rank waits in a collective (step 41)"
+    assert len(blame.evidence["ranks"]) == 4
 
 
 def node_findings(node: int, key: str = "hang-a0002", **parts) -> NodeFindings:
@@ -208,14 +208,14 @@ def test_every_node_names_the_same_culprit_whatever_order_the_findings_come_in()
         node_findings(0, ranks=(rank(0), rank(1))),
         node_findings(1, ranks=(rank(2, stack_text=SPINNING), rank(3))),
     ]
-    verdicts = set()
+    blames = set()
     for order in itertools.permutations(nodes):
         ranks, _ = union([NodeFindings.from_json(n.to_json()) for n in order])
-        verdict = hang_verdict(ranks)
-        verdicts.add((verdict.culprit, verdict.cause))
-    assert verdicts == {
+        blame = blame_hang(ranks)
+        blames.add((blame.culprit, blame.cause))
+    assert blames == {
         (
-            hang_verdict([rank(0), rank(1), rank(2, stack_text=SPINNING), rank(3)]).culprit,
+            blame_hang([rank(0), rank(1), rank(2, stack_text=SPINNING), rank(3)]).culprit,
             "rank 2 (node 1, host host1, pid 1002) is not in a collective: it runs File "
             '"/tmp/fh/r.py", line 10 in spin while ranks 0, 1, 3 wait in one',
         )
@@ -277,23 +277,23 @@ def test_the_first_death_across_nodes_is_the_first_the_store_recorded_whatever_t
     ]
     for order in itertools.permutations(nodes):
         _, deaths = union([NodeFindings.from_json(n.to_json()) for n in order])
-        verdict = crash_verdict(deaths)
-        assert verdict is not None
-        assert (verdict.culprit.rank, verdict.culprit.node, verdict.culprit.pid) == (2, 1, 12)
-        assert verdict.cause == "rank 2 (node 1, host host1, pid 12) died first: exit status 13"
-        assert verdict.evidence["exit_status"] == 13 and verdict.evidence["signal"] is None
-        assert verdict.evidence["revision"] == 101
-        assert [d["rank"] for d in verdict.evidence["deaths"]] == [2, 3, 0, 1]
-        assert "after_s" not in json.dumps(verdict.evidence)  # no host's time minus another's
+        blame = blame_crash(deaths)
+        assert blame is not None
+        assert (blame.culprit.rank, blame.culprit.node, blame.culprit.pid) == (2, 1, 12)
+        assert blame.cause == "rank 2 (node 1, host host1, pid 12) died first: exit status 13"
+        assert blame.evidence["exit_status"] == 13 and blame.evidence["signal"] is None
+        assert blame.evidence["revision"] == 101
+        assert [d["rank"] for d in blame.evidence["deaths"]] == [2, 3, 0, 1]
+        assert "after_s" not in json.dumps(blame.evidence)  # no host's time minus another's
 
 
 def test_the_store_orders_deaths_even_where_the_clocks_say_the_opposite():
     # Node 0's rank really died first (the store recorded it first) but node 0's clock runs a
     # minute ahead of node 1's, where a rank died of it 40 ms later.
-    verdict = crash_verdict(
+    blame = blame_crash(
         [death(1, 0, 1060.00, 13, 21, revision=7), death(2, 1, 1000.04, 1, 22, revision=8)]
     )
-    assert verdict is not None and (verdict.culprit.rank, verdict.culprit.node) == (1, 0)
+    assert blame is not None and (blame.culprit.rank, blame.culprit.node) == (1, 0)
 
 
 def test_a_death_the_store_never_recorded_comes_after_every_recorded_one():
@@ -306,30 +306,30 @@ def test_a_death_the_store_never_recorded_comes_after_every_recorded_one():
         death(1, 0, 9.0, -15, 31),
         death(3, 1, 2.0, -15, 33),
     ]
-    verdict = crash_verdict(deaths)
-    assert verdict is not None and verdict.culprit.rank == 2
-    assert [d["rank"] for d in verdict.evidence["deaths"]] == [2, 1, 0, 3]
+    blame = blame_crash(deaths)
+    assert blame is not None and blame.culprit.rank == 2
+    assert [d["rank"] for d in blame.evidence["deaths"]] == [2, 1, 0, 3]
     # One node alone (no store): its own clock orders its deaths, as it always did.
-    alone = crash_verdict([death(0, 0, 10.0, 13, 30), death(1, 0, 9.0, -15, 31)])
+    alone = blame_crash([death(0, 0, 10.0, 13, 30), death(1, 0, 9.0, -15, 31)])
     assert alone is not None and alone.culprit.rank == 1
 
 
 def test_a_killed_rank_is_named_by_its_signal_and_ties_go_to_the_lower_rank():
-    verdict = crash_verdict([death(5, 1, 7.0, -9, 5), death(4, 1, 7.0, -9, 4)])
-    assert verdict is not None and verdict.culprit.rank == 4
-    assert verdict.cause.endswith("died first: killed by SIGKILL")
-    assert (verdict.evidence["signal"], verdict.evidence["exit_status"]) == ("SIGKILL", None)
-    unknown = crash_verdict([death(None, 0, 1.0, None, 77)])
+    blame = blame_crash([death(5, 1, 7.0, -9, 5), death(4, 1, 7.0, -9, 4)])
+    assert blame is not None and blame.culprit.rank == 4
+    assert blame.cause.endswith("died first: killed by SIGKILL")
+    assert (blame.evidence["signal"], blame.evidence["exit_status"]) == ("SIGKILL", None)
+    unknown = blame_crash([death(None, 0, 1.0, None, 77)])
     assert unknown is not None and unknown.culprit.rank is None
     assert (
         unknown.cause
         == "the worker with pid 77 on node 0 (host host0) died first: exit status unknown"
     )
-    assert crash_verdict([]) is None
+    assert blame_crash([]) is None
 
 
 def test_incident_keys_name_the_attempt_and_torchruns_worker_generation():
-    from torchvitals.collector.supervisor.localizer import generation_of, incident_key
+    from torchvitals.supervisor.localizer import generation_of, incident_key
 
     assert incident_key("hang", 2) == "hang-a0002"
     assert incident_key("crash", 2, 1) == "crash-a0002-r1"

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ...protocol import Beat
-from .peers import JobEnded, JobRestarted, NodesLost
+from ..protocol import Beat
+from .orders import JobEnded, JobRestarted, NodesLost
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,12 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from ...protocol import RankBeat
-from ...records.vocabulary import CRASH
+from ..protocol import RankBeat
+from ..records.vocabulary import CRASH
 from .death_marks import DeathMarks, Mark
 from .deaths import DeathWatch
-from .findings import NodeFindings, RankDeath
 from .launcher_log import LauncherLog, WorkerFailure
+from .rank_findings import NodeFindings, RankDeath
 from .rank_probe import probe_ranks
 
 MARKS_WAIT_S = 2.0
