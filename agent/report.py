@@ -7,8 +7,8 @@
 
 The fields users read most are top-level; the rest live in small records by what they describe.
 ``to_dict`` writes every field flat (the event log's line, read back by ``from_dict``,
-``torchvitals report`` and ``diagnose``); each record field also reads under that flat name
-(``report.checkpointed`` is ``report.checkpoint.saved``).
+``torchvitals report`` and ``diagnose``), each record field under its ``FLAT_NAMES`` key
+(``checkpointed`` for ``report.checkpoint.saved``).
 """
 
 from __future__ import annotations
@@ -150,16 +150,8 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "tokens": ("local", "tokens"),
     "local_accelerator_memory": ("local", "accelerator_memory"),
 }
-"""The flat name of each record field: ``to_dict``'s keys, and read-only report attributes
-(``report.checkpointed`` is ``report.checkpoint.saved``)."""
-
-
-def _flat(name: str) -> property:
-    record, attr = FLAT_NAMES[name]
-    return property(
-        lambda report: getattr(getattr(report, record), attr),
-        doc=f"Read-only: ``report.{record}.{attr}``.",
-    )
+"""The flat name of each record field: its key in ``to_dict``'s line (the event log's), which
+``from_dict`` reads back into the record (``checkpointed`` is ``report.checkpoint.saved``)."""
 
 
 @dataclass(kw_only=True)
@@ -241,23 +233,6 @@ class Report:
     checkpoint: Checkpointing = field(default_factory=Checkpointing)
     replicas: ReplicaCheck = field(default_factory=ReplicaCheck)
     local: RankLocal = field(default_factory=RankLocal)
-
-    step_seconds = _flat("step_seconds")
-    compute_seconds = _flat("compute_seconds")
-    mean_step_seconds = _flat("mean_step_seconds")
-    mean_compute_seconds = _flat("mean_compute_seconds")
-    local_data_wait_seconds = _flat("local_data_wait_seconds")
-    data_wait_mean_seconds = _flat("data_wait_mean_seconds")
-    data_wait_ratio = _flat("data_wait_ratio")
-    checkpointed = _flat("checkpointed")
-    checkpoint_committed = _flat("checkpoint_committed")
-    checkpoint_failed = _flat("checkpoint_failed")
-    replicas_checked = _flat("replicas_checked")
-    replica_mismatch = _flat("replica_mismatch")
-    local_loss = _flat("local_loss")
-    samples = _flat("samples")
-    tokens = _flat("tokens")
-    local_accelerator_memory = _flat("local_accelerator_memory")
 
     @property
     def sampled(self) -> bool:

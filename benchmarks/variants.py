@@ -107,7 +107,7 @@ class Watchdog(Agent):
         loss.backward()
         report = self.agent.step(loss)
         self.opt.zero_grad(set_to_none=True)
-        if report.checkpointed:
+        if report.checkpoint.saved:
             self.stalls.append(self.watchdog.metrics()["checkpoint_stall_seconds"])
 
     def close(self) -> None:

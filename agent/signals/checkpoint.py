@@ -21,7 +21,7 @@ class CheckpointSettlement(Signal):
         "torchvitals_checkpoint_failures_total",
         "torchvitals_last_healthy_step",
     )
-    fills = ("checkpoint_committed", "checkpoint_failed")
+    fills = ("checkpoint.committed", "checkpoint.failed")
 
     def __init__(self, watchdog: Watchdog) -> None:
         self.watchdog = watchdog

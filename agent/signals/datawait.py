@@ -25,7 +25,7 @@ class WaitSlot:
 class DataWaitSignal(Signal):
     rules = ("DataStall",)
     metrics = ("torchvitals_data_wait_seconds", "torchvitals_data_wait_ratio")
-    fills = ("local_data_wait_seconds", "data_wait_mean_seconds", "data_wait_ratio")
+    fills = ("timing.data_wait_seconds", "timing.data_wait_mean_seconds", "timing.data_wait_ratio")
 
     def __init__(self, wait: DataWait) -> None:
         self.wait = wait

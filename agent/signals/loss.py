@@ -45,7 +45,7 @@ class LossSlots:
 class Loss(Signal):
     rules = ("NonFinite", "LossSpike", "DeadPipeline", "GeneralizationGap")
     metrics = ("torchvitals_loss", "torchvitals_local_loss", "torchvitals_nonfinite_steps_total")
-    fills = ("loss", "nonfinite_loss", "nonfinite_ranks", "nonfinite_rank_count", "local_loss")
+    fills = ("loss", "nonfinite_loss", "nonfinite_ranks", "nonfinite_rank_count", "local.loss")
 
     def __init__(self) -> None:
         self._zeros: dict[torch.device, torch.Tensor] = {}

@@ -25,7 +25,7 @@ class Memory(Signal):
         "torchvitals_accelerator_memory_peak_bytes",
         "torchvitals_accelerator_memory_fragmentation_bytes",
     )
-    fills = ("memory", "local_accelerator_memory")
+    fills = ("memory", "local.accelerator_memory")
 
     def __init__(self, sample: MemorySample) -> None:
         self.sample = sample

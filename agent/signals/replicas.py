@@ -23,7 +23,7 @@ from .setup import Setup
 class Replicas(Signal):
     rules = ("ReplicaDivergence",)
     metrics = ("torchvitals_replica_checks_total",)
-    fills = ("replicas_checked", "replica_mismatch")
+    fills = ("replicas.checked", "replicas.mismatch")
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ class Timing(Signal):
 
     rules = ("Straggler",)
     metrics = ("torchvitals_step_duration_seconds", "torchvitals_compute_duration_seconds")
-    fills = ("mean_step_seconds", "mean_compute_seconds", "seen.straggler_flags")
+    fills = ("timing.mean_step_seconds", "timing.mean_compute_seconds", "seen.straggler_flags")
 
     def __init__(self, timing: RankTiming, stage: int = 0, stages: int = 1) -> None:
         self.timing, self.stage, self.stages = timing, stage, stages

@@ -16,11 +16,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]

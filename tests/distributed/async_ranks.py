@@ -56,12 +56,12 @@ def write_fails_on_rank1(rank: int, world: int, root: str) -> dict[str, Any]:
         report = agent.step(loss)
         opt.zero_grad(set_to_none=True)
         reports.append(describe(report))
-        if state == "before" and report.checkpoint_committed is not None:
+        if state == "before" and report.checkpoint.committed is not None:
             state = "full"
             if rank == 1:
                 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills us
                 resource.setrlimit(resource.RLIMIT_FSIZE, (1_000, hard))
-        elif state == "full" and report.checkpoint_failed is not None:
+        elif state == "full" and report.checkpoint.failed is not None:
             state = "after"
             resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
             signal.signal(signal.SIGXFSZ, handler)

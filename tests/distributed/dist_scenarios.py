@@ -89,7 +89,7 @@ def exact(rank: int, world: int, kind: str, steps: int, config: dict) -> list[di
         assert calls[0] - before_calls == (2 if sampled else 1), "collectives per step"
         # DDP replicas are compared on sampled steps (riding the MAX vector); FSDP2 has none.
         assert (
-            report.replicas_checked == (kind == "ddp" and sampled) and not report.replica_mismatch
+            report.replicas.checked == (kind == "ddp" and sampled) and not report.replicas.mismatch
         )
         assert_close(report.loss, ref_loss.item(), what="loss")
         for block, value in norms.items():
@@ -173,7 +173,7 @@ def serve_metrics(rank: int, world: int, base_port: int) -> dict:
         loss = lm_loss(model, x, y)
         loss.backward()
         report = agent.step(loss, samples=4)
-        compute += report.compute_seconds
+        compute += report.timing.compute_seconds
         opt.zero_grad()
     url = agent.metrics_url
     text = urllib.request.urlopen(url, timeout=5).read().decode()
@@ -184,7 +184,7 @@ def serve_metrics(rank: int, world: int, base_port: int) -> dict:
         "names": sorted({s.name for s in samples}),
         "ranks": sorted({s.labels.get("rank") for s in samples}),
         "local_loss": next(s.value for s in samples if s.name == "torchvitals_local_loss"),
-        "report_local_loss": report.local_loss,
+        "report_local_loss": report.local.loss,
         "loss": report.loss,
         "compute": next(
             s.value for s in samples if s.name == "torchvitals_compute_duration_seconds_sum"

@@ -56,7 +56,7 @@ def cycles(rank: int, world: int, root: str, n: int, steps: int) -> list[dict[st
                 "resumed_from": agent.resumed_from,
                 "group": group.group_name,
                 "actions": [r.action for r in reports],
-                "checkpointed": [r.step for r in reports if r.checkpointed],
+                "checkpointed": [r.step for r in reports if r.checkpoint.saved],
                 "last_healthy": agent.watchdog.last_healthy,
             }
         )

@@ -141,9 +141,9 @@ def describe(report: Any) -> dict[str, Any]:
         "action": report.action,
         "loss": report.loss,
         "rollback": rollback,
-        "checkpointed": getattr(report, "checkpointed", None),
-        "committed": report.checkpoint_committed,
-        "failed": report.checkpoint_failed,
+        "checkpointed": report.checkpoint.saved,
+        "committed": report.checkpoint.committed,
+        "failed": report.checkpoint.failed,
         "verdicts": [(v.pattern, v.severity) for v in report.verdicts],
     }
 

@@ -189,7 +189,7 @@ def main() -> None:
             engine.step()
         report = agent.last_report
         assert report is not before, f"step {step} went unreported"
-        if report.checkpointed:
+        if report.checkpoint.saved:
             digests[report.step] = partition_digest(engine)
         after_step = whole(model)
         if report.action == "rollback":

@@ -179,7 +179,7 @@ def test_healthy_runs_in_both_frameworks_raise_nothing(tmp_path, seed):
         assert not callback.verdicts, [str(v) for v in callback.verdicts]
     assert lightning.last_report.loss < 2.0 and hf.last_report.loss < 2.0
     for callback in (lightning, hf):  # the time between batches reached the agent
-        assert 0 < callback.last_report.local_data_wait_seconds < 1.0
+        assert 0 < callback.last_report.timing.data_wait_seconds < 1.0
 
 
 def _lightning_fp16(callbacks: list, tmp_path: Path, tag: str) -> tuple[list, list, float]:

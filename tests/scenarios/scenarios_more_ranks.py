@@ -99,7 +99,7 @@ def slow_rank(rank: int, world: int, steps: int, slow: int, from_step: int, dela
                 {
                     "step": report.step,
                     "verdicts": _verdicts(report),
-                    "compute": report.compute_seconds,
+                    "compute": report.timing.compute_seconds,
                 }
             )
         history = [

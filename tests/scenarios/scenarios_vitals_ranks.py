@@ -73,7 +73,7 @@ def corrupted_replica(
                     "step": report.step,
                     "verdicts": _verdicts(report),
                     "action": report.action,
-                    "checked": report.replicas_checked,
+                    "checked": report.replicas.checked,
                     "to_step": report.rollback.to_step if report.rollback else None,
                     "checksum": _checksum(model),
                 }
@@ -114,8 +114,8 @@ def loader_stall_on_one_rank(
             out.append(
                 {
                     "step": report.step,
-                    "wait": report.local_data_wait_seconds,
-                    "ratio": report.data_wait_ratio,
+                    "wait": report.timing.data_wait_seconds,
+                    "ratio": report.timing.data_wait_ratio,
                 }
             )
         stragglers = [

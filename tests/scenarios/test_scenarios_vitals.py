@@ -110,10 +110,10 @@ def test_sleeping_loader_is_a_data_stall():
     found = [(p, s) for p, s, _ in history]
     assert found == [("data_stall", 19)], found  # data_stall_steps=5 stalled steps: 15..19
     assert history[0][2]["data_wait_ratio"] >= 0.5
-    assert all(r.local_data_wait_seconds >= 0.06 for r in reports[14:])
-    assert all(r.local_data_wait_seconds < 0.01 for r in reports[1:14])
+    assert all(r.timing.data_wait_seconds >= 0.06 for r in reports[14:])
+    assert all(r.timing.data_wait_seconds < 0.01 for r in reports[1:14])
     # The tokens and samples the caller passed.
-    assert reports[-1].tokens == 8 * TINY["seq_len"] and reports[-1].samples == 8
+    assert reports[-1].local.tokens == 8 * TINY["seq_len"] and reports[-1].local.samples == 8
 
 
 def test_data_wait_recorded_by_the_caller_is_a_data_stall_too():
@@ -134,13 +134,13 @@ def test_a_data_stall_does_not_stop_healthy_checkpoints(tmp_path):
     )
     # The stall is seen (its exact step is test_sleeping_loader_is_a_data_stall's business).
     assert [p for p, _, _ in history] == ["data_stall"]
-    assert [r.step for r in reports if r.checkpointed] == [5, 10, 15, 20, 25, 30]
+    assert [r.step for r in reports if r.checkpoint.saved] == [5, 10, 15, 20, 25, 30]
 
 
 def test_fast_loader_is_silent():
     reports, history = gpt_run(30)
     assert history == []
-    assert max(r.data_wait_ratio for r in reports[10:]) < 0.2
+    assert max(r.timing.data_wait_ratio for r in reports[10:]) < 0.2
 
 
 # ---------------------------------------------------------------- replica divergence (DDP)

@@ -66,6 +66,6 @@ def test_device_leak_is_memory_growth_without_a_host_sync(device):
     agent.close()
     assert syncs == [1] * len(syncs), "the one packed copy per step, sampled steps included"
     assert ("memory_growth", 100, "accelerator_allocated_bytes") in history, history
-    last = reports[-1].local_accelerator_memory
+    last = reports[-1].local.accelerator_memory
     assert last["allocated_bytes"] >= 100 * 8 * MIB
     assert reports[-1].memory["accelerator_allocated_bytes"] >= 90 * 8 * MIB

@@ -238,6 +238,11 @@ def test_every_signal_names_real_rules_metrics_and_fields():
                 assert rest in {f.name for f in dataclasses.fields(Observed)}, (cls, path)
             else:
                 assert head in report_fields, (cls, path)
+                record = next((f for f in dataclasses.fields(Report) if f.name == head), None)
+                factory = getattr(record, "default_factory", dataclasses.MISSING)
+                made = None if factory is dataclasses.MISSING else factory()
+                if rest and dataclasses.is_dataclass(made):  # report.<record>.<field>
+                    assert rest in {f.name for f in dataclasses.fields(made)}, (cls, path)
     defined = set()
     for path in sorted((ROOT / "agent" / "signals").glob("*.py")):
         module = importlib.import_module(f"torchvitals.agent.signals.{path.stem}")

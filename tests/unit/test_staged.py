@@ -65,8 +65,8 @@ def test_rollback_from_memory_lands_on_the_weights_a_disk_rollback_gives(tmp_pat
     assert loads == 0 and sync_loads == 1, (loads, sync_loads)
     assert all(torch.equal(weights[k], sync_weights[k]) for k in weights)
     # Every staged save was committed (at a later step, or at close for the last one).
-    staged = [r.step for r in reports if r.checkpointed]
-    committed = [r.checkpoint_committed for r in reports if r.checkpoint_committed]
+    staged = [r.step for r in reports if r.checkpoint.saved]
+    committed = [r.checkpoint.committed for r in reports if r.checkpoint.committed]
     assert committed == staged[: len(committed)] and agent.watchdog.last_healthy == staged[-1]
     assert (tmp_path / "staged" / f"step-{staged[-1]:08d}").is_dir()
 
@@ -75,7 +75,7 @@ def test_a_state_over_the_bound_is_saved_synchronously_and_logged_once(tmp_path,
     with caplog.at_level(logging.WARNING):
         reports, _, loads, agent = run(tmp_path, "small", snapshot_max_bytes=1000)
     assert loads == 1, "the rollback must read the disk"
-    assert not any(r.checkpoint_committed for r in reports), "synchronous saves settle nothing"
+    assert not any(r.checkpoint.committed for r in reports), "synchronous saves settle nothing"
     assert agent.watchdog.staged.memory is None
     assert sum("exceed snapshot_max_bytes" in m for m in caplog.messages) == 1, caplog.messages
 
@@ -104,8 +104,8 @@ def test_the_step_returns_while_the_write_is_blocked(tmp_path):
             loss.backward()
             reports.append(agent.step(loss))
             opt.zero_grad(set_to_none=True)
-        assert [r.checkpointed for r in reports] == [False, False, True, False, False]
-        assert not any(r.checkpoint_committed for r in reports), "committed before the write"
+        assert [r.checkpoint.saved for r in reports] == [False, False, True, False, False]
+        assert not any(r.checkpoint.committed for r in reports), "committed before the write"
         assert agent.watchdog.staged.in_flight and agent.watchdog.last_healthy is None
         gate.set()
         agent.close()  # completes the write in flight and commits it

@@ -60,7 +60,7 @@ def test_nan_rolls_back_to_the_last_healthy_checkpoint(tmp_path):
     assert rb.step == 27 and rb.rollback.to_step == 20 and rb.rollback.lr_scale == 0.5
     assert rb.rollback.skipped == (20, 29)  # checkpoint position .. batch 27 + margin 2
     assert agent.skipped_batches == [(20, 29)]
-    assert [r.step for r in reports if r.checkpointed] == [10, 20, 30, 40]
+    assert [r.step for r in reports if r.checkpoint.saved] == [10, 20, 30, 40]
     assert agent.lr_scale == 0.5
     # The scheduler keeps the intended rate; the back-off applies at each step over it.
     assert sched.base_lrs == [pytest.approx(3e-3)] * len(sched.base_lrs)
