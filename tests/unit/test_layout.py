@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import re
 from pathlib import Path
 
@@ -25,6 +26,12 @@ the frameworks, and the optimizer backends (which the measures and ``recover`` r
 stage may import them; they import no stage."""
 LEAVES = {"torchvitals.agent.detect.verdict", "torchvitals.agent.detect.thresholds"}
 """Plain data every stage may import: the pattern table, the thresholds."""
+
+
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for every test here (none changes it)."""
+    return ast.parse(path.read_text())
 
 
 def _modules() -> dict[str, Path]:
@@ -46,7 +53,7 @@ def _imports(name: str, path: Path) -> set[str]:
     """The package's modules ``name`` imports anywhere in its body (functions included)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parsed(path)):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -149,7 +156,7 @@ def test_the_step_stages_are_called_from_one_place():
     for name, path in MODULES.items():
         if not name.startswith("torchvitals.agent.") or ".tools." in name:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parsed(path)):
             if not (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
@@ -452,7 +459,7 @@ def test_each_wire_contract_is_spelled_once(literal):
     """The literal lives in protocol.py; every other module imports the name."""
     spelled = []
     for module, path in MODULES.items():
-        tree = ast.parse(path.read_text())
+        tree = _parsed(path)
         docstrings = {
             id(n.body[0].value)
             for n in ast.walk(tree)
@@ -475,7 +482,7 @@ def _class_bases() -> dict[str, set[str]]:
     """Every class the package defines at a module's top level: its name, its bases' names."""
     found: dict[str, set[str]] = {}
     for path in MODULES.values():
-        for node in ast.parse(path.read_text()).body:
+        for node in _parsed(path).body:
             if isinstance(node, ast.ClassDef):
                 names = {
                     b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
@@ -680,7 +687,7 @@ def _private_names_compat_reads() -> set[str]:
         name
         for module, path in MODULES.items()
         if _in_compat(module)
-        for name in _private_names_read(ast.parse(path.read_text()))
+        for name in _private_names_read(_parsed(path))
     }
 
 
