@@ -66,65 +66,139 @@ class Adapter(Protocol):
     def close(self) -> None: ...
 
 
+PUBLIC = (
+    # what it watches, and who this rank is
+    "config",
+    "model",
+    "optimizer",
+    "scheduler",
+    "global_rank",
+    "world_size",
+    # where the run is
+    "run_dir",
+    "metrics_url",
+    "resumed_from",
+    "step_count",
+    "ticks",
+    "last_report",
+    "block_names",
+    # the data
+    "batches",
+    "data_position",
+    "skipped_batches",
+    "record_data_wait",
+    # the learning rate
+    "lr",
+    "lr_scale",
+    "scheduler_follows_step",
+    # the step
+    "step",
+    "record_loss",
+    "capture_gradients",
+    "sampled",
+    "stage_times",
+    # what it found and where it went
+    "detector",
+    "watchdog",
+    "outputs",
+    "loss_book",
+    "observe_validation",
+    "diagnose",
+    # the hooks for integrations, and the end
+    "adapter",
+    "attach",
+    "on_close",
+    "resume_at",
+    "close",
+)
+"""The agent's public names, all of them (``Agent``'s docstring and docs/extending.md list
+them; tests/unit/test_agent_surface.py keeps the three and the class the same). Everything
+else on the agent is private: ``build.py`` fills it, ``agent.py`` uses it."""
+
+
 class Agent:
     """Watches one rank's model and optimizer; see ``torchvitals.watch``.
 
-    Every collaborator below is built once, at ``watch()``, and released by ``close()``.
+    Everything is built once, at ``watch()`` (``build.py``), and released by ``close()``. The
+    public surface is ``PUBLIC``, no more:
+
+    - What it watches, and who this rank is: ``config``, ``model``, ``optimizer``,
+      ``scheduler``, ``global_rank``, ``world_size``.
+    - Where the run is: ``run_dir``, ``metrics_url``, ``resumed_from``, ``step_count``,
+      ``ticks``, ``last_report``, ``block_names``.
+    - The data: ``batches``, ``data_position``, ``skipped_batches``, ``record_data_wait``.
+    - The learning rate: ``lr``, ``lr_scale``, ``scheduler_follows_step``.
+    - The step: ``step``, ``record_loss``, ``capture_gradients``, ``sampled``,
+      ``stage_times``.
+    - What it found and where it went: ``detector`` (``history``, ``active``), ``watchdog``,
+      ``outputs`` (``exporter``, the event log, the sinks' ``failures``), ``loss_book`` (what
+      integrations set: ``capture``, ``share_scale``), ``observe_validation``, ``diagnose``.
+    - The hooks for integrations, and the end: ``adapter``, ``attach``, ``on_close``,
+      ``resume_at``, ``close`` (and ``with agent:``).
     """
 
+    # ------------------------------------------------------------------ public
     config: Config
+    """The settings every rank agreed on."""
     model: nn.Module
     optimizer: Any
     """The torch optimizer (or container) under any accelerate/DeepSpeed wrapper."""
     scheduler: Any
-    backend: OptimizerBackend
-    """The optimizer's kind (``backends/``): whose step the guard takes, where the gradients
-    and the state are."""
-    optimizers: Optimizers
-    """A container's real optimizers (or the one optimizer)."""
-    state_holder: Any
-    """What checkpoints and rollbacks save and restore the optimizer state of."""
-    clock: Callable[[], float]
-    group: dist.ProcessGroup | None
-    """The reduction's group: the job's world (None: the default group, or one process)."""
     global_rank: int
     """This process's rank in the job: what job-wide duties (global rank 0's event log,
     incidents, timeline and poller), heartbeats and metric labels go by."""
-    group_rank: int
-    """This rank's position in the reduction's group, which packs by it (equal to
-    ``global_rank``: the group spans the world, and ``new_group`` orders its ranks)."""
     world_size: int
-    layout: Agreed
-    blocks: Blocks
-    """The blocks every rank packs (the union over the ranks' pipeline stages, if any)."""
-    params: list[torch.Tensor]
-    device: torch.device
-    reducer: Reducer
-    detector: Detector
-    loss_book: LossBook
-    """Where each step's loss comes from (``record_loss``, the model's outputs)."""
-    heartbeat: Heartbeat | None
-    incidents: IncidentWriter | None
-    """Global rank 0's incident records in the job's folder (None on the other ranks, and
-    without a checkpoint or log folder)."""
-    timeline: Timeline | None
-    """Global rank 0's step records for the goodput accounting (likewise)."""
-    watchdog: Watchdog | None
-    """Checkpoints and rollbacks (None without ``checkpoint_dir``)."""
-    poller: DirectivePoller | None
-    """Global rank 0's collector poller (None on the other ranks and without a collector)."""
-    outputs: Outputs
     run_dir: str | None
+    """Global rank 0's folder of this run under ``log_dir`` (None elsewhere, or without)."""
     resumed_from: int | None
     """The model step this run resumed after (None: it started fresh)."""
-    guard: StepGuard
-    signals: Signals
-    steps: Steps
     last_report: Report | None
-    adapter: Adapter | None
-    """The framework adapter ``attach`` holds (``watch_torchtitan``'s), or None."""
+    """The newest step's report (None before the first)."""
     record_data_wait: Callable[[float], None]
     """Adapters: the seconds a batch drawn elsewhere (not through ``batches``) waited."""
+    detector: Detector
+    """The verdicts: ``history`` (oldest first, bounded) and the ``active`` ones."""
+    watchdog: Watchdog | None
+    """Checkpoints and rollbacks (None without ``checkpoint_dir``)."""
+    outputs: Outputs
+    """Where each report goes: /metrics (``exporter``), the event log, the live view, the
+    user's sinks and their ``failures``."""
+    loss_book: LossBook
+    """Where each step's loss comes from (``record_loss``, the model's outputs)."""
+    adapter: Adapter | None
+    """The framework adapter ``attach`` holds (``watch_torchtitan``'s), or None."""
+
+    # ------------------------------------------------------------------ private
+    _backend: OptimizerBackend
+    """The optimizer's kind (``backends/``): whose step the guard takes, where the gradients
+    and the state are."""
+    _optimizers: Optimizers
+    """A container's real optimizers (or the one optimizer)."""
+    _state_holder: Any
+    """What checkpoints and rollbacks save and restore the optimizer state of."""
+    _clock: Callable[[], float]
+    _group: dist.ProcessGroup | None
+    """The reduction's group: the job's world (None: the default group, or one process)."""
+    _group_rank: int
+    """This rank's position in the reduction's group, which packs by it (equal to
+    ``global_rank``: the group spans the world, and ``new_group`` orders its ranks)."""
+    _layout: Agreed
+    _blocks: Blocks
+    """The blocks every rank packs (the union over the ranks' pipeline stages, if any)."""
+    _params: list[torch.Tensor]
+    _device: torch.device
+    _reducer: Reducer
+    _heartbeat: Heartbeat | None
+    _incidents: IncidentWriter | None
+    """Global rank 0's incident records in the job's folder (None on the other ranks, and
+    without a checkpoint or log folder)."""
+    _timeline: Timeline | None
+    """Global rank 0's step records for the goodput accounting (likewise)."""
+    _poller: DirectivePoller | None
+    """Global rank 0's collector poller (None on the other ranks and without a collector)."""
+    _guard: StepGuard
+    _signals: Signals
+    _steps: Steps
     _wait: DataWait
     _data: SkipAwareBatches
     """The batch position and skip list (the watchdog's, so its checkpoints carry them)."""
@@ -209,7 +283,7 @@ class Agent:
         the caller updates the scaler; the real step goes through the optimizer's attribute."""
         self._run(StepInput(scaler=scaler, through_attribute=True))
 
-    def settle_skipped(self) -> None:
+    def _settle_skipped(self) -> None:
         """``optimizer.zero_grad()`` or ``model.zero_grad()`` (the watched model, a module inside
         it or a wrapper around it) from the loop or a framework: gradients and losses of a
         backward pass that no step took are a step the framework skipped by itself (DeepSpeed's
@@ -222,18 +296,18 @@ class Agent:
         that step is not settled (telling them apart would take a hook on every backward, and
         the settled step could only report its gradients as unmeasured)."""
         if (
-            self.steps.aborted is None
+            self._steps.aborted is None
             and self.loss_book.pending
-            and self.guard.has_new_gradients()
-            and not self.guard.closed
+            and self._guard.has_new_gradients()
+            and not self._guard.closed
         ):
             self._run(StepInput(skipped_by_framework=True))
 
     def _run(self, inp: StepInput, checked: bool = True) -> Report:
         report = (
-            self.guard.checked(lambda repeated: self.steps.run(replace(inp, repeated=repeated)))
+            self._guard.checked(lambda repeated: self._steps.run(replace(inp, repeated=repeated)))
             if checked
-            else self.steps.run(inp)
+            else self._steps.run(inp)
         )
         self.last_report = report
         return report
@@ -261,7 +335,7 @@ class Agent:
     @property
     def lr_scale(self) -> float:
         """What the rollbacks' back-off has left of the learning rate (1.0 without watchdog)."""
-        return self.steps.lr_scale
+        return self._steps.lr_scale
 
     @property
     def metrics_url(self) -> str | None:
@@ -272,35 +346,41 @@ class Agent:
     @property
     def step_count(self) -> int:
         """The model's step: steps taken, less those a rollback undid."""
-        return self.steps.step_count
+        return self._steps.step_count
+
+    @property
+    def block_names(self) -> list[str]:
+        """The blocks every rank packs, in order: what the reports' per-block fields are
+        keyed by (the union over the ranks' pipeline stages, if any)."""
+        return list(self._blocks.names)
 
     @property
     def scheduler_follows_step(self) -> bool:
         """Whoever calls ``optimizer.step()`` (a framework, the loop) steps ``scheduler`` right
         after each one; False for a scheduler stepped per epoch (a restart then takes no step)."""
-        return self.steps.scheduler_follows_step
+        return self._steps.scheduler_follows_step
 
     @scheduler_follows_step.setter
     def scheduler_follows_step(self, value: bool) -> None:
-        self.steps.scheduler_follows_step = bool(value)
+        self._steps.scheduler_follows_step = bool(value)
 
     @property
     def stage_times(self) -> StageTimes | None:
         """Set a ``step.StageTimes`` to record the agent's host time per stage (benchmarks)."""
-        return self.steps.stage_times
+        return self._steps.stage_times
 
     @stage_times.setter
     def stage_times(self, value: StageTimes | None) -> None:
-        self.steps.stage_times = value
+        self._steps.stage_times = value
 
     @property
     def ticks(self) -> int:
         """Steps run, rolled-back ones too: the loop guard's and the heartbeat's clock."""
-        return self.steps.ticks
+        return self._steps.ticks
 
     def sampled(self, step: int) -> bool:
         """Whether ``step`` records activations (and carries the preceding update's ratio)."""
-        return self.steps.sampled(step)
+        return self._steps.sampled(step)
 
     def record_loss(self, loss: torch.Tensor | float) -> None:
         """Tell the agent a micro-batch's loss (unscaled); the step's loss is their mean.
@@ -313,14 +393,14 @@ class Agent:
     @property
     def lr(self) -> list[float]:
         """Each param group's learning rate as the next step applies it (back-off included)."""
-        return self.guard.effective_lr(self.lr_scale)
+        return self._guard.effective_lr(self.lr_scale)
 
     def capture_gradients(self) -> None:
         """Measure this step's gradients now, before something changes them (a framework's
         gradient clipping): the report's grad norms are then the pre-clip ones. Called by the
         integrations, and by ``torch.nn.utils.clip_grad_norm_`` while a guard is active."""
-        if self.steps.aborted is None:
-            self.signals.grads.capture()
+        if self._steps.aborted is None:
+            self._signals.grads.capture()
 
     def observe_validation(self, loss: torch.Tensor | float) -> float:
         """Report a validation loss; every rank must call it (it is averaged over the ranks).
@@ -333,11 +413,11 @@ class Agent:
         """
         value = torch.tensor([float(loss)], dtype=F64)
         if self.world_size > 1:
-            if self.reducer.device_collectives:
-                value = value.to(self.device)
-            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.group)
+            if self._reducer.device_collectives:
+                value = value.to(self._device)
+            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self._group)
         mean = float(value.sum()) / self.world_size
-        step = self.steps.step_count
+        step = self._steps.step_count
         self.detector.observe_validation(step, mean)
         self._validation.append((step, mean))
         self.outputs.event({"event": "validation", "step": step, "loss": mean})
@@ -347,7 +427,7 @@ class Agent:
         """The decision-tree summary of the run so far (``torchvitals.agent.tools.diagnose``)."""
         from .tools.diagnose import diagnose
 
-        return diagnose(self.detector.history, self.steps.losses, self._validation)
+        return diagnose(self.detector.history, self._steps.losses, self._validation)
 
     # ------------------------------------------------------------------ hooks for integrations
 
@@ -368,11 +448,11 @@ class Agent:
         ``resumed_from`` become ``step``, the next step records activations if it is a sampled
         one, and the goodput records book the load as checkpoint time. Call it on every rank,
         between steps."""
-        self.steps.step_count = self.resumed_from = step
-        if self.timeline is not None:
-            self.timeline.loaded(load_seconds)
-        if self.steps.sampled(step + 1):
-            self.steps.arm()
+        self._steps.step_count = self.resumed_from = step
+        if self._timeline is not None:
+            self._timeline.loaded(load_seconds)
+        if self._steps.sampled(step + 1):
+            self._steps.arm()
 
     def close(self) -> None:
         """Give the optimizer its step back, remove hooks and patches, stop /metrics, close the

@@ -96,7 +96,7 @@ def build(
     distributed = dist.is_available() and dist.is_initialized()
     agent.world_size = dist.get_world_size() if distributed else 1
     agent.global_rank = dist.get_rank() if distributed else 0
-    agent.clock = clock
+    agent._clock = clock
     agent.last_report = None
     agent.adapter = None
     agent._validation = deque(maxlen=CURVE_KEPT)
@@ -108,24 +108,24 @@ def build(
         with fence.section("reading the settings and the model") as agreed:
             agent.config = config if config is not None else Config.from_env(**(settings or {}))
             agreed.update(shaping(agent.config))
-            agent.group, agent.group_rank = _group(group, distributed, agent.world_size)
+            agent._group, agent._group_rank = _group(group, distributed, agent.world_size)
             _check_ddp(model)
-            agent.backend = choose(optimizer, log)  # the optimizer's kind, once: backends/
-            agent.optimizers = agent.backend.optimizers  # a container's real optimizers
-            optimizer = agent.optimizers.stepped
+            agent._backend = choose(optimizer, log)  # the optimizer's kind, once: backends/
+            agent._optimizers = agent._backend.optimizers  # a container's real optimizers
+            optimizer = agent._optimizers.stepped
             agent.model, agent.optimizer = model, optimizer
             agent.scheduler = unwrap_scheduler(scheduler).logged(log)
-            agent.state_holder = agent.backend.state_holder
-            agent.backend.check_checkpointable(agent.config.checkpoint_dir)
-            discovered = _discover(model, agent.config, agent.backend)
-        agent.layout = agree(*discovered, agent.group, agent.group_rank, agent.world_size)
+            agent._state_holder = agent._backend.state_holder
+            agent._backend.check_checkpointable(agent.config.checkpoint_dir)
+            discovered = _discover(model, agent.config, agent._backend)
+        agent._layout = agree(*discovered, agent._group, agent._group_rank, agent.world_size)
         with fence.section("building this rank's agent"):
             key = _local(agent, rules, registry, sinks, built)
         # the collectives: the checkpoint folder, the resume, who is who
         loaded, places = _join(agent, key, built)
         with fence.section("finishing watch()") as agreed:
             _finish(agent, optimizer, signals, loaded, places, built)
-            agreed.update(_packed(agent.signals, agent.blocks))
+            agreed.update(_packed(agent._signals, agent._blocks))
         agent._closing = built.pop_all()
 
 
@@ -182,7 +182,8 @@ def _check_replicas(agent: Any) -> None:
     if not isinstance(agent.model, DistributedDataParallel) or agent.world_size == 1:
         return
     ddp = set(dist.get_process_group_ranks(agent.model.process_group))
-    for name, holders, params in zip(agent.blocks.names, agent.blocks.holders, agent.blocks.params):
+    blocks = agent._blocks
+    for name, holders, params in zip(blocks.names, blocks.holders, blocks.params):
         if params and not set(holders) <= ddp:
             raise TorchvitalsError(
                 f"torchvitals: ranks {sorted(holders)} hold identical copies of block "
@@ -202,17 +203,17 @@ def _local(
     """What this rank builds alone once the blocks are agreed (no collective): the
     detector, the heartbeat and stack dumps, the checkpoint key, the collector's poller and
     /metrics, each released by ``built`` on failure. Returns the checkpoint key."""
-    config, clock = agent.config, agent.clock
-    agent.blocks = agent.layout.blocks
+    config, clock = agent.config, agent._clock
+    agent._blocks = agent._layout.blocks
     _check_replicas(agent)
-    agent.params = [p for ps in agent.blocks.params for _, p in ps]
-    agent.device = local(agent.params[0]).device
-    agent.reducer = Reducer(agent.group, agent.world_size)
+    agent._params = [p for ps in agent._blocks.params for _, p in ps]
+    agent._device = local(agent._params[0]).device
+    agent._reducer = Reducer(agent._group, agent.world_size)
     agent.detector = Detector(
-        agent.blocks.names,
-        agent.blocks.kinds,
+        agent._blocks.names,
+        agent._blocks.kinds,
         Thresholds.from_overrides(config.detect),
-        static=agent.layout.static,
+        static=agent._layout.static,
         rules=rules,
     )
     agent.loss_book = LossBook()
@@ -221,22 +222,22 @@ def _local(
     # Every rank reads the token, so a missing secret fails every rank alike; only global
     # rank 0 polls.
     token = token_from_env() if config.collector_url else None
-    agent.heartbeat = (
+    agent._heartbeat = (
         Heartbeat(config.heartbeat_dir, agent.global_rank, flush=True)
         if config.heartbeat_dir
         else None
     )
-    if agent.heartbeat is not None:
-        built.callback(agent.heartbeat.close)
-    if agent.heartbeat is not None and config.heartbeat_dir:
-        _stacks(agent, config.heartbeat_dir, agent.heartbeat, built)
+    if agent._heartbeat is not None:
+        built.callback(agent._heartbeat.close)
+    if agent._heartbeat is not None and config.heartbeat_dir:
+        _stacks(agent, config.heartbeat_dir, agent._heartbeat, built)
     # Only global rank 0 signs and checks the manifests, so only it reads the key.
     key = (
         CheckpointKey.from_env(key_file=config.checkpoint_key_file)
         if config.checkpoint_dir and agent.global_rank == 0
         else None
     )
-    agent.poller = (
+    agent._poller = (
         DirectivePoller(
             config.collector_url,
             config.collector_job,
@@ -246,11 +247,11 @@ def _local(
         if config.collector_url and agent.global_rank == 0
         else None
     )
-    if agent.poller is not None:
-        built.callback(agent.poller.close)
+    if agent._poller is not None:
+        built.callback(agent._poller.close)
     agent.outputs = Outputs(
         config,
-        agent.blocks.names,
+        agent._blocks.names,
         rank=agent.global_rank,
         world_size=agent.world_size,
         registry=registry,
@@ -261,8 +262,8 @@ def _local(
     # nothing of the agent, so this keeps nothing alive).
     weakref.finalize(agent, agent.outputs.close)
     agent.run_dir = agent.outputs.run_dir
-    if agent.heartbeat is not None:
-        agent.heartbeat.metrics_url = agent.outputs.metrics_url
+    if agent._heartbeat is not None:
+        agent._heartbeat.metrics_url = agent.outputs.metrics_url
     return key
 
 
@@ -274,10 +275,10 @@ def _join(agent: Any, key: CheckpointKey | None, built: contextlib.ExitStack) ->
     Returns:
         The seconds the resume loaded for, and the ranks' places (None without a job folder).
     """
-    config, model, heartbeat = agent.config, agent.model, agent.heartbeat
+    config, model, heartbeat = agent.config, agent.model, agent._heartbeat
     try:
         agent.watchdog = (
-            Watchdog.open(config, agent.group, key=key) if config.checkpoint_dir else None
+            Watchdog.open(config, agent._group, key=key) if config.checkpoint_dir else None
         )
     except LedgerError:
         # A ledger that cannot be trusted stays so after a restart: the heartbeat says
@@ -294,7 +295,7 @@ def _join(agent: Any, key: CheckpointKey | None, built: contextlib.ExitStack) ->
         heartbeat.beat(0, CHECKPOINT if agent.watchdog is not None else TRAIN)
     loading = time.time()
     agent.resumed_from = (
-        agent.watchdog.resume(model, agent.state_holder, agent.scheduler)
+        agent.watchdog.resume(model, agent._state_holder, agent.scheduler)
         if agent.watchdog is not None
         else None
     )
@@ -305,7 +306,7 @@ def _join(agent: Any, key: CheckpointKey | None, built: contextlib.ExitStack) ->
     # the same on every rank: a job folder (the checkpoint folder, else the run's) is
     # known alike (both settings are agreed).
     places = (
-        gather_places(agent.group, agent.group_rank, agent.world_size)
+        gather_places(agent._group, agent._group_rank, agent.world_size)
         if config.checkpoint_dir or config.log_dir
         else None
     )
@@ -329,27 +330,27 @@ def _finish(
     agent._patches = PatchSet()  # undone by close(), or when the agent is collected
     built.callback(agent._patches.close)
     agent._patches.close_when_collected(agent)
-    agent.guard = StepGuard(
-        agent.optimizers,
+    agent._guard = StepGuard(
+        agent._optimizers,
         agent._guarded_step,
-        agent.params,
+        agent._params,
         agent._patches,
-        stepper=agent.backend.stepper,
+        stepper=agent._backend.stepper,
     )
-    built.callback(agent.guard.close)
-    agent.signals = _signals(agent, signals)
-    for signal in agent.signals.all:
+    built.callback(agent._guard.close)
+    agent._signals = _signals(agent, signals)
+    for signal in agent._signals.all:
         built.callback(signal.close)
-    agent.incidents, agent.timeline = _job_records(agent, built, loaded, places)
-    agent.steps = Steps(_step_deps(agent), step_count=agent.resumed_from or 0)
+    agent._incidents, agent._timeline = _job_records(agent, built, loaded, places)
+    agent._steps = Steps(_step_deps(agent), step_count=agent.resumed_from or 0)
     # Always on and O(1): the end of each forward pass, for per-rank compute time.
-    built.callback(model.register_forward_hook(agent.steps.on_forward).remove)
+    built.callback(model.register_forward_hook(agent._steps.on_forward).remove)
     agent._patches.route_scaler_step(optimizer, agent._scaler_step)
-    agent._zero_grad = agent._patches.before_zero_grad(optimizer, agent.settle_skipped)
-    agent._patches.before_model_zero_grad(model, agent.settle_skipped)
-    agent._patches.capture_clipping(agent.capture_gradients, agent.params)
-    if agent.steps.sampled(agent.steps.step_count + 1):
-        agent.steps.arm()
+    agent._zero_grad = agent._patches.before_zero_grad(optimizer, agent._settle_skipped)
+    agent._patches.before_model_zero_grad(model, agent._settle_skipped)
+    agent._patches.capture_clipping(agent.capture_gradients, agent._params)
+    if agent._steps.sampled(agent._steps.step_count + 1):
+        agent._steps.arm()
 
 
 def _packed(signals: Signals, blocks: Blocks) -> dict[str, Setting]:
@@ -416,24 +417,24 @@ def _signals(agent: Any, extra: Sequence[Signal]) -> Signals:
     every rank packs and reads them back."""
     setup = Setup(
         config=agent.config,
-        layout=agent.layout,
+        layout=agent._layout,
         model=agent.model,
-        params=agent.params,
-        rank=agent.group_rank,
+        params=agent._params,
+        rank=agent._group_rank,
         world_size=agent.world_size,
-        group=agent.group,
-        device=agent.device,
+        group=agent._group,
+        device=agent._device,
         collective_device=(
-            agent.device if agent.reducer.device_collectives else torch.device("cpu")
+            agent._device if agent._reducer.device_collectives else torch.device("cpu")
         ),
         thresholds=agent.detector.thresholds,
-        probe_grads=agent.guard.probe_grads,
-        grad_source=agent.backend.grad_source,
-        param_source=agent.backend.param_source,
-        stepped=agent.backend.stepped_params,
+        probe_grads=agent._guard.probe_grads,
+        grad_source=agent._backend.grad_source,
+        param_source=agent._backend.param_source,
+        stepped=agent._backend.stepped_params,
         data_wait=agent._wait,
         watchdog=agent.watchdog,
-        poller=agent.poller,
+        poller=agent._poller,
     )
     return build_signals(BUILTIN, setup, extra)
 
@@ -442,27 +443,27 @@ def _step_deps(agent: Any) -> StepDeps:
     """What one step uses, as one frozen record (the step never holds the agent)."""
     return StepDeps(
         config=agent.config,
-        clock=agent.clock,
-        device=agent.device,
-        rank=agent.group_rank,
+        clock=agent._clock,
+        device=agent._device,
+        rank=agent._group_rank,
         global_rank=agent.global_rank,
         world_size=agent.world_size,
-        signals=agent.signals.all,
-        update=agent.signals.update,
-        activations=agent.signals.activations,
-        reducer=agent.reducer,
+        signals=agent._signals.all,
+        update=agent._signals.update,
+        activations=agent._signals.activations,
+        reducer=agent._reducer,
         detector=agent.detector,
-        guard=agent.guard,
+        guard=agent._guard,
         watchdog=agent.watchdog,
         outputs=agent.outputs,
-        heartbeat=agent.heartbeat,
-        poller=agent.poller,
-        incidents=agent.incidents,
-        timeline=agent.timeline,
+        heartbeat=agent._heartbeat,
+        poller=agent._poller,
+        incidents=agent._incidents,
+        timeline=agent._timeline,
         loss_book=agent.loss_book,
         model=agent.model,
         optimizer=agent.optimizer,
-        state_holder=agent.state_holder,
+        state_holder=agent._state_holder,
         scheduler=agent.scheduler,
-        params=agent.params,
+        params=agent._params,
     )

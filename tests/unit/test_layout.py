@@ -165,6 +165,7 @@ def test_the_step_stages_are_called_from_one_place():
                 continue
             owner = node.func.value
             owner = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            owner = owner.lstrip("_")  # the agent's private ``self._guard`` is the guard too
             if owner in receivers:
                 calls.setdefault(f"{owner}.{node.func.attr}", set()).add(name)
     assert {
