@@ -7,22 +7,22 @@
         report = agent.step(loss)        # calls optimizer.step() unless the decision says skip
         optimizer.zero_grad(set_to_none=True)
 
-The ``Agent`` declares what it holds at class level; ``watch()`` builds the collaborators in
-order (the ranks' agreement on the blocks, the detector, the resources, the guard, the signals)
-and then the step, which receives them as one frozen record (``step.StepDeps``). What one step
-does is ``step.py``; the vital signs it packs are ``signals/`` (``signals/registry.py`` lists
-them). A ``watch()`` that fails releases what it already built (the /metrics port, the event
-log, hooks, patches). Integrations reach the agent through its public hooks (``on_close``,
-``attach``, ``resume_at``, ``ticks``), never through its private attributes.
+The ``Agent`` declares what it holds at class level and reads top to bottom as its documented
+public surface, the step's doors (``step``, and the patched ``optimizer.step()``,
+``scaler.step`` and ``zero_grad``), the rest of the API, the hooks for integrations and
+``close()``. ``build.py`` builds the collaborators at ``watch()``, in sections every rank fences
+(the ranks' agreement on the blocks, the detector, the resources, the guard, the signals), then
+the step, which receives them as one frozen record (``step.StepDeps``). What one step does is
+``step.py``; the vital signs it packs are ``signals/`` (``signals/registry.py`` lists them). A
+``watch()`` that fails releases what it already built (the /metrics port, the event log, hooks,
+patches). Integrations reach the agent through its public surface (``on_close``, ``attach``,
+``resume_at``, ``ticks``, ...), never through its private attributes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -31,48 +31,33 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from ..errors import TorchvitalsError
-from ..protocol import ATTEMPT_ENV, CHECKPOINT, REFUSED, TRAIN, token_from_env
-from ..records.incidents import IncidentLog
-from ..records.ledger import LedgerError
-from ..records.timeline import StepTimeline
-from .backends import OptimizerBackend, choose
+from .backends import OptimizerBackend
 from .backends.optimizers import Optimizers
-from .backends.wrappers import unwrap_scheduler
-from .compat.pytorch import ddp_localized
+from .build import build
 from .config import Config
-from .consensus import Fence, Setting, shaping
 from .detect.detector import Detector
 from .detect.rules import Rule
-from .detect.thresholds import Thresholds
-from .detect.wiring import wiring_verdicts
 from .guard import StepGuard
-from .measure.blocks import Blocks, discover, unwrap
+from .measure.blocks import Blocks
 from .measure.datawait import DataWait
 from .measure.loss import LossBook
 from .measure.reduce import Reducer
-from .measure.stages import Agreed, agree
-from .measure.stats import local
-from .outputs.incidents import IncidentWriter, gather_places, supervisor_attempt
+from .measure.stages import Agreed
+from .outputs.incidents import IncidentWriter
 from .outputs.sinks import Outputs, Sink
 from .outputs.timeline import Timeline
 from .patches import AttributePatch, PatchSet
 from .recover.batches import SkipAwareBatches
 from .recover.directives import DirectivePoller
 from .recover.heartbeat import Heartbeat
-from .recover.stacks import StackDumps
-from .recover.trust import CheckpointKey
 from .recover.watchdog import Watchdog
 from .report import Report
 from .signals.base import Signal
-from .signals.registry import BUILTIN, Signals, build_signals
-from .signals.setup import Setup
-from .step import CURVE_KEPT, StageTimes, StepDeps, StepInput, Steps
+from .signals.registry import Signals
+from .step import StageTimes, StepInput, Steps
 
 F64 = torch.float64
-log = logging.getLogger(__name__)
 
 
 class Adapter(Protocol):
@@ -81,65 +66,139 @@ class Adapter(Protocol):
     def close(self) -> None: ...
 
 
+PUBLIC = (
+    # what it watches, and who this rank is
+    "config",
+    "model",
+    "optimizer",
+    "scheduler",
+    "global_rank",
+    "world_size",
+    # where the run is
+    "run_dir",
+    "metrics_url",
+    "resumed_from",
+    "step_count",
+    "ticks",
+    "last_report",
+    "block_names",
+    # the data
+    "batches",
+    "data_position",
+    "skipped_batches",
+    "record_data_wait",
+    # the learning rate
+    "lr",
+    "lr_scale",
+    "scheduler_follows_step",
+    # the step
+    "step",
+    "record_loss",
+    "capture_gradients",
+    "sampled",
+    "stage_times",
+    # what it found and where it went
+    "detector",
+    "watchdog",
+    "outputs",
+    "loss_book",
+    "observe_validation",
+    "diagnose",
+    # the hooks for integrations, and the end
+    "adapter",
+    "attach",
+    "on_close",
+    "resume_at",
+    "close",
+)
+"""The agent's public names, all of them (``Agent``'s docstring and docs/extending.md list
+them; tests/unit/test_agent_surface.py keeps the three and the class the same). Everything
+else on the agent is private: ``build.py`` fills it, ``agent.py`` uses it."""
+
+
 class Agent:
     """Watches one rank's model and optimizer; see ``torchvitals.watch``.
 
-    Every collaborator below is built once, at ``watch()``, and released by ``close()``.
+    Everything is built once, at ``watch()`` (``build.py``), and released by ``close()``. The
+    public surface is ``PUBLIC``, no more:
+
+    - What it watches, and who this rank is: ``config``, ``model``, ``optimizer``,
+      ``scheduler``, ``global_rank``, ``world_size``.
+    - Where the run is: ``run_dir``, ``metrics_url``, ``resumed_from``, ``step_count``,
+      ``ticks``, ``last_report``, ``block_names``.
+    - The data: ``batches``, ``data_position``, ``skipped_batches``, ``record_data_wait``.
+    - The learning rate: ``lr``, ``lr_scale``, ``scheduler_follows_step``.
+    - The step: ``step``, ``record_loss``, ``capture_gradients``, ``sampled``,
+      ``stage_times``.
+    - What it found and where it went: ``detector`` (``history``, ``active``), ``watchdog``,
+      ``outputs`` (``exporter``, the event log, the sinks' ``failures``), ``loss_book`` (what
+      integrations set: ``capture``, ``share_scale``), ``observe_validation``, ``diagnose``.
+    - The hooks for integrations, and the end: ``adapter``, ``attach``, ``on_close``,
+      ``resume_at``, ``close`` (and ``with agent:``).
     """
 
+    # ------------------------------------------------------------------ public
     config: Config
+    """The settings every rank agreed on."""
     model: nn.Module
     optimizer: Any
     """The torch optimizer (or container) under any accelerate/DeepSpeed wrapper."""
     scheduler: Any
-    backend: OptimizerBackend
-    """The optimizer's kind (``backends/``): whose step the guard takes, where the gradients
-    and the state are."""
-    optimizers: Optimizers
-    """A container's real optimizers (or the one optimizer)."""
-    state_holder: Any
-    """What checkpoints and rollbacks save and restore the optimizer state of."""
-    clock: Callable[[], float]
-    group: dist.ProcessGroup | None
-    """The reduction's group: the job's world (None: the default group, or one process)."""
     global_rank: int
     """This process's rank in the job: what job-wide duties (global rank 0's event log,
     incidents, timeline and poller), heartbeats and metric labels go by."""
-    group_rank: int
-    """This rank's position in the reduction's group, which packs by it (equal to
-    ``global_rank``: the group spans the world, and ``new_group`` orders its ranks)."""
     world_size: int
-    layout: Agreed
-    blocks: Blocks
-    """The blocks every rank packs (the union over the ranks' pipeline stages, if any)."""
-    params: list[torch.Tensor]
-    device: torch.device
-    reducer: Reducer
-    detector: Detector
-    loss_book: LossBook
-    """Where each step's loss comes from (``record_loss``, the model's outputs)."""
-    heartbeat: Heartbeat | None
-    incidents: IncidentWriter | None
-    """Global rank 0's incident records in the job's folder (None on the other ranks, and
-    without a checkpoint or log folder)."""
-    timeline: Timeline | None
-    """Global rank 0's step records for the goodput accounting (likewise)."""
-    watchdog: Watchdog | None
-    """Checkpoints and rollbacks (None without ``checkpoint_dir``)."""
-    poller: DirectivePoller | None
-    """Global rank 0's collector poller (None on the other ranks and without a collector)."""
-    outputs: Outputs
     run_dir: str | None
+    """Global rank 0's folder of this run under ``log_dir`` (None elsewhere, or without)."""
     resumed_from: int | None
     """The model step this run resumed after (None: it started fresh)."""
-    guard: StepGuard
-    signals: Signals
-    steps: Steps
     last_report: Report | None
-    adapter: Adapter | None
-    """The framework adapter ``attach`` holds (``watch_torchtitan``'s), or None."""
+    """The newest step's report (None before the first)."""
     record_data_wait: Callable[[float], None]
     """Adapters: the seconds a batch drawn elsewhere (not through ``batches``) waited."""
+    detector: Detector
+    """The verdicts: ``history`` (oldest first, bounded) and the ``active`` ones."""
+    watchdog: Watchdog | None
+    """Checkpoints and rollbacks (None without ``checkpoint_dir``)."""
+    outputs: Outputs
+    """Where each report goes: /metrics (``exporter``), the event log, the live view, the
+    user's sinks and their ``failures``."""
+    loss_book: LossBook
+    """Where each step's loss comes from (``record_loss``, the model's outputs)."""
+    adapter: Adapter | None
+    """The framework adapter ``attach`` holds (``watch_torchtitan``'s), or None."""
+
+    # ------------------------------------------------------------------ private
+    _backend: OptimizerBackend
+    """The optimizer's kind (``backends/``): whose step the guard takes, where the gradients
+    and the state are."""
+    _optimizers: Optimizers
+    """A container's real optimizers (or the one optimizer)."""
+    _state_holder: Any
+    """What checkpoints and rollbacks save and restore the optimizer state of."""
+    _clock: Callable[[], float]
+    _group: dist.ProcessGroup | None
+    """The reduction's group: the job's world (None: the default group, or one process)."""
+    _group_rank: int
+    """This rank's position in the reduction's group, which packs by it (equal to
+    ``global_rank``: the group spans the world, and ``new_group`` orders its ranks)."""
+    _layout: Agreed
+    _blocks: Blocks
+    """The blocks every rank packs (the union over the ranks' pipeline stages, if any)."""
+    _params: list[torch.Tensor]
+    _device: torch.device
+    _reducer: Reducer
+    _heartbeat: Heartbeat | None
+    _incidents: IncidentWriter | None
+    """Global rank 0's incident records in the job's folder (None on the other ranks, and
+    without a checkpoint or log folder)."""
+    _timeline: Timeline | None
+    """Global rank 0's step records for the goodput accounting (likewise)."""
+    _poller: DirectivePoller | None
+    """Global rank 0's collector poller (None on the other ranks and without a collector)."""
+    _guard: StepGuard
+    _signals: Signals
+    _steps: Steps
     _wait: DataWait
     _data: SkipAwareBatches
     """The batch position and skip list (the watchdog's, so its checkpoints carry them)."""
@@ -164,358 +223,19 @@ class Agent:
         rules: Sequence[Rule] = (),
         sinks: Sequence[Sink] = (),
     ):
-        if config is not None and settings:
-            raise TypeError("Agent takes a config or settings, not both")
-        distributed = dist.is_available() and dist.is_initialized()
-        self.world_size = dist.get_world_size() if distributed else 1
-        self.global_rank = dist.get_rank() if distributed else 0
-        self.clock = clock
-        self.last_report = None
-        self.adapter = None
-        self._validation: deque[tuple[int, float]] = deque(maxlen=CURVE_KEPT)
-        # watch() in sections of each rank's own work, each ending where every rank meets
-        # (consensus.Fence): a rank that failed, or was given other settings, stops every rank
-        # there, before any collective it would not have joined.
-        fence = Fence(self.global_rank, self.world_size)
-        with contextlib.ExitStack() as built:
-            with fence.section("reading the settings and the model") as agreed:
-                self.config = config if config is not None else Config.from_env(**(settings or {}))
-                agreed.update(shaping(self.config))
-                self.group, self.group_rank = self._group(group, distributed)
-                self._check_ddp(model)
-                self.backend = choose(optimizer, log)  # the optimizer's kind, once: backends/
-                self.optimizers = self.backend.optimizers  # a container's real optimizers
-                optimizer = self.optimizers.stepped
-                self.model, self.optimizer = model, optimizer
-                self.scheduler = unwrap_scheduler(scheduler).logged(log)
-                self.state_holder = self.backend.state_holder
-                self.backend.check_checkpointable(self.config.checkpoint_dir)
-                discovered = self._discover(model)
-            self.layout = agree(*discovered, self.group, self.group_rank, self.world_size)
-            with fence.section("building this rank's agent"):
-                self._local(rules, registry, sinks, built)
-            self._join(built)  # the collectives: the checkpoint folder, the resume, who is who
-            with fence.section("finishing watch()") as agreed:
-                self._finish(optimizer, signals, built)
-                agreed.update(self._packed())
-            self._closing = built.pop_all()
-
-    def _group(self, group: dist.ProcessGroup | None, distributed: bool) -> tuple[Any, int]:
-        """The reduction's group and this rank in it: the job's whole world.
-
-        One job is one training: its decisions are agreed over every rank, and its job-wide
-        duties (the event log, the incidents, the timeline, the collector's poller) fall to
-        global rank 0. A group over part of the world (two independent trainings in one job,
-        each over its own ranks) is refused on every rank that passes one; a world-spanning
-        group (``new_group`` over every rank, e.g. a gloo group beside NCCL) is taken, its
-        ranks being the global ranks (``new_group`` orders them).
-        """
-        if not distributed:
-            return None, 0
-        if group is not None and dist.get_world_size(group) != self.world_size:
-            raise TorchvitalsError(
-                f"torchvitals: watch(group=...) names ranks "
-                f"{dist.get_process_group_ranks(group)} of the job's {self.world_size}: "
-                "torchvitals watches one training per job, over all of its ranks, so that every "
-                "rank takes the same action at the same step and global rank 0 writes the job's "
-                "records. Leave group= out (ranks that hold different parts of one model, "
-                "pipeline stages, are told apart by themselves), or run each training as a job "
-                "of its own"
-            )
-        return group, dist.get_rank(group)
-
-    @staticmethod
-    def _check_ddp(model: nn.Module) -> None:
-        """DDP over a tensor-parallel model is refused (see the message)."""
-        if isinstance(model, DistributedDataParallel) and ddp_localized(model):
-            raise TorchvitalsError(
-                "torchvitals: DistributedDataParallel over a tensor-parallel model is not "
-                "supported: DDP turns the DTensor parameters into plain tensors of their local "
-                "pieces, which cannot be told from whole parameters, and reduces over its "
-                "data-parallel group only, so each tensor-parallel rank would judge its own "
-                "piece. Shard the data-parallel dimension with fully_shard(model, mesh=dp_mesh) "
-                "(FSDP x TP) instead"
-            )
-
-    def _discover(self, model: nn.Module) -> tuple[Blocks, list[Any]]:
-        """This rank's blocks and their wiring verdicts (before the ranks agree on them)."""
-        blocks = discover(model, self.config.blocks)
-        return blocks, wiring_verdicts(blocks, self.backend.stepped_params)
-
-    def _check_replicas(self) -> None:
-        """A DDP model's process group must hold every rank with an identical copy of its blocks:
-        copies outside it are another training's (two DDP groups, one job), whose gradients no
-        reduction here may add as if they were replicas."""
-        if not isinstance(self.model, DistributedDataParallel) or self.world_size == 1:
-            return
-        ddp = set(dist.get_process_group_ranks(self.model.process_group))
-        for name, holders, params in zip(
-            self.blocks.names, self.blocks.holders, self.blocks.params
-        ):
-            if params and not set(holders) <= ddp:
-                raise TorchvitalsError(
-                    f"torchvitals: ranks {sorted(holders)} hold identical copies of block "
-                    f"{name!r}, but this rank's DDP process group keeps only ranks {sorted(ddp)} "
-                    "in step: two independent trainings in one job. torchvitals watches one "
-                    "training per job: run each as a job of its own"
-                )
-
-    def _local(
-        self,
-        rules: Sequence[Rule],
-        registry: Any,
-        sinks: Sequence[Sink],
-        built: contextlib.ExitStack,
-    ) -> None:
-        """What this rank builds alone once the blocks are agreed (no collective): the
-        detector, the heartbeat and stack dumps, the checkpoint key, the collector's poller and
-        /metrics, each released by ``built`` on failure."""
-        config, clock = self.config, self.clock
-        self.blocks = self.layout.blocks
-        self._check_replicas()
-        self.params = [p for ps in self.blocks.params for _, p in ps]
-        self.device = local(self.params[0]).device
-        self.reducer = Reducer(self.group, self.world_size)
-        self.detector = Detector(
-            self.blocks.names,
-            self.blocks.kinds,
-            Thresholds.from_overrides(config.detect),
-            static=self.layout.static,
-            rules=rules,
-        )
-        self.loss_book = LossBook()
-        self._wait = DataWait(clock)
-        self.record_data_wait = self._wait.record  # adapters: a batch drawn elsewhere
-        # Every rank reads the token, so a missing secret fails every rank alike; only global
-        # rank 0 polls.
-        token = token_from_env() if config.collector_url else None
-        self.heartbeat = (
-            Heartbeat(config.heartbeat_dir, self.global_rank, flush=True)
-            if config.heartbeat_dir
-            else None
-        )
-        if self.heartbeat is not None:
-            built.callback(self.heartbeat.close)
-        if self.heartbeat is not None and config.heartbeat_dir:
-            self._stacks(config.heartbeat_dir, self.heartbeat, built)
-        # Only global rank 0 signs and checks the manifests, so only it reads the key.
-        self._key = (
-            CheckpointKey.from_env(key_file=config.checkpoint_key_file)
-            if config.checkpoint_dir and self.global_rank == 0
-            else None
-        )
-        self.poller = (
-            DirectivePoller(
-                config.collector_url,
-                config.collector_job,
-                config.collector_poll_seconds,
-                token=token,
-            )
-            if config.collector_url and self.global_rank == 0
-            else None
-        )
-        if self.poller is not None:
-            built.callback(self.poller.close)
-        self.outputs = Outputs(
-            config,
-            self.blocks.names,
-            rank=self.global_rank,
-            world_size=self.world_size,
+        build(
+            self,
+            model,
+            optimizer,
+            scheduler,
+            config=config,
+            settings=settings,
+            group=group,
             registry=registry,
+            clock=clock,
+            signals=signals,
+            rules=rules,
             sinks=sinks,
-        )
-        built.callback(self.outputs.close)
-        # An agent dropped without close() frees its port and event log too (the sinks hold
-        # nothing of the agent, so this keeps nothing alive).
-        weakref.finalize(self, self.outputs.close)
-        self.run_dir = self.outputs.run_dir
-        if self.heartbeat is not None:
-            self.heartbeat.metrics_url = self.outputs.metrics_url
-
-    def _join(self, built: contextlib.ExitStack) -> None:
-        """The collectives of ``watch()``, every rank having built its part: the checkpoint
-        folder proven shared and the ledger read (``Watchdog.open``), the run it holds
-        resumed, and who each rank is (for the incidents). Each fails on every rank alike."""
-        config, model, heartbeat = self.config, self.model, self.heartbeat
-        try:
-            self.watchdog = (
-                Watchdog.open(config, self.group, key=self._key) if config.checkpoint_dir else None
-            )
-        except LedgerError:
-            # A ledger that cannot be trusted stays so after a restart: the heartbeat says
-            # "refused", so a supervisor exits with its refusal code instead of retrying.
-            if heartbeat is not None:
-                heartbeat.beat(0, REFUSED)
-            raise
-        if self.watchdog is not None:
-            built.callback(self.watchdog.close)
-        self._data = self.watchdog.data if self.watchdog is not None else SkipAwareBatches()
-        if heartbeat is not None and self.watchdog is not None:
-            self.watchdog.on_phase = lambda phase: heartbeat.beat(phase=phase)
-        if heartbeat is not None:
-            heartbeat.beat(0, CHECKPOINT if self.watchdog is not None else TRAIN)
-        loading = time.time()
-        self.resumed_from = (
-            self.watchdog.resume(model, self.state_holder, self.scheduler)
-            if self.watchdog is not None
-            else None
-        )
-        self._loaded = time.time() - loading if self.resumed_from is not None else 0.0
-        if heartbeat is not None:
-            heartbeat.beat(0, TRAIN)
-        # Who each rank is, gathered to global rank 0 for its incidents (once, never again);
-        # the same on every rank: a job folder (the checkpoint folder, else the run's) is
-        # known alike (both settings are agreed).
-        self._places = (
-            gather_places(self.group, self.group_rank, self.world_size)
-            if config.checkpoint_dir or config.log_dir
-            else None
-        )
-
-    def _finish(
-        self, optimizer: torch.optim.Optimizer, signals: Sequence[Signal], built: Any
-    ) -> None:
-        """The hooks, patches and guard, the signals, global rank 0's job records and the
-        step, each released by ``built`` on failure (no collective)."""
-        model = self.model
-        built.callback(
-            unwrap(model)
-            .register_forward_hook(self.loss_book.capture_output, with_kwargs=True)
-            .remove
-        )
-        self._patches = PatchSet()  # undone by close(), or when the agent is collected
-        built.callback(self._patches.close)
-        self._patches.close_when_collected(self)
-        self.guard = StepGuard(
-            self.optimizers,
-            self._guarded_step,
-            self.params,
-            self._patches,
-            stepper=self.backend.stepper,
-        )
-        built.callback(self.guard.close)
-        self.signals = self._signals(signals)
-        for signal in self.signals.all:
-            built.callback(signal.close)
-        self.incidents, self.timeline = self._job_records(built, self._loaded)
-        self.steps = Steps(self._step_deps(), step_count=self.resumed_from or 0)
-        # Always on and O(1): the end of each forward pass, for per-rank compute time.
-        built.callback(model.register_forward_hook(self.steps.on_forward).remove)
-        self._patches.route_scaler_step(optimizer, self._scaler_step)
-        self._zero_grad = self._patches.before_zero_grad(optimizer, self.settle_skipped)
-        self._patches.before_model_zero_grad(model, self.settle_skipped)
-        self._patches.capture_clipping(self.capture_gradients, self.params)
-        if self.steps.sampled(self.steps.step_count + 1):
-            self.steps.arm()
-
-    def _packed(self) -> dict[str, Setting]:
-        """What every rank packs, in order: the signals (built-in and the user's) and the
-        blocks; agreed at the last fence, so a rank given other signals stops every rank."""
-        names = ";".join(f"{type(s).__module__}.{type(s).__qualname__}" for s in self.signals.all)
-        shown = ", ".join(type(s).__qualname__ for s in self.signals.all)
-        blocks = ";".join(f"{n}:{k}" for n, k in zip(self.blocks.names, self.blocks.kinds))
-        return {
-            "signals": Setting(names, shown, "the settings and watch(signals=...)"),
-            "blocks packed": Setting(blocks, blocks, "the agreed model"),
-        }
-
-    def _job_records(
-        self, built: contextlib.ExitStack, load_seconds: float
-    ) -> tuple[IncidentWriter | None, Timeline | None]:
-        """Global rank 0's incidents and goodput step records, in the job's folder (the
-        checkpoint folder, else the run's), naming the ranks ``_join`` gathered."""
-        config = self.config
-        folder = config.checkpoint_dir or self.run_dir
-        if self.global_rank != 0 or folder is None:
-            return None, None
-        attempt = supervisor_attempt()
-        exporter = self.outputs.exporter
-        incidents = IncidentWriter(
-            IncidentLog(folder),
-            self._places,
-            attempt=attempt,
-            supervised=ATTEMPT_ENV in os.environ,
-            on_record=lambda i: exporter.count_incident(
-                i.kind, i.culprit.rank, i.culprit.node, i.culprit.host
-            ),
-        )
-        built.callback(incidents.close)
-        timeline = Timeline(
-            StepTimeline(folder, attempt=attempt),
-            at=time.time(),
-            resumed=self.resumed_from or 0,
-            load_seconds=load_seconds,
-        )
-        built.callback(timeline.close)
-        return incidents, timeline
-
-    def _stacks(self, folder: str, heartbeat: Heartbeat, built: contextlib.ExitStack) -> None:
-        """Every thread's stack on the stack signal, for the supervisor (``recover/stacks.py``),
-        named in every heartbeat; unregistered, and the heartbeat told, on every exit path."""
-        stacks = StackDumps.open(folder, heartbeat.rank)
-        if stacks is None:
-            return
-        heartbeat.stack_signal = stacks.signum
-
-        def release() -> None:
-            heartbeat.forget_stacks()  # first: nothing is sent once it is unregistered
-            stacks.close()
-
-        built.callback(release)
-        weakref.finalize(self, release)  # an agent dropped without close() releases it too
-
-    def _signals(self, extra: Sequence[Signal]) -> Signals:
-        """The built-in vital signs (``signals/registry.py``), then the user's, in the order
-        every rank packs and reads them back."""
-        setup = Setup(
-            config=self.config,
-            layout=self.layout,
-            model=self.model,
-            params=self.params,
-            rank=self.group_rank,
-            world_size=self.world_size,
-            group=self.group,
-            device=self.device,
-            collective_device=(
-                self.device if self.reducer.device_collectives else torch.device("cpu")
-            ),
-            thresholds=self.detector.thresholds,
-            probe_grads=self.guard.probe_grads,
-            grad_source=self.backend.grad_source,
-            param_source=self.backend.param_source,
-            stepped=self.backend.stepped_params,
-            data_wait=self._wait,
-            watchdog=self.watchdog,
-            poller=self.poller,
-        )
-        return build_signals(BUILTIN, setup, extra)
-
-    def _step_deps(self) -> StepDeps:
-        return StepDeps(
-            config=self.config,
-            clock=self.clock,
-            device=self.device,
-            rank=self.group_rank,
-            global_rank=self.global_rank,
-            world_size=self.world_size,
-            signals=self.signals.all,
-            update=self.signals.update,
-            activations=self.signals.activations,
-            reducer=self.reducer,
-            detector=self.detector,
-            guard=self.guard,
-            watchdog=self.watchdog,
-            outputs=self.outputs,
-            heartbeat=self.heartbeat,
-            poller=self.poller,
-            incidents=self.incidents,
-            timeline=self.timeline,
-            loss_book=self.loss_book,
-            model=self.model,
-            optimizer=self.optimizer,
-            state_holder=self.state_holder,
-            scheduler=self.scheduler,
-            params=self.params,
         )
 
     # ------------------------------------------------------------------ the step's three doors
@@ -563,7 +283,7 @@ class Agent:
         the caller updates the scaler; the real step goes through the optimizer's attribute."""
         self._run(StepInput(scaler=scaler, through_attribute=True))
 
-    def settle_skipped(self) -> None:
+    def _settle_skipped(self) -> None:
         """``optimizer.zero_grad()`` or ``model.zero_grad()`` (the watched model, a module inside
         it or a wrapper around it) from the loop or a framework: gradients and losses of a
         backward pass that no step took are a step the framework skipped by itself (DeepSpeed's
@@ -576,18 +296,18 @@ class Agent:
         that step is not settled (telling them apart would take a hook on every backward, and
         the settled step could only report its gradients as unmeasured)."""
         if (
-            self.steps.aborted is None
+            self._steps.aborted is None
             and self.loss_book.pending
-            and self.guard.has_new_gradients()
-            and not self.guard.closed
+            and self._guard.has_new_gradients()
+            and not self._guard.closed
         ):
             self._run(StepInput(skipped_by_framework=True))
 
     def _run(self, inp: StepInput, checked: bool = True) -> Report:
         report = (
-            self.guard.checked(lambda repeated: self.steps.run(replace(inp, repeated=repeated)))
+            self._guard.checked(lambda repeated: self._steps.run(replace(inp, repeated=repeated)))
             if checked
-            else self.steps.run(inp)
+            else self._steps.run(inp)
         )
         self.last_report = report
         return report
@@ -615,7 +335,7 @@ class Agent:
     @property
     def lr_scale(self) -> float:
         """What the rollbacks' back-off has left of the learning rate (1.0 without watchdog)."""
-        return self.steps.lr_scale
+        return self._steps.lr_scale
 
     @property
     def metrics_url(self) -> str | None:
@@ -626,35 +346,41 @@ class Agent:
     @property
     def step_count(self) -> int:
         """The model's step: steps taken, less those a rollback undid."""
-        return self.steps.step_count
+        return self._steps.step_count
+
+    @property
+    def block_names(self) -> list[str]:
+        """The blocks every rank packs, in order: what the reports' per-block fields are
+        keyed by (the union over the ranks' pipeline stages, if any)."""
+        return list(self._blocks.names)
 
     @property
     def scheduler_follows_step(self) -> bool:
         """Whoever calls ``optimizer.step()`` (a framework, the loop) steps ``scheduler`` right
         after each one; False for a scheduler stepped per epoch (a restart then takes no step)."""
-        return self.steps.scheduler_follows_step
+        return self._steps.scheduler_follows_step
 
     @scheduler_follows_step.setter
     def scheduler_follows_step(self, value: bool) -> None:
-        self.steps.scheduler_follows_step = bool(value)
+        self._steps.scheduler_follows_step = bool(value)
 
     @property
     def stage_times(self) -> StageTimes | None:
         """Set a ``step.StageTimes`` to record the agent's host time per stage (benchmarks)."""
-        return self.steps.stage_times
+        return self._steps.stage_times
 
     @stage_times.setter
     def stage_times(self, value: StageTimes | None) -> None:
-        self.steps.stage_times = value
+        self._steps.stage_times = value
 
     @property
     def ticks(self) -> int:
         """Steps run, rolled-back ones too: the loop guard's and the heartbeat's clock."""
-        return self.steps.ticks
+        return self._steps.ticks
 
     def sampled(self, step: int) -> bool:
         """Whether ``step`` records activations (and carries the preceding update's ratio)."""
-        return self.steps.sampled(step)
+        return self._steps.sampled(step)
 
     def record_loss(self, loss: torch.Tensor | float) -> None:
         """Tell the agent a micro-batch's loss (unscaled); the step's loss is their mean.
@@ -667,14 +393,14 @@ class Agent:
     @property
     def lr(self) -> list[float]:
         """Each param group's learning rate as the next step applies it (back-off included)."""
-        return self.guard.effective_lr(self.lr_scale)
+        return self._guard.effective_lr(self.lr_scale)
 
     def capture_gradients(self) -> None:
         """Measure this step's gradients now, before something changes them (a framework's
         gradient clipping): the report's grad norms are then the pre-clip ones. Called by the
         integrations, and by ``torch.nn.utils.clip_grad_norm_`` while a guard is active."""
-        if self.steps.aborted is None:
-            self.signals.grads.capture()
+        if self._steps.aborted is None:
+            self._signals.grads.capture()
 
     def observe_validation(self, loss: torch.Tensor | float) -> float:
         """Report a validation loss; every rank must call it (it is averaged over the ranks).
@@ -687,11 +413,11 @@ class Agent:
         """
         value = torch.tensor([float(loss)], dtype=F64)
         if self.world_size > 1:
-            if self.reducer.device_collectives:
-                value = value.to(self.device)
-            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.group)
+            if self._reducer.device_collectives:
+                value = value.to(self._device)
+            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self._group)
         mean = float(value.sum()) / self.world_size
-        step = self.steps.step_count
+        step = self._steps.step_count
         self.detector.observe_validation(step, mean)
         self._validation.append((step, mean))
         self.outputs.event({"event": "validation", "step": step, "loss": mean})
@@ -701,7 +427,7 @@ class Agent:
         """The decision-tree summary of the run so far (``torchvitals.agent.tools.diagnose``)."""
         from .tools.diagnose import diagnose
 
-        return diagnose(self.detector.history, self.steps.losses, self._validation)
+        return diagnose(self.detector.history, self._steps.losses, self._validation)
 
     # ------------------------------------------------------------------ hooks for integrations
 
@@ -722,11 +448,11 @@ class Agent:
         ``resumed_from`` become ``step``, the next step records activations if it is a sampled
         one, and the goodput records book the load as checkpoint time. Call it on every rank,
         between steps."""
-        self.steps.step_count = self.resumed_from = step
-        if self.timeline is not None:
-            self.timeline.loaded(load_seconds)
-        if self.steps.sampled(step + 1):
-            self.steps.arm()
+        self._steps.step_count = self.resumed_from = step
+        if self._timeline is not None:
+            self._timeline.loaded(load_seconds)
+        if self._steps.sampled(step + 1):
+            self._steps.arm()
 
     def close(self) -> None:
         """Give the optimizer its step back, remove hooks and patches, stop /metrics, close the

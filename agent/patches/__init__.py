@@ -3,8 +3,8 @@
     patches = PatchSet()
     patches.close_when_collected(agent)          # undone if the agent is dropped without close()
     patches.replace_step(optimizer, guard.guarded_step)         # optimizer.step (this instance)
-    patches.before_zero_grad(optimizer, agent.settle_skipped)    # optimizer.zero_grad (instance)
-    patches.before_model_zero_grad(model, agent.settle_skipped)  # Module.zero_grad (the class)
+    patches.before_zero_grad(optimizer, agent._settle_skipped)    # optimizer.zero_grad (instance)
+    patches.before_model_zero_grad(model, agent._settle_skipped)  # Module.zero_grad (the class)
     patches.route_scaler_step(optimizer, agent._scaler_step)    # GradScaler.step (the class)
     patches.capture_clipping(agent.capture_gradients, params)   # clip_grad's scaling (module)
     ...

@@ -3,7 +3,7 @@
     patches = PatchSet()
     patches.close_when_collected(agent)          # undone if the agent is dropped without close()
     patches.replace_step(optimizer, guard.guarded_step)          # optimizer.step (this instance)
-    patches.before_model_zero_grad(model, agent.settle_skipped)  # Module.zero_grad (shared)
+    patches.before_model_zero_grad(model, agent._settle_skipped)  # Module.zero_grad (shared)
     patches.close()                              # the last installed undone first; idempotent
 
 A ``PatchSet`` holds its instance patches weakly and nothing that reaches the agent, so

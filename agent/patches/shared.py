@@ -1,7 +1,7 @@
 """The patches every agent in the process shares: installed by the first, put back by the last.
 
     lease = SCALER_STEP.route(optimizer, agent._scaler_step)   # GradScaler.step (the class)
-    lease = ZERO_GRAD.route(module, agent.settle_skipped)      # Module.zero_grad (the class)
+    lease = ZERO_GRAD.route(module, agent._settle_skipped)      # Module.zero_grad (the class)
     lease = CLIPPING.capture(agent.capture_gradients, params)  # clip_grad's scaling (module)
     lease.release()                                            # idempotent
 

@@ -53,7 +53,7 @@ class StepContext:
     rank: int
     loop_skipped: bool = False
     """The loop (or a framework) skipped this step's ``optimizer.step()`` on this rank by itself
-    and cleared the gradients (``Agent.settle_skipped``)."""
+    and cleared the gradients (``Agent._settle_skipped``)."""
     repeated: bool = False
     """No backward pass reached the model on this rank since its last step: the same gradients
     would be applied twice."""

@@ -3,7 +3,7 @@ same gradients. Two flags riding the step's SUM, so every rank acts on them in t
 
 A loop or a framework may skip ``optimizer.step()`` on one rank alone (its own test of a loss it
 alone saw, a local overflow check) and clear the gradients: the agent settles that step as a
-skip on that rank (``Agent.settle_skipped``). Decided there alone, the other ranks would step
+skip on that rank (``Agent._settle_skipped``). Decided there alone, the other ranks would step
 and the replicas' weights part for good; here each rank adds ``[f, r·f, r²·f]`` for its flag
 (``measure/ranksum.py``), so every rank skips when any rank did and the report names which. A
 second ``optimizer.step()`` on the same gradients (no backward pass since the last step) is

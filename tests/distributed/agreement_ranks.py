@@ -106,9 +106,9 @@ def world_group(rank: int, world: int) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
         return {
             "global_rank": agent.global_rank,
-            "group_rank": agent.group_rank,
+            "group_rank": agent._group_rank,
             "run_dir": agent.run_dir,
-            "writes_records": agent.incidents is not None,
+            "writes_records": agent._incidents is not None,
         }
     finally:
         agent.close()

@@ -40,7 +40,7 @@ def _run(rank: int, model: torch.nn.Module, steps: int, signals: list) -> dict:
             optimizer.zero_grad(set_to_none=True)
     finally:
         agent.close()
-    return {"mine": mine, "reported": reported, "collectives": agent.reducer.collectives}
+    return {"mine": mine, "reported": reported, "collectives": agent._reducer.collectives}
 
 
 def sharded(rank: int, world: int, steps: int) -> dict:

@@ -66,7 +66,7 @@ def exact(rank: int, world: int, kind: str, steps: int, config: dict) -> list[di
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     agent = torchvitals.watch(wrapped, opt, sample_every=2, **config)
-    assert agent.blocks.names == TINY_BLOCKS
+    assert agent.block_names == TINY_BLOCKS
     calls = [0]
     _count_all_reduce(calls)
     blocks = TINY_BLOCKS[:-1]

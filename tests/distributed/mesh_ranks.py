@@ -78,7 +78,7 @@ def exact(rank: int, world: int, kind: str) -> list[dict[str, Any]]:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     agent = torchvitals.watch(model, opt, sample_every=2)
-    assert agent.blocks.names == BLOCKS, agent.blocks.names
+    assert agent.block_names == BLOCKS, agent.block_names
     outputs = BLOCKS[:-1]
     reports, expected_update = [], None
     batch = PER * data_ranks(kind)

@@ -47,14 +47,14 @@ def nan_on_rank1(rank: int, world: int, root: str, nan_step: int, steps: int) ->
     )
     # Observe (not replace) the reduction: the SUM vector's length at each step.
     lengths: list[int] = []
-    reduce = agent.reducer.reduce
+    reduce = agent._reducer.reduce
 
     def measured(packer):
         reduced = reduce(packer)
         lengths.append(reduced.sum_len)
         return reduced
 
-    agent.reducer.reduce = measured
+    agent._reducer.reduce = measured
     out: dict[str, Any] = {"actions": [], "pid": os.getpid(), "host": socket.gethostname()}
     injected = False
     try:

@@ -81,7 +81,7 @@ def two_stages(rank: int, world: int, fault_step: int) -> dict:
                 n: math.sqrt(
                     sum(float(p.grad.double().pow(2).sum()) for _, p in ps if p.grad is not None)
                 )
-                for n, ps in zip(agent.blocks.names, agent.blocks.params)
+                for n, ps in zip(agent.block_names, agent._blocks.params)
                 if ps
             }
         )
@@ -98,8 +98,8 @@ def two_stages(rank: int, world: int, fault_step: int) -> dict:
             }
         )
     result = {
-        "blocks": agent.blocks.names,
-        "kinds": agent.blocks.kinds,
+        "blocks": agent.block_names,
+        "kinds": agent._blocks.kinds,
         "reports": out,
         "norms": norms,
     }

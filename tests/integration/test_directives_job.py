@@ -126,7 +126,7 @@ def test_a_collector_that_is_down_is_counted_not_a_training_failure(caplog):
         opt.zero_grad()
         time.sleep(0.02)
     agent.close()
-    assert agent.poller.failures > 0
+    assert agent._poller.failures > 0
     down = [r for r in caplog.records if "cannot poll directives" in r.getMessage()]
     assert len(down) == 1, "an outage is logged once, not once per poll"
 
@@ -160,7 +160,7 @@ def test_the_job_reads_its_token_from_a_mounted_secret_file(tmp_path, monkeypatc
             time.sleep(0.02)
         agent.close()
         assert [v.evidence["action"] for v in taken] == ["rollback"]
-        assert agent.poller.failures == 0, "the token from the file was accepted"
+        assert agent._poller.failures == 0, "the token from the file was accepted"
     finally:
         server.stop()
 

@@ -34,7 +34,7 @@ def test_a_healthy_hf_trainer_gpt2_raises_no_verdict(tmp_path, seed):
     class Blocks(TrainerCallback):  # the blocks the agent judged, while it is alive
         def on_step_end(self, args, state, control, **kwargs):
             if not seen and hf.agent is not None:
-                seen.extend(hf.agent.blocks.names)
+                seen.extend(hf.agent.block_names)
 
     Trainer(
         model=tiny_gpt2(seed, layers=6, dropout=0.1),

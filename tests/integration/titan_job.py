@@ -143,8 +143,8 @@ def main() -> None:
         checkpoints = agent.adapter.checkpoints
         adopted = checkpoints.adopted if checkpoints is not None else None
         result = {
-            "blocks": agent.blocks.names,
-            "kinds": agent.blocks.kinds,
+            "blocks": agent.block_names,
+            "kinds": agent._blocks.kinds,
             "reports": reports,
             "titan_loss": titan_loss,
             "titan_norm": titan_norm,
@@ -160,7 +160,7 @@ def main() -> None:
             "lr_scale": watchdog.lr_scale if watchdog else None,
             "skipped": [list(r) for r in watchdog.ledger.skipped] if watchdog else None,
             "recent_rollbacks": (
-                watchdog.rollback_policy.recent(agent.steps.ticks) if watchdog else None
+                watchdog.rollback_policy.recent(agent.ticks) if watchdog else None
             ),
             "ledger": watchdog.ledger.entries if watchdog else None,
             "adopted": vars(adopted) if adopted is not None else None,

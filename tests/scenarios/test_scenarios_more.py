@@ -182,7 +182,7 @@ def test_large_negative_bias_kills_the_relus_of_that_block(bias):
     x, y = regression(512)
     batches = [(x[i : i + 32], y[i : i + 32]) for i in range(0, 512, 32)] * 2
     with torchvitals.watch(model, opt) as agent:
-        assert agent.blocks.names == ["0", "2", "4", "6"]
+        assert agent.block_names == ["0", "2", "4", "6"]
         reports = train(agent, opt, batches, lambda b: F.mse_loss(model(b[0]), b[1]))
         dead = [(v.block, v.step) for v in agent.detector.history if v.pattern == "dead_relu"]
         history = fired(agent)

@@ -181,7 +181,7 @@ def train_mlp(model, steps, *, seed=0, lr=0.1, batch=64):
     x, y = tabular(seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     agent = torchvitals.watch(model, optimizer)
-    assert agent.blocks.names == MLP_BLOCKS
+    assert agent.block_names == MLP_BLOCKS
     g = torch.Generator().manual_seed(seed + 1)
     reports = []
     try:

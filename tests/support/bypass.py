@@ -72,7 +72,7 @@ def train(model: nn.Module, inner: nn.Module, steps: int, seed: int, **config: A
     out: dict[str, Any] = {"reports": [], "ref": []}
     try:
         with torchvitals.watch(model, opt, metrics_port=0, log_dir="", **config) as agent:
-            out["blocks"] = agent.blocks.names
+            out["blocks"] = agent.block_names
             for x, y in batches(steps, seed):
                 opt.zero_grad(set_to_none=True)
                 loss = torch.nn.functional.mse_loss(model(x), y)

@@ -143,7 +143,7 @@ def test_a_run_of_skipped_nonfinite_steps_is_one_incident(tmp_path):
     # The records' and the incidents' clock, moved by the loop: step n ends at 1000 + n seconds.
     clock = itertools.count(1001.0)
     now = [1000.0]
-    agent.incidents._clock = agent.timeline._clock = lambda: now[0]
+    agent._incidents._clock = agent._timeline._clock = lambda: now[0]
     try:
         _train(
             agent, model, opt, 6, nan_at={3, 4}, before_step=lambda: now.__setitem__(0, next(clock))

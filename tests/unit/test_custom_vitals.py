@@ -151,12 +151,12 @@ def test_a_user_signal_adds_its_floats_to_the_steps_one_sum():
         )
         seen: list[tuple[int, int]] = []
 
-        def recording(packer, reduce=agent.reducer.reduce, seen=seen):
+        def recording(packer, reduce=agent._reducer.reduce, seen=seen):
             reduced = reduce(packer)
             seen.append((reduced.sum_len, reduced.max_len))
             return reduced
 
-        agent.reducer.reduce = recording
+        agent._reducer.reduce = recording
         x, y = next(iter(random_batches(1, batch=4, seq_len=16, vocab=32)))
         model.loss(x, y).backward()
         agent.step()

@@ -26,7 +26,7 @@ def _batches(n, batch=4):
 def test_block_names_follow_the_model():
     model = TinyGPT(**TINY)
     agent = torchvitals.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    assert agent.blocks.names == TINY_BLOCKS
+    assert agent.block_names == TINY_BLOCKS
     agent.close()
 
 
@@ -174,7 +174,7 @@ def test_tanh_mlp_blocks_measure_after_the_activation():
     with torch.no_grad():
         model[0].weight.mul_(50)
     agent = torchvitals.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    assert agent.blocks.names == ["0", "2", "4"]
+    assert agent.block_names == ["0", "2", "4"]
     loss = model(torch.randn(64, 4)).pow(2).mean()
     loss.backward()
     report = agent.step(loss)

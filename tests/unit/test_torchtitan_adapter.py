@@ -134,7 +134,7 @@ def run(trainer, **config):
 def test_loss_blocks_and_clip_norm_are_the_trainers():
     trainer = Trainer(steps=6)
     agent, reports = run(trainer)
-    assert agent.blocks.names[:2] == ["tok_embeddings", "layers.0"]
+    assert agent.block_names[:2] == ["tok_embeddings", "layers.0"]
     assert [r.step for r in reports] == list(range(1, 7))
     for r, (step, loss, norm) in zip(reports, trainer.logged):
         assert r.step == step and r.loss == pytest.approx(loss, rel=1e-6)
