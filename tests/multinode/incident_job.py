@@ -23,10 +23,10 @@ arrival order, so a test that needs a fault on a given node names it so):
   other fault of the run has fired (their markers) and every rank they end has ended, then ends
   by SIGTERM: its node's launcher outlives the faults of both nodes, and no launcher stops a
   faulty rank before it ended by itself.
-- ``freeze``: from the step on its heartbeat writes fail (the temporary file the agent renames is
-  made a folder, as a full disk would fail them) while it trains on for ``--freeze-s`` seconds;
-  then it waits in a barrier of a side group every rank made at its start, which no other rank
-  enters: every rank waits in a collective, its heartbeat the oldest.
+- ``freeze``: from the step on its heartbeat writes fail (with ENOSPC, as on a full disk) while
+  it trains on for ``--freeze-s`` seconds; then it waits in a barrier of a side group every rank
+  made at its start, which no other rank enters: every rank waits in a collective, its heartbeat
+  the oldest.
 
 Each fault fires once per ``--ckpt``: a marker file there (written before the fault) keeps a
 rolled-back or restarted job from repeating it. ``--hang-restarts`` makes every worker torchrun
@@ -177,17 +177,21 @@ def wait_for(condition) -> None:
 
 
 def break_heartbeat() -> None:
-    """Make the agent's heartbeat writes fail from now on: the temporary file it writes and
-    renames becomes a folder (a write that is under way finishes first, or fails)."""
-    from torchvitals.protocol import HEARTBEAT_DIR_ENV, heartbeat_path
+    """Make the agent's heartbeat writes fail from now on, as a full disk fails them: each write
+    of this rank's heartbeat file raises ENOSPC (a write under way finishes first)."""
+    import errno
 
-    path = heartbeat_path(os.environ[HEARTBEAT_DIR_ENV], int(os.environ["RANK"]))
-    tmp = path.with_name(path.name + ".tmp")
-    while not tmp.is_dir():
-        try:
-            tmp.mkdir()
-        except FileExistsError:  # the flush timer's write, under way
-            time.sleep(0.01)
+    from torchvitals import protocol
+
+    path = protocol.heartbeat_path(os.environ[protocol.HEARTBEAT_DIR_ENV], int(os.environ["RANK"]))
+    write = protocol.replace_json
+
+    def full_disk(target: Path, value: object, *args: object, **kwargs: object) -> None:
+        if Path(target) == path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+        write(target, value, *args, **kwargs)  # type: ignore[arg-type]
+
+    protocol.replace_json = full_disk  # type: ignore[assignment]
 
 
 def stuck_restart(args: argparse.Namespace) -> bool:
