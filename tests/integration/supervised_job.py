@@ -17,7 +17,6 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
 import time
 from datetime import timedelta
@@ -103,9 +102,9 @@ def main() -> int:
     parser.add_argument("--fault-step", type=int, default=12)
     parser.add_argument("--sleep", type=float, default=0.02)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from support.ports import free_port
+
+    port = free_port()  # below the ephemeral range: no outgoing connection takes it first
     # fork: the ranks share the parent's imported torch instead of importing it again.
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=rank_main, args=(r, port, args)) for r in range(2)]

@@ -31,7 +31,7 @@ from support.world import free_port
 
 import torchvitals
 from torchvitals.agent.outputs.ports import DEFAULT_PORT
-from torchvitals.agent.tools.demo.launch import free_ports, port_is_free
+from torchvitals.agent.tools.demo.ports import free_ports, port_is_free
 
 HOLDER = textwrap.dedent("""
     import socket, sys, time

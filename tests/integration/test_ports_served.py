@@ -27,7 +27,7 @@ from torchvitals.agent.outputs.ports import (
 )
 from torchvitals.agent.outputs.sinks import Outputs
 from torchvitals.agent.report import Report
-from torchvitals.agent.tools.demo.launch import free_ports
+from torchvitals.agent.tools.demo.ports import free_ports
 
 BLOCKS = ["a", "b"]
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 
 from torchvitals.supervisor.options import SupervisorConfig
 from torchvitals.supervisor.supervisor import Supervisor
@@ -240,14 +241,6 @@ def test_a_job_that_aborts_itself_is_not_restarted(tmp_path):
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
     events = [e["event"] for e in ledger["entries"]]
     assert events.count("rollback") == 3 and events[-1] == "abort", events
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape_while_running(url: str, *flags: str, context=None) -> tuple[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 
 from torchvitals.records.incidents import Culprit, Incident, IncidentLog
 from torchvitals.supervisor.blame import blame_crash, blame_hang, union
@@ -33,12 +33,6 @@ from torchvitals.supervisor.store_schema import KEY_ROOT
 from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

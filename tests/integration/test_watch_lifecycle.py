@@ -18,7 +18,7 @@ from torch.nn.utils import clip_grad
 
 import torchvitals
 from torchvitals.agent.recover.watchdog import ResumeRefused
-from torchvitals.agent.tools.demo.launch import free_ports
+from torchvitals.agent.tools.demo.ports import free_ports
 from torchvitals.protocol import STACK_SIGNAL, read_rank_beats
 
 ORIGINAL = (GradScaler.step, clip_grad._clip_grads_with_norm_, torch.nn.utils.clip_grads_with_norm_)

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from support.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "node_job.py"
@@ -37,12 +37,6 @@ TAG_ENV, NODE_ENV = "MULTINODE_TEST_TAG", "MULTINODE_TEST_NODE"
 SKEWED_CLOCK = HERE / "skewed_clock"
 SKEW_ENV = "MULTINODE_TEST_CLOCK_SKEW_S"
 """A node's wall clock is this many seconds off the machine's (``skewed_clock/sitecustomize``)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from support.ports import free_port as free_port
 from torchvitals.agent.measure.reduce import drain_collectives_at_exit
 
 
@@ -44,13 +45,6 @@ def wrap(kind: str, model: nn.Module, world: int) -> nn.Module:
 
 
 # ---------------------------------------------------------------- world-size-2 harness
-
-
-def free_port() -> int:
-    """A free port below the ephemeral range, so no outgoing connection takes it first."""
-    from torchvitals.agent.tools.demo.launch import free_ports
-
-    return free_ports(1)
 
 
 def _child(fn: Callable, rank: int, world: int, port: int, queue: Any, args: tuple) -> None:

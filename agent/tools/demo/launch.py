@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import random
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -25,45 +23,12 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 from ....errors import TorchvitalsError
+from .ports import HOST, free_ports
 from .train import DemoRun, train
-
-HOST = "127.0.0.1"
 
 
 class RankFailed(TorchvitalsError, RuntimeError):
     """A rank exited non-zero or was killed; the message names it and how."""
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def listen_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
-    """Ports to listen on that no outgoing connection takes: those below the kernel's ephemeral
-    range. A free port inside that range can be taken by any connect() (a gloo pair, a scrape)
-    between the moment it is picked and the moment the server binds it."""
-    try:
-        with open(path) as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768  # Linux's default
-    return (10000, low) if low > 11000 else (low // 2, low)
-
-
-def free_ports(count: int, rng: random.Random | None = None) -> int:
-    """A base port with ``count`` consecutive free ports on 127.0.0.1 (rank r serves base + r)."""
-    rng = rng or random.Random()
-    low, high = listen_port_range()
-    for _ in range(200):
-        base = rng.randrange(low, high - count)
-        if all(port_is_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports found on {HOST}")
 
 
 def _rank_main(rank: int, world: int, master_port: int, run: DemoRun) -> None:
