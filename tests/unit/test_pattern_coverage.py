@@ -26,6 +26,7 @@ RULES = sorted((ROOT / "grafana" / "rules").glob("*.rules.yml"))
 CHART_RULES = sorted((ROOT / "helm" / "torchvitals" / "files" / "rules").glob("*.rules.yml"))
 RULE_TESTS = ROOT / "grafana" / "rules" / "tests.yml"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
+DETECTION = ROOT / "docs" / "detection.md"
 VERDICT_METRICS = ("torchvitals_verdicts_total", "torchvitals_active_verdicts")
 """The series that carry a pattern label (``outputs/metrics.py``: ``pattern``, ``severity``)."""
 
@@ -184,6 +185,19 @@ def test_every_pattern_has_a_diagnosis_an_alert_and_a_runbook(pattern):
     problems = problems_of(pattern)
     if problems:
         pytest.fail(f"pattern {pattern!r} is missing:\n  " + "\n  ".join(problems), False)
+
+
+def test_the_verdict_table_has_a_row_for_every_pattern_with_its_severity():
+    """docs/detection.md's table of verdicts: one row per pattern (a row may name two), in the
+    severity the code gives it, and no row for a pattern the code does not have."""
+    rows = {}
+    for line in DETECTION.read_text().split("## Thresholds")[0].splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        if line.startswith("| `") and len(cells) == 3:
+            for name in re.findall(r"`([a-z0-9_]+)`", cells[0]):
+                rows[name] = cells[1]
+    assert sorted(rows) == sorted(P.PATTERNS)
+    assert rows == dict(P.PATTERNS)
 
 
 @pytest.mark.parametrize(
