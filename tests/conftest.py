@@ -117,8 +117,15 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return collection_path.resolve().relative_to(HERE).as_posix() not in TORCH_FREE or None
 
 
+LONGEST_FIRST = frozenset({"multinode", "slow"})
+"""Under pytest-xdist (``-n 2``, what .ci/run runs) the tests carrying one of these marks start
+first: the workers share out the long ones early and end on the short ones, instead of one
+worker finishing a 90 s test alone while the other waits."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test with its folder's tier; a test outside every tier is an error."""
+    """Mark every test with its folder's tier (a test outside every tier is an error); across
+    xdist workers, the longest tests first (``LONGEST_FIRST``; the order is otherwise kept)."""
     for item in items:
         folder = item.path.resolve().relative_to(HERE).parts[0]
         if folder not in TIERS:
@@ -127,6 +134,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"({', '.join(sorted(TIERS))}) under tests/"
             )
         item.add_marker(TIERS[folder])
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # set in each worker, whose collection is scheduled
+        items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in LONGEST_FIRST))
 
 
 @pytest.fixture(autouse=True)

@@ -56,6 +56,15 @@ def main() -> int:
     parser.add_argument("--fault-step", type=int, default=12)
     parser.add_argument("--sleep", type=float, default=0.05)
     parser.add_argument(
+        "--hold-at",
+        type=int,
+        default=0,
+        help="every rank waits after this step (outside any collective) until --hold-file "
+        "exists: a test that must act while the job is mid-run creates the file once it did, "
+        "instead of racing the job to its last step; once the file exists nobody waits",
+    )
+    parser.add_argument("--hold-file", default="")
+    parser.add_argument(
         "--others-pause",
         type=float,
         default=0.0,
@@ -110,6 +119,10 @@ def main() -> int:
             os.kill(os.getpid(), FAULTS[args.fault])
         if rank != args.fault_rank and first and report.step == args.fault_step:
             time.sleep(args.others_pause)
+        if args.hold_at and report.step == args.hold_at:
+            deadline = time.monotonic() + 120
+            while not Path(args.hold_file).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
         time.sleep(args.sleep)
         if agent.step_count >= args.steps:
             break

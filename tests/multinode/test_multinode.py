@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from cluster import JOB, PYTHONPATH, free_port
@@ -164,12 +165,22 @@ def test_a_node_lost_for_good_is_named_and_the_job_stops_within_the_bound(cluste
     )
 
 
-def test_a_replaced_node_joins_and_the_job_resumes_without_an_extra_restart(cluster):
-    job = cluster(job_args=["--steps", "30"])
+def hold(tmp_path) -> tuple[list[str], Path]:
+    """The job's flags that hold every rank after step 14 (the checkpoint of step 10 committed)
+    until the test creates the returned file: a 30-step job would otherwise finish in about two
+    seconds, before a test slowed by a busy machine has lost its node."""
+    go = tmp_path / "go"
+    return ["--hold-at", "14", "--hold-file", str(go)], go
+
+
+def test_a_replaced_node_joins_and_the_job_resumes_without_an_extra_restart(cluster, tmp_path):
+    held, go = hold(tmp_path)
+    job = cluster(job_args=["--steps", "30", *held])
     job.start()
     wait_until(lambda: (job.last_healthy() or 0) >= 10, 120)
     job.procs[1].send_signal(signal.SIGKILL)
     job.procs[1].wait(10)
+    go.touch()
     wait_until(lambda: not job.processes(1), 30)
     replaced = time.time()
     job.start(1)  # a fresh pod: a new supervisor, node 1
@@ -247,17 +258,19 @@ def test_a_job_of_1_to_2_nodes_goes_on_with_one_and_trains_as_a_single_node_resu
     cluster, tmp_path
 ):
     port = free_port()
+    held, go = hold(tmp_path)
     job = cluster(
         supervise=["--min-nodes", "1"],
         metrics_port=port,
         torchrun=["--rdzv-conf", "last_call_timeout=5"],
-        job_args=["--steps", "30"],
+        job_args=["--steps", "30", *held],
     )
     job.command_nnodes = "1:2"
     job.start()
     wait_until(lambda: (job.last_healthy() or 0) >= 10, 120)
     job.procs[1].send_signal(signal.SIGKILL)
     job.procs[1].wait(10)
+    go.touch()
     killed = time.monotonic()
     # Node 0 waits for a replacement: the folder it will resume from, copied for the reference.
     wait_until(lambda: scrape(port)["torchvitals_supervisor_waiting_for_peers"], 30)

@@ -3,8 +3,10 @@
     from support.world import run_world, spawn_job, free_port, wrap
 
 ``run_world`` runs a function on spawned ranks that must all succeed; ``spawn_job`` on ranks
-that may die (a whole job, as under a supervisor). The spawned ranks inherit this process's
-``sys.path``, so the functions they run may live in any module the test imported.
+that may die (a whole job, as under a supervisor). The ranks start from a server process that
+imported torch once (``_context``) and take this process's ``sys.path``, working folder and
+environment as they are when the ranks start, so the functions they run may live in any module
+the test imported.
 """
 
 from __future__ import annotations
@@ -47,7 +49,28 @@ def wrap(kind: str, model: nn.Module, world: int) -> nn.Module:
 # ---------------------------------------------------------------- world-size-2 harness
 
 
-def _child(fn: Callable, rank: int, world: int, port: int, queue: Any, args: tuple) -> None:
+PRELOAD = ["torch", "torch.distributed", "torchvitals", "support.models", "support.world"]
+"""What the ranks' server process imports once, before it forks every rank of every world."""
+
+
+def _context(teardown: bool = False) -> Any:
+    """How the ranks start: forked from a server process that imported torch and torchvitals
+    once (multiprocessing's ``forkserver``), instead of each rank importing them again (about
+    2 s of CPU a rank, most of a short test's). Each rank is still a fresh process of its own:
+    none inherits the test process's threads, patches or gloo state, as under ``spawn``. A rank
+    that must end through the interpreter's own exit (``teardown``: atexit handlers, non-daemon
+    threads joined) is spawned, since a forked child leaves with ``os._exit``."""
+    if teardown:
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _child(
+    fn: Callable, rank: int, world: int, port: int, queue: Any, env: dict, args: tuple
+) -> None:
+    _take_environment(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -74,11 +97,12 @@ def run_world(fn: Callable, *args: Any, world: int = 2, timeout: float = 180.0) 
 
     A rank that raises, exits non-zero or hangs past ``timeout`` fails the calling test.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.Queue()
     port = free_port()
+    env = dict(os.environ)
     procs = [
-        ctx.Process(target=_child, args=(fn, r, world, port, queue, args), daemon=True)
+        ctx.Process(target=_child, args=(fn, r, world, port, queue, env, args), daemon=True)
         for r in range(world)
     ]
     for p in procs:
@@ -143,9 +167,24 @@ def restore_state(model: torch.nn.Module, opt: torch.optim.Optimizer, snap: dict
 # ---------------------------------------------------------------- a world that may die
 
 
+def _take_environment(env: dict) -> None:
+    """The test process's environment as it is now (a forked rank has its server's, from when
+    the server started): what a test set before starting the ranks reaches them."""
+    os.environ.clear()
+    os.environ.update(env)
+
+
 def _job_child(
-    fn: Callable, rank: int, world: int, port: int, result_dir: str, teardown: bool, args: tuple
+    fn: Callable,
+    rank: int,
+    world: int,
+    port: int,
+    result_dir: str,
+    teardown: bool,
+    env: dict,
+    args: tuple,
 ) -> None:
+    _take_environment(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -210,11 +249,12 @@ def spawn_job(
         Per rank: ``{"exitcode", "status" ("ok", "raised" or None), "value" or "traceback",
         "hung", "killed_by_parent"}``.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context(teardown)
     port = free_port()
     result_dir = tempfile.mkdtemp(prefix="tv-job-")
+    env = dict(os.environ)
     procs = [
-        ctx.Process(target=_job_child, args=(fn, r, world, port, result_dir, teardown, args))
+        ctx.Process(target=_job_child, args=(fn, r, world, port, result_dir, teardown, env, args))
         for r in range(world)
     ]
     for p in procs:
