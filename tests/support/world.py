@@ -67,6 +67,13 @@ def _context(teardown: bool = False) -> Any:
     return ctx
 
 
+def _take_environment(env: dict) -> None:
+    """The test process's environment as it is now (a forked rank has its server's, from when
+    the server started): what a test set before starting the ranks reaches them."""
+    os.environ.clear()
+    os.environ.update(env)
+
+
 def _child(
     fn: Callable, rank: int, world: int, port: int, queue: Any, env: dict, args: tuple
 ) -> None:
@@ -165,13 +172,6 @@ def restore_state(model: torch.nn.Module, opt: torch.optim.Optimizer, snap: dict
 
 
 # ---------------------------------------------------------------- a world that may die
-
-
-def _take_environment(env: dict) -> None:
-    """The test process's environment as it is now (a forked rank has its server's, from when
-    the server started): what a test set before starting the ranks reaches them."""
-    os.environ.clear()
-    os.environ.update(env)
 
 
 def _job_child(

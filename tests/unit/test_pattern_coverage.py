@@ -196,7 +196,6 @@ def test_the_verdict_table_has_a_row_for_every_pattern_with_its_severity():
         if line.startswith("| `") and len(cells) == 3:
             for name in re.findall(r"`([a-z0-9_]+)`", cells[0]):
                 rows[name] = cells[1]
-    assert sorted(rows) == sorted(P.PATTERNS)
     assert rows == dict(P.PATTERNS)
 
 
