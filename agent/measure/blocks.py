@@ -19,9 +19,7 @@ import torch
 from torch import nn
 
 from ..compat.wrapped import WRAPPER_PREFIXES, full_numel, wrapped_module
-
-OTHER = "other"
-LAYER, EMBEDDING, HEAD, NAMED = "layer", "embedding", "head", "named"
+from .kinds import EMBEDDING, HEAD, LAYER, NAMED, OTHER
 
 
 @dataclass
