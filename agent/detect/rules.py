@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from itertools import pairwise
 
-from ..measure.blocks import LAYER, OTHER
+from ..measure.kinds import LAYER, OTHER
 from ..report import Action, Report
 from .observed import Observed
 from .thresholds import Thresholds
@@ -28,8 +28,11 @@ from .verdict import (
     FP16_OVERFLOW,
     GENERALIZATION_GAP,
     GRAD_EXPLOSION,
+    GRAD_SPIKE,
     HOT_LR,
     LAYER_DIVERGENCE,
+    LOSS_DIVERGENCE,
+    LOSS_OUTLIER,
     LOSS_SPIKE,
     NONFINITE_GRAD,
     NONFINITE_LOSS,
@@ -124,17 +127,26 @@ class NonFinite(Rule):
 
 
 class LossSpike(Rule):
-    """Robust z-score of the loss against a rolling median/MAD of the healthy losses."""
+    """Robust z-score of the loss against a rolling median/MAD of the healthy losses: a
+    ``loss_spike`` once it persists, a ``loss_outlier`` on its first step when far out, and a
+    ``loss_divergence`` when the median itself climbs from the lowest it reached."""
 
-    patterns = (LOSS_SPIKE,)
+    patterns = (LOSS_SPIKE, LOSS_OUTLIER, LOSS_DIVERGENCE)
 
     def __init__(self, t: Thresholds, norms: BlockNorms):
         self.t, self.norms = t, norms
         self.losses: deque[float] = deque(maxlen=t.window)
         self.above: deque[bool] = deque(maxlen=t.loss_spike_recent)
         self.early: float | None = None
+        self.best: float | None = None
+        """The lowest rolling median so far (the level a slow divergence climbs from)."""
+        self.rising = 0
+        """Consecutive judged steps whose median lay ``loss_divergence_rise`` above ``best``."""
+        self.flagged = False
+        """Whether this step's loss lay past the spike threshold (``GradSpike`` reads it)."""
 
     def observe(self, report, seen):
+        self.flagged = False
         loss = report.loss
         if not math.isfinite(loss):
             return []
@@ -151,30 +163,85 @@ class LossSpike(Rule):
         values = list(self.losses)
         diffs = [b - a for a, b in pairwise(values)]
         spread = mad(diffs, median(diffs)) / math.sqrt(2)
-        scale = max(
-            MAD_SCALE * spread,
-            self.t.loss_spike_floor * abs(center),
-            self.t.loss_spike_abs_floor * self.early,
-        )
+        floor = self.t.loss_spike_abs_floor * self.early
+        scale = max(MAD_SCALE * spread, self.t.loss_spike_floor * abs(center), floor)
         threshold = center + self.t.loss_spike_mads * scale
         self.above.append(loss > threshold)
-        # One noisy batch a little past the threshold is not a spike (Thresholds.loss_spike_recent).
+        self.flagged = self.above[-1]
+        found = self._divergence(report.step, center, floor)
+        # One noisy batch a little past the threshold is not a spike (Thresholds.loss_spike_recent),
+        # and one far past it is an outlier the next batch may heal (loss_spike_severe).
         severe = loss > center + self.t.loss_spike_severe * self.t.loss_spike_mads * scale
-        if self.above[-1] and (sum(self.above) >= self.t.loss_spike_recent_hits or severe):
+        persists = sum(self.above) >= self.t.loss_spike_recent_hits
+        if self.above[-1] and (persists or severe):
             evidence = {
                 "loss": loss,
                 "median": center,
                 "mad": spread,
                 "scale": scale,
                 "threshold": threshold,
-                "fired": "loss_spike_mads",
+                "fired": "loss_spike_mads" if persists else "loss_spike_severe",
                 "loss_spike_mads": self.t.loss_spike_mads,
                 "window": len(self.losses),
                 "z": (loss - center) / scale,
             }
-            return [Verdict(LOSS_SPIKE, CRITICAL, report.step, self.norms.leader(), evidence)]
+            pattern, severity = (LOSS_SPIKE, CRITICAL) if persists else (LOSS_OUTLIER, WARNING)
+            block = self.norms.leader()
+            found.append(Verdict(pattern, severity, report.step, block, evidence))
         if not self.above[-1]:
             self.losses.append(loss)
+        return found
+
+    def _divergence(self, step: int, center: float, floor: float) -> list[Verdict]:
+        """The median's climb from the lowest it reached, judged on every step."""
+        if self.best is None or center < self.best:
+            self.best = center
+        rise = center - self.best
+        climbing = rise > max(self.t.loss_divergence_rise * abs(self.best), floor)
+        self.rising = self.rising + 1 if climbing else 0
+        if self.rising < self.t.loss_divergence_steps:
+            return []
+        evidence = {
+            "median": center,
+            "lowest_median": self.best,
+            "rise": rise / abs(self.best) if self.best else math.inf,
+            "steps": self.rising,
+            "fired": "loss_divergence_rise",
+            "loss_divergence_rise": self.t.loss_divergence_rise,
+        }
+        return [Verdict(LOSS_DIVERGENCE, WARNING, step, None, evidence)]
+
+
+class GradSpike(Rule):
+    """The total gradient norm far above its rolling median while the loss did not move: a
+    warning (a loss that moves too is the spike rule's)."""
+
+    patterns = (GRAD_SPIKE,)
+
+    def __init__(self, t: Thresholds, norms: BlockNorms, losses: LossSpike):
+        self.t, self.norms, self.losses = t, norms, losses
+
+    def observe(self, report, seen):
+        total = report.grad_norm_total
+        history = self.norms.totals
+        if (
+            not math.isfinite(total)
+            or report.step <= self.t.warmup_steps
+            or len(history) < self.t.min_history
+            or self.losses.flagged
+        ):
+            return []
+        base = median(history)
+        if base > 0 and total >= self.t.grad_spike_factor * base:
+            evidence = {
+                "grad_norm_total": total,
+                "median": base,
+                "ratio": total / base,
+                "loss": report.loss,
+                "fired": "grad_spike_factor",
+                "grad_spike_factor": self.t.grad_spike_factor,
+            }
+            return [Verdict(GRAD_SPIKE, WARNING, report.step, self.norms.leader(), evidence)]
         return []
 
 
@@ -655,10 +722,12 @@ class GeneralizationGap(Rule):
 
 def make_rules(names: list[str], kinds: list[str], t: Thresholds) -> list[Rule]:
     norms = BlockNorms(t, names)
+    losses = LossSpike(t, norms)
     return [
         NonFinite(),
         norms,
-        LossSpike(t, norms),
+        losses,
+        GradSpike(t, norms, losses),
         UpdateRatios(t, names),
         Vanishing(t, names, kinds),
         Activations(t),

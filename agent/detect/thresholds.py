@@ -34,20 +34,33 @@ class Thresholds:
     loss_spike_mads: float = 6.0
     """A loss above median + this x scale is a spike (scale: 1.4826 x the MAD of the step-to-step
     differences / sqrt(2), floored below)."""
-    loss_spike_floor: float = 0.05
+    loss_spike_floor: float = 0.02
     """The spike scale is at least this fraction of the median loss, so a flat series does not
-    alarm on noise."""
+    alarm on noise (with ``loss_spike_mads`` 6: a loss at least 12% above its median; 0.05 until
+    the real-curve backtest, where it hid 10-40% spikes of smooth large-batch losses)."""
     loss_spike_abs_floor: float = 1e-3
     """... and at least this fraction of the first step's loss, so a loss memorised down to 1e-7
     does not page on every wiggle."""
     loss_spike_recent: int = 3
-    """A loss past the threshold is a spike once ``loss_spike_recent_hits`` of the last this many
-    steps were past it (one noisy batch a little past it, back at once, is not: seen once in 40
-    healthy runs at the tail of a cosine schedule; a rising spike may dip once on its way up) ..."""
+    """A loss past the threshold is a spike (a page) once ``loss_spike_recent_hits`` of the last
+    this many steps were past it (one noisy batch past it, back at once, is at most an outlier:
+    seen once in 40 healthy runs at the tail of a cosine schedule, and once in every few hundred
+    steps of the noisiest real per-batch losses; a rising spike may dip once on its way up) ..."""
     loss_spike_recent_hits: int = 2
     """... (this many) ..."""
-    loss_spike_severe: float = 2.0
-    """... or at once when it lies this many times as far above the median as the threshold."""
+    loss_spike_severe: float = 1.0
+    """A single step past the threshold, at least this many times as far above the median as
+    the threshold (1: any), is a ``loss_outlier``: a warning, since the next batch may heal it
+    (one bad batch); the page (``loss_spike``) waits for ``loss_spike_recent_hits``. (2 until the
+    real-curve backtest, when such a step paged at once; below 2 nothing was said of it.)"""
+    loss_divergence_rise: float = 0.1
+    """The rolling median loss this fraction above the lowest it reached ..."""
+    loss_divergence_steps: int = 50
+    """... on this many consecutive steps is a ``loss_divergence`` (a warning): a rise too slow
+    for the spike rule, which takes each step into its median."""
+    grad_spike_factor: float = 2.5
+    """A total gradient norm at least this many times its rolling median, on a step whose loss
+    stayed below the spike threshold, is a ``grad_spike`` (a warning)."""
     explosion_growth: float = 1.5
     """Total grad norm growing by at least this factor per step ..."""
     explosion_steps: int = 3

@@ -20,6 +20,9 @@ troubleshooting."""
 NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD = "nonfinite_grad"
 LOSS_SPIKE = "loss_spike"
+LOSS_OUTLIER = "loss_outlier"
+GRAD_SPIKE = "grad_spike"
+LOSS_DIVERGENCE = "loss_divergence"
 GRAD_EXPLOSION = "grad_explosion"
 LAYER_DIVERGENCE = "layer_divergence"
 HOT_LR = "hot_lr"
@@ -43,6 +46,9 @@ PATTERNS: dict[str, str] = {
     NONFINITE_LOSS: CRITICAL,
     NONFINITE_GRAD: CRITICAL,
     LOSS_SPIKE: CRITICAL,
+    LOSS_OUTLIER: WARNING,
+    GRAD_SPIKE: WARNING,
+    LOSS_DIVERGENCE: WARNING,
     GRAD_EXPLOSION: WARNING,
     LAYER_DIVERGENCE: WARNING,
     HOT_LR: WARNING,

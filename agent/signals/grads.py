@@ -74,7 +74,7 @@ class GradNorms(Signal):
     log: where the one warning naming missing blocks goes (None: not on this rank).
     """
 
-    rules = ("NonFinite", "BlockNorms", "Vanishing", "DeadPipeline")
+    rules = ("NonFinite", "BlockNorms", "GradSpike", "Vanishing", "DeadPipeline")
     fills = ("grad_norm", "grad_norm_total", "grad_norm_missing", "nonfinite_grad")
     metrics = (
         "torchvitals_grad_norm",

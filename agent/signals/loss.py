@@ -43,7 +43,7 @@ class LossSlots:
 
 
 class Loss(Signal):
-    rules = ("NonFinite", "LossSpike", "DeadPipeline", "GeneralizationGap")
+    rules = ("NonFinite", "LossSpike", "GradSpike", "DeadPipeline", "GeneralizationGap")
     metrics = ("torchvitals_loss", "torchvitals_local_loss", "torchvitals_nonfinite_steps_total")
     fills = ("loss", "nonfinite_loss", "nonfinite_ranks", "nonfinite_rank_count", "local.loss")
 

@@ -45,12 +45,14 @@ NUMERICAL, EXPLOSION, VANISHING = (
 DEAD_PIPELINE, GAP, DEAD_LAYER = "dead pipeline", "generalization gap", "dead layer"
 STRAGGLER, NO_ANOMALY = "straggler", "no anomaly"
 REPLICAS, LEAK, DATA = "replica divergence", "memory leak", "data stall"
+UNSTEADY = "unsteady loss"
 CAUSES = (
     NUMERICAL,
     EXPLOSION,
     VANISHING,
     DEAD_PIPELINE,
     GAP,
+    UNSTEADY,
     DEAD_LAYER,
     STRAGGLER,
     REPLICAS,
@@ -72,6 +74,11 @@ CLASSES = {
     VANISHING: (P.VANISHING_GRADIENTS, P.SATURATION, P.ATTENTION_SATURATION, P.DEAD_RELU),
     DEAD_PIPELINE: (P.DEAD_PIPELINE,),
     GAP: (P.GENERALIZATION_GAP,),
+    # Warnings short of a spike: one step far out (a bad batch the next one healed), the
+    # gradient norm jumping while the loss stays, the loss climbing too slowly for the spike
+    # rule. A cause only when nothing graver was seen: an outlier healed long before a NaN did
+    # not feed it.
+    UNSTEADY: (P.LOSS_DIVERGENCE, P.LOSS_OUTLIER, P.GRAD_SPIKE),
     DEAD_LAYER: (P.DEAD_LAYER,),
     STRAGGLER: (P.STRAGGLER,),
     REPLICAS: (P.REPLICA_DIVERGENCE,),
@@ -84,6 +91,9 @@ SHOWN = {
     P.NONFINITE_LOSS: ("loss",),
     P.NONFINITE_GRAD: ("blocks", "grad_norm_total"),
     P.LOSS_SPIKE: ("loss", "median", "threshold"),
+    P.LOSS_OUTLIER: ("loss", "median", "threshold"),
+    P.GRAD_SPIKE: ("grad_norm_total", "median", "loss"),
+    P.LOSS_DIVERGENCE: ("median", "lowest_median", "steps"),
     P.GRAD_EXPLOSION: ("grad_norm_total", "median"),
     P.LAYER_DIVERGENCE: ("ratio_to_median", "grad_norm"),
     P.HOT_LR: ("update_ratio", "healthy"),
@@ -135,6 +145,10 @@ FIXES = {
     "the allocation site.",
     DATA: "Speed up the input pipeline: more DataLoader workers and prefetching, pinned memory, "
     "faster storage or pre-decoded data; the accelerators idle while they wait.",
+    UNSTEADY: "A slow divergence: lower the peak learning rate or decay it sooner, and check "
+    "what changed in the data at its first step. One-step outliers and gradient-norm spikes "
+    "that heal by themselves are usually hard or corrupt batches: look them up by step in the "
+    "data order; clip gradients (watch(..., clip_grad_norm=1.0)) if they recur.",
     NO_ANOMALY: "Nothing to fix in the optimization signals; if results are poor, look at data "
     "quality, labels and model capacity.",
 }
@@ -268,7 +282,9 @@ def _tree(
     elif early:
         cause = min(early, key=lambda c: seen[c]["step"])  # ties: explosion, as in the pseudo-code
     else:
-        cause = next(c for c in (REPLICAS, GAP, DEAD_LAYER, STRAGGLER, LEAK, DATA) if c in seen)
+        cause = next(
+            c for c in (REPLICAS, GAP, UNSTEADY, DEAD_LAYER, STRAGGLER, LEAK, DATA) if c in seen
+        )
     lead = seen[cause]
     related = [v for v in found if v["pattern"] in CLASSES[cause]]
     if cause in (EXPLOSION, VANISHING) and crash is not None:
@@ -478,6 +494,13 @@ def _summary(cause: str, lead: dict[str, Any], crash: dict[str, Any] | None) -> 
         LEAK: f"Memory ({lead['evidence'].get('memory', '?')}) rose at every sample up to step "
         f"{lead['step']}: a leak that ends in an out-of-memory kill",
         DATA: f"The ranks waited for data most of each step from step {lead['step']}",
+        UNSTEADY: (
+            f"The loss climbed slowly from step {lead['step']} (loss_divergence): its rolling "
+            f"median rose {lead['evidence'].get('rise', math.nan):.0%} above the lowest it reached"
+            if lead["pattern"] == P.LOSS_DIVERGENCE
+            else f"The training was unsteady ({lead['pattern']} at {at}) but never spiked for "
+            "two steps: nothing graver followed"
+        ),
     }[cause]
     return text + "."
 

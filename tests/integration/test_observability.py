@@ -130,6 +130,7 @@ def test_every_alert_follows_the_conventions_and_has_a_runbook_section():
         "TorchvitalsLossNonFinite": "critical",
         "TorchvitalsLossSpike": "critical",
         "TorchvitalsGradientExplosion": "warning",
+        "TorchvitalsLossUnsteady": "warning",
         "TorchvitalsHotLearningRate": "warning",
         "TorchvitalsDeadLayer": "warning",
         "TorchvitalsJobStalled": "critical",

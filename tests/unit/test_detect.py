@@ -56,13 +56,20 @@ def test_noisy_healthy_stream_raises_nothing():
         assert fired == [], fired[:3]
 
 
-def test_loss_spike_fires_on_the_spike_step_with_evidence():
+def test_one_step_far_out_is_an_outlier_warning_and_the_page_waits_for_the_next():
     stream = list(noisy(60))
     stream[49] = report(50, stream[48].loss * 3, stream[49].grad_norm)
-    _, fired = run(stream)
-    assert [(v.pattern, v.step, v.severity) for v in fired] == [("loss_spike", 50, "critical")]
+    _, fired = run(stream)  # the next batch healed it: one bad batch, no page
+    assert [(v.pattern, v.step, v.severity) for v in fired] == [("loss_outlier", 50, "warning")]
     ev = fired[0].evidence
-    assert ev["loss"] > ev["threshold"] > ev["median"] and ev["fired"] == "loss_spike_mads"
+    assert ev["loss"] > ev["threshold"] > ev["median"] and ev["fired"] == "loss_spike_severe"
+    stream[50] = report(51, stream[48].loss * 3, stream[50].grad_norm)
+    _, fired = run(stream)
+    assert [(v.pattern, v.step, v.severity) for v in fired] == [
+        ("loss_outlier", 50, "warning"),
+        ("loss_spike", 51, "critical"),
+    ]
+    assert fired[1].evidence["fired"] == "loss_spike_mads"
 
 
 def test_flat_loss_does_not_alarm_on_tiny_noise():
@@ -205,13 +212,17 @@ def test_memorised_loss_wiggling_near_zero_is_not_a_spike():
     assert [v.pattern for v in fired] == []
 
 
-def test_one_noisy_step_past_the_threshold_is_not_a_spike_but_two_are():
+def test_one_noisy_step_past_the_threshold_is_an_outlier_but_two_are_a_spike():
     stream = [report(s, 2.0 + 0.01 * (-1) ** s) for s in range(1, 40)]
-    stream.append(report(40, 2.0 * 1.4))  # z ~ 8: needs a second step
+    stream.append(report(40, 2.0 * 1.4))  # z ~ 8: a warning; the page needs a second step
     stream += [report(s, 2.0 + 0.01 * (-1) ** s) for s in range(41, 50)]
     _, fired = run(stream)
-    assert fired == []
+    assert [(v.pattern, v.step, v.severity) for v in fired] == [("loss_outlier", 40, "warning")]
     stream.append(report(50, 2.0 * 1.4))
     stream.append(report(51, 2.0 * 1.45))
     _, fired = run(stream)
-    assert [(v.pattern, v.step) for v in fired] == [("loss_spike", 51)]
+    assert [(v.pattern, v.step) for v in fired] == [
+        ("loss_outlier", 40),
+        ("loss_outlier", 50),
+        ("loss_spike", 51),
+    ]

@@ -291,3 +291,38 @@ def test_what_the_job_did_is_listed_beside_the_cause_not_taken_for_one():
     ]
     assert "the job's response:" in d.render()
     assert diagnose(spikes, healthy_losses(60)).responses == []
+
+
+def test_outliers_and_grad_spikes_alone_are_an_unsteady_loss_not_an_explosion():
+    verdicts = [
+        Verdict("loss_outlier", WARNING, 100, None, {"loss": 4.1, "median": 2.9, "threshold": 3.3}),
+        Verdict("grad_spike", WARNING, 200, None, {"grad_norm_total": 2.1, "median": 0.3}),
+    ]
+    d = diagnose(verdicts, healthy_losses(300))
+    assert (d.cause, d.first_step) == ("unsteady loss", 100)
+    assert "never spiked for two steps" in d.summary and "look them up by step" in d.fix
+
+
+def test_an_outlier_long_before_a_nan_did_not_feed_it():
+    verdicts = [
+        Verdict("loss_outlier", WARNING, 100, None, {"loss": 4.1, "median": 2.9}),
+        Verdict("nonfinite_loss", CRITICAL, 5000, None, {"loss": NAN}),
+    ]
+    d = diagnose(verdicts, healthy_losses(300))
+    assert (d.cause, d.first_step) == ("numerical instability", 5000)
+    assert d.also == ["unsteady loss from step 100"]
+
+
+def test_a_slow_divergence_is_named_with_its_rise():
+    verdicts = [
+        Verdict(
+            "loss_divergence",
+            WARNING,
+            4200,
+            None,
+            {"median": 3.4, "lowest_median": 3.0, "rise": 0.133, "steps": 50},
+        )
+    ]
+    d = diagnose(verdicts, healthy_losses(300))
+    assert d.cause == "unsteady loss" and "climbed slowly from step 4200" in d.summary
+    assert "13%" in d.summary and "lower the peak learning rate" in d.fix

@@ -59,7 +59,7 @@ def test_the_spike_names_the_block_that_led_not_other():
     # the leftovers (a final norm) rise most, the first layer rises too: the layer led
     norms = {"emb": 1.0, "layers.0": 6.0, "layers.1": 1.5, "head": 1.2, OTHER: 40.0}
     fired += detector.observe(report(60, 50.0, norms), None)
-    spikes = [v for v in fired if v.pattern == "loss_spike"]
+    spikes = [v for v in fired if v.pattern == "loss_outlier"]  # its first step: an outlier
     assert spikes and spikes[0].block == "layers.0"
 
 
@@ -71,4 +71,4 @@ def test_other_is_named_when_it_is_the_only_block():
             report(s, 2.0 + 0.01 * (s % 2), {OTHER: 1.0 + 0.01 * (s % 3)}), None
         )
     fired += detector.observe(report(60, 50.0, {OTHER: 30.0}), None)
-    assert [v.block for v in fired if v.pattern == "loss_spike"] == [OTHER]
+    assert [v.block for v in fired if v.pattern == "loss_outlier"] == [OTHER]
