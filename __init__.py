@@ -68,6 +68,9 @@ _EXPORTS = {
     "DoubleStepError": ".agent.guard",
     "GuardBypassedError": ".agent.guard",
     "MetricsPortError": ".agent.outputs.exporter",
+    # Replaying a past run's log through the detector (``torchvitals backtest``), torch-free.
+    "backtest": ".agent.tools.backtest.replay",
+    "LogError": ".agent.tools.backtest.logs",
 }
 __all__ = sorted([*_EXPORTS, "ConfigError", "TorchvitalsError"])
 
@@ -102,6 +105,8 @@ if TYPE_CHECKING:
     from .agent.seams import Sink as Sink
     from .agent.seams import Slot as Slot
     from .agent.seams import StepContext as StepContext
+    from .agent.tools.backtest.logs import LogError as LogError
+    from .agent.tools.backtest.replay import backtest as backtest
     from .records.ledger import LedgerError as LedgerError
     from .records.vocabulary import Action as Action
 

@@ -7,6 +7,7 @@
     torchvitals supervise --checkpoint-dir ckpt -- torchrun --nproc-per-node 8 train.py
     torchvitals incidents ckpt [--json]
     torchvitals goodput ckpt [--json]
+    torchvitals backtest run.csv [more pieces ...] [--json] [--plot run.png]
     python -m torchvitals --help            # the same program
 
 ``demo`` trains a small GPT on the bundled text with ``--ranks`` CPU ranks (gloo) under the agent,
@@ -47,6 +48,15 @@ by cause and each incident's lost seconds, across every attempt (the rules: reco
 with a one-line error when it holds no records. Both read ``--json`` from
 ``TORCHVITALS_INCIDENTS_JSON`` / ``TORCHVITALS_GOODPUT_JSON`` too.
 
+``backtest`` replays a past run's log (CSV, TSV, JSONL, TensorBoard event files, Megatron-style
+lines; gzipped too; several FILEs are pieces of one run in order, a later piece winning where
+steps overlap) through the live detector with its default thresholds (``--detect JSON``
+overrides them, as ``watch(detect=...)``) and prints the pages and warnings it would have raised,
+by pattern with their steps and as rates per 100k steps; ``--json`` prints one object instead,
+``--plot OUT.png`` draws the loss and grad norm with the findings marked. Exit 0 when it read the
+log, 2 with one line naming the file and the problem when it could not. Flags from
+``TORCHVITALS_BACKTEST_<FLAG>`` too (``--detect`` from ``TORCHVITALS_DETECT``, as the agent).
+
 ``preflight`` imports MODULE, calls FACTORY() and runs the memorization test, the learning-rate
 range test and the wiring checks (exit 0 when all pass, 1 when one fails, 2 when the factory
 cannot be loaded). FACTORY returns a dict:
@@ -80,7 +90,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import TorchvitalsError
+from .errors import ConfigError, TorchvitalsError
 from .protocol import DEMO_FAULTS
 from .supervisor.options import SupervisorConfig
 
@@ -191,6 +201,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             default=None,
             help=f"print JSON (default: False; env TORCHVITALS_{name.upper()}_JSON)",
         )
+    b = sub.add_parser(
+        "backtest",
+        help="replay a past run's log through the detector: what would have paged",
+        description="replay a past run's log through the detector: what would have paged",
+    )
+    b.add_argument("files", metavar="FILE", nargs="+", help="the log, or its pieces in order")
+    b.add_argument(
+        "--format",
+        default=env("TORCHVITALS_BACKTEST_FORMAT", "auto"),
+        # Checked by the reader (exit 2 naming the choices): the choices live beside it, and
+        # importing it here would load the agent's package for every other command.
+        help="auto, csv, tsv, jsonl, tensorboard or megatron (default: auto, by name then "
+        "content; env TORCHVITALS_BACKTEST_FORMAT)",
+    )
+    b.add_argument(
+        "--json",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="print one JSON object (default: False; env TORCHVITALS_BACKTEST_JSON)",
+    )
+    b.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        default=env("TORCHVITALS_BACKTEST_PLOT") or None,
+        help="draw the loss and grad norm with the findings marked (default: no plot; env "
+        "TORCHVITALS_BACKTEST_PLOT)",
+    )
+    b.add_argument(
+        "--detect",
+        metavar="JSON",
+        default=env("TORCHVITALS_DETECT") or None,
+        help="threshold overrides, e.g. '{\"loss_spike_mads\": 8}' (default: none; env "
+        "TORCHVITALS_DETECT)",
+    )
     s = sub.add_parser(
         "supervise",
         help="run a training command, restart it on a crash or hang",
@@ -208,7 +252,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.command in ("diagnose", "report") and args.job_dir is None:
         folder = env(f"TORCHVITALS_{args.command.upper()}_JOB_DIR")
         args.job_dir = [folder] if folder else []
-    if args.command in job_commands and args.json is None:
+    if args.command in (*job_commands, "backtest") and args.json is None:
         key = f"TORCHVITALS_{args.command.upper()}_JSON"
         text = env(key, "").strip().lower()
         if text not in ("", "0", "false", "no", "off", "1", "true", "yes", "on"):
@@ -235,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         return _incidents(args)
     if args.command == "goodput":
         return _goodput(args)
+    if args.command == "backtest":
+        return _backtest(args)
     try:
         if args.command == "diagnose":
             from .agent.tools.diagnose import diagnose_events
@@ -375,6 +421,36 @@ def _goodput(args: argparse.Namespace) -> int:
         print(f"torchvitals goodput: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(figures.to_dict(), indent=1) if args.json else figures.render())
+    return 0
+
+
+def _backtest(args: argparse.Namespace) -> int:
+    from .agent.detect.thresholds import Thresholds
+    from .agent.tools.backtest.logs import read_logs
+    from .agent.tools.backtest.replay import replay
+
+    try:
+        overrides = json.loads(args.detect) if args.detect else None
+        if overrides is not None and not isinstance(overrides, dict):
+            raise ConfigError("--detect", args.detect, "a JSON object of threshold overrides")
+        thresholds = Thresholds.from_overrides(overrides)
+        series = read_logs(args.files, args.format)
+    except json.JSONDecodeError as exc:
+        print(f"torchvitals backtest: --detect is not JSON: {exc}", file=sys.stderr)
+        return 2
+    except TorchvitalsError as exc:
+        print(f"torchvitals backtest: {exc}", file=sys.stderr)
+        return 2
+    result = replay(series, thresholds)
+    print(json.dumps(result.to_dict()) if args.json else result.render())
+    if args.plot:
+        from .agent.tools.backtest.plot import plot_backtest
+
+        try:
+            print(f"plot: {plot_backtest(series, result, args.plot)}", file=sys.stderr)
+        except OSError as exc:
+            print(f"torchvitals backtest: --plot {args.plot}: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 
