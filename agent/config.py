@@ -127,6 +127,12 @@ class RecoverConfig:
     """Skip the optimizer (and scheduler) step on every rank when any rank's loss or gradient
     is NaN or Inf."""
 
+    skip_outliers: bool = True
+    """With the watchdog on (``checkpoint_dir``): skip the optimizer (and scheduler) step on
+    every rank when the step's loss is a one-step outlier (``loss_outlier``): the batch was
+    used, its update is dropped. The cheapest remedy: a bad batch costs one step instead of a
+    rollback. False: only warn."""
+
     checkpoint_dir: str | None = None
     """Folder of the watchdog's healthy checkpoints and ledger; None turns the watchdog off. A
     run started again with the same folder resumes from its last healthy checkpoint."""
@@ -462,6 +468,7 @@ class Config:
         clip_grad_norm: float | None
         # recover
         skip_nonfinite: bool
+        skip_outliers: bool
         checkpoint_dir: str | None
         checkpoint_every: int
         resume: str

@@ -97,6 +97,7 @@ AGREED = (
     "clip_grad_norm",
     # recover: what every rank decides, and the checkpoints' collectives
     "skip_nonfinite",
+    "skip_outliers",
     "checkpoint_every",
     "resume",
     "checkpoint_keep",

@@ -28,7 +28,7 @@ from .compat.pytorch import foreach_mul_
 from .config import Config
 from .detect.detector import Detector
 from .detect.observed import Observed
-from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, ROLLBACK_LOOP, Verdict
+from .detect.verdict import COLLECTOR_DIRECTIVE, CRITICAL, OUTLIER_PATTERNS, ROLLBACK_LOOP, Verdict
 from .guard import StepGuard, double_step_error
 from .measure import scaler as amp
 from .measure.loss import LossBook
@@ -133,20 +133,26 @@ class Decision:
     action: Action
     """STEP, SKIP or ROLLBACK (an abort raises instead)."""
     reason: str = ""
-    """The critical patterns behind a rollback."""
+    """The patterns behind a rollback (the critical ones) or an outlier's skip."""
 
 
-def decide(report: Report, *, watchdog: bool, skip_nonfinite: bool) -> Decision:
+def decide(
+    report: Report, *, watchdog: bool, skip_nonfinite: bool, skip_outliers: bool = False
+) -> Decision:
     """The step's action from its reduced report (identical on every rank).
 
     A critical verdict rolls back when there is a watchdog; a non-finite loss or gradient skips
-    (always for a scaler's overflow, else when ``skip_nonfinite``); anything else steps.
+    (always for a scaler's overflow, else when ``skip_nonfinite``); so does a one-step outlier
+    (``OUTLIER_PATTERNS``) with a watchdog and ``skip_outliers``; anything else steps.
     """
     critical = sorted({v.pattern for v in report.verdicts if v.severity == CRITICAL})
     if critical and watchdog:
         return Decision(Action.ROLLBACK, ", ".join(critical))
     if report.nonfinite and (skip_nonfinite or report.overflow):
         return Decision(Action.SKIP)
+    outliers = sorted({v.pattern for v in report.verdicts if v.pattern in OUTLIER_PATTERNS})
+    if outliers and watchdog and skip_outliers:
+        return Decision(Action.SKIP, ", ".join(outliers))
     return Decision(Action.STEP)
 
 
@@ -269,7 +275,10 @@ class Steps:
             Decision(Action.SKIP)
             if report.loop_skip_count  # some rank's loop skipped it: every rank does
             else decide(
-                report, watchdog=d.watchdog is not None, skip_nonfinite=d.config.skip_nonfinite
+                report,
+                watchdog=d.watchdog is not None,
+                skip_nonfinite=d.config.skip_nonfinite,
+                skip_outliers=d.config.skip_outliers,
             )
         )
         checkpoint = 0.0  # seconds of the step spent in a restore or a save (goodput)

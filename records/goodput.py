@@ -17,7 +17,9 @@ How the records become seconds (the rules ``account`` applies):
   into d), and the rest is productive when its step number is above the job's high-water mark
   (the highest step completed before it, across every attempt and process, in time order),
   else lost_progress: work done again after a rollback or a crash. A rollback line's rest is
-  lost_progress too (its ``c`` is the restore) and does not raise the mark. Each line only
+  lost_progress too (its ``c`` is the restore) and does not raise the mark. A skipped step's
+  rest (``x`` skip: a non-finite step, a one-step outlier whose update every rank dropped) is
+  skipped_update; it raises the mark. Each line only
   adds seconds, so the figures only grow while a job runs: they can be live counters.
 - A process's start line: the ``load`` seconds before it are checkpoint. Steps of one process
   that overlap (rounding) are clipped to the previous step's end; a gap between them is
@@ -87,6 +89,7 @@ CAUSES = (
     "detection",
     "restart",
     "lost_progress",
+    "skipped_update",
     "data_wait",
     "peers",
     "teardown",
@@ -335,7 +338,8 @@ class _Steps:
         w = min(w, d - c)
         work = d - c - w
         rollback = action == Action.ROLLBACK
-        productive = not rollback and step > self.hwm
+        skipped = action == Action.SKIP  # computed, then dropped on every rank: no progress
+        productive = not rollback and not skipped and step > self.hwm
         if productive:
             self._open = None
             self.productive_seen = True
@@ -345,7 +349,9 @@ class _Steps:
         parts = self.parts
         parts["data_wait"] += w
         parts["checkpoint"] += c
-        parts[_PRODUCTIVE if productive else "lost_progress"] += work
+        parts[_PRODUCTIVE if productive else "skipped_update" if skipped else "lost_progress"] += (
+            work
+        )
         lost = w + c + (0 if productive else work)
         if not self.productive_seen:
             self.head_lost += lost

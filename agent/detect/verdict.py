@@ -75,6 +75,13 @@ PROCESS_PATTERNS = frozenset({STRAGGLER, MEMORY_GROWTH, DATA_STALL})
 weights as good as they were, so they do not make a step unhealthy for the watchdog (a slow node
 that stays slow would otherwise stop every healthy checkpoint for the rest of the run)."""
 
+OUTLIER_PATTERNS = frozenset({LOSS_OUTLIER})
+"""One step's loss far beyond its recent distribution, the next not yet known to be bad: with
+the watchdog on, the step's update is dropped on every rank (``skip_outliers``), the cheapest
+remedy; a second step past the loss threshold is a ``loss_spike`` and rolls back. A
+``grad_spike`` only warns: a skipped update just before a sampled step would drop that sample's
+update ratios, and with them the ``hot_lr`` warning a learning rate too hot first shows as."""
+
 RESPONSE_PATTERNS = frozenset({ROLLBACK_LOOP, COLLECTOR_DIRECTIVE})
 """What the job did about the other verdicts, not what went wrong: it gave up after too many
 rollbacks, or it obeyed the collector's order. The diagnosis reports them beside the cause it

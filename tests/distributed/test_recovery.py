@@ -136,8 +136,13 @@ def test_lr_times_50_is_rolled_back_and_the_run_ends_near_a_clean_one(kind, tmp_
     results = run_world(lr_times_50, kind, str(tmp_path), timeout=120)
     for rank, r in enumerate(results):
         actions = _actions(r["reports"])
-        assert len(actions) == 1 and actions[0][1] == "rollback", f"{kind} rank {rank}: {actions}"
         report = next(x for x in r["reports"] if x["action"] == "rollback")
+        # The spike's first step is an outlier, its update skipped; the rollback comes at the
+        # second (or at once, when the first was already the second past the threshold).
+        rolled = (report["step"], "rollback")
+        assert actions in ([rolled], [(report["step"] - 1, "skip"), rolled]), (
+            f"{kind} rank {rank}: {actions}"
+        )
         assert 41 <= report["step"] <= 45, (
             f"{kind} rank {rank}: the spike was caught late: {report}"
         )

@@ -54,6 +54,7 @@ NO_RANGE = {
     "update_ratio",
     "split_ddp_work",
     "skip_nonfinite",
+    "skip_outliers",
     "checkpoint_key_file",
     "trust_unsigned_checkpoints",
     "heartbeat_dir",

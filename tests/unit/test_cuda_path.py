@@ -73,3 +73,39 @@ def test_one_host_sync_per_step(device):
             assert len(syncs) == 1, [str(w.message) for w in syncs]
         opt.zero_grad(set_to_none=True)
     agent.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_skipped_update_adds_no_host_sync(device, tmp_path):
+    """The ladder's first rung decides from the step's one copy: a one-step outlier's skip
+    costs no sync of its own, and leaves the weights as they were."""
+    torch.manual_seed(0)
+    model = TinyGPT(**TINY).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    agent = torchvitals.watch(
+        model, opt, sample_every=1000, checkpoint_dir=str(tmp_path), checkpoint_every=1000
+    )
+    batches = [
+        (x.to(device), y.to(device))
+        for x, y in random_batches(30, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"])
+    ]
+    for step, (x, y) in enumerate(batches, start=1):
+        loss = model.loss(x, y) * (5.0 if step == 25 else 1.0)  # a bad batch at step 25
+        loss.backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                report = agent.step(loss)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        if step == 25:
+            assert report.action == "skip", report.verdicts
+            assert "loss_outlier" in {v.pattern for v in report.verdicts}
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+            assert len(syncs) == 1, [str(w.message) for w in syncs]
+        opt.zero_grad(set_to_none=True)
+    agent.close()

@@ -347,3 +347,18 @@ def test_records_written_as_the_agent_and_the_supervisor_write_them_leave_little
     assert g.badput["lost_progress"] > 0 and g.last_step == 25
     assert all(g.badput[c] > 0 for c in ("peers", "startup", "detection", "restart", "data_wait"))
     assert math.isclose(g.goodput, g.productive_seconds / g.wall_seconds)
+
+
+def test_a_skipped_update_is_its_own_badput_and_still_counts_as_done(tmp_path):
+    """A step whose update every rank dropped (a non-finite step, a one-step outlier): its work
+    is skipped_update, not productive; the next step number is new work, not done again."""
+    steps = StepTimeline(tmp_path, pid=1)
+    steps.start(at=100, resumed=0)
+    for s in range(1, 11):
+        action = "skip" if s in (4, 7) else "step"
+        steps.step(s, end=100 + s, seconds=1, data_wait=0.25, action=action)
+    g = account(tmp_path)
+    adds_up(g)
+    assert g.productive_seconds == pytest.approx(8 * 0.75)
+    assert g.badput == badput(skipped_update=2 * 0.75, data_wait=10 * 0.25)
+    assert (g.steps, g.last_step) == (10, 10)

@@ -92,12 +92,13 @@ def test_restart_resumes_position_lr_scale_and_skips(tmp_path):
 
 
 RETURNING = {
-    "nan_from_23": (23, lambda s, loss: loss * float("nan") if s >= 23 else loss),
-    "loss_x100_from_21": (22, lambda s, loss: loss * 100 if s > 20 else loss),
+    "nan_from_23": (23, [], lambda s, loss: loss * float("nan") if s >= 23 else loss),
+    "loss_x100_from_21": (22, [21] * 4, lambda s, loss: loss * 100 if s > 20 else loss),
 }
-"""Faults that come back after every rollback to step 20: the step the watchdog acts at, and them
-(a non-finite step at once; a loss spike on its second step, the first being an outlier the
-next batch might have healed)."""
+"""Faults that come back after every rollback to step 20: the step the watchdog rolls back at,
+the steps whose update it skipped, and the fault. A non-finite step rolls back at once; a loss
+spike's first step is an outlier (the next batch might have healed it): its update is skipped,
+and the second step past the threshold rolls back."""
 
 
 @pytest.mark.parametrize("fault", sorted(RETURNING))
@@ -105,14 +106,16 @@ def test_a_fault_after_every_rollback_aborts_with_the_exit_code(tmp_path, fault)
     """Every rollback to step 20 meets the fault again. ``loss_x100_from_21`` is a spike that
     persists: the detector must judge it against the healthy level it had learnt before the
     rollback; one that starts afresh accepts x 100 as the new normal and trains on."""
-    at, inject = RETURNING[fault]
+    at, skipped, inject = RETURNING[fault]
     model, opt, _sched, agent = setup(tmp_path, max_rollbacks=3, abort_exit_code=79)
     reports = []
     with pytest.raises(torchvitals.TrainingAborted) as info:
         train(model, opt, agent, 60, inject=inject, reports=reports)
     assert isinstance(info.value, SystemExit) and info.value.code == 79
-    rollbacks = [r for r in reports if r.action != "step"]
+    rollbacks = [r for r in reports if r.action == "rollback"]
     assert [(r.step, r.action) for r in rollbacks] == [(at, "rollback")] * 3
+    assert [r.step for r in reports if r.action == "skip"] == skipped
+    assert {r.action for r in reports} <= {"step", "skip", "rollback"}
     assert [r.rollback.to_step for r in rollbacks] == [20] * 3
     assert [r.rollback.lr_scale for r in rollbacks] == [0.5, 0.25, 0.125]
     assert agent.watchdog.rollbacks == 3

@@ -1,0 +1,92 @@
+"""The ladder's first rung on every rank of a spawned gloo world (see test_skip_update.py).
+
+A new user's run: TinyGPT (residual) under DDP, AdamW with a warm-up and cosine schedule, the
+watchdog on (``checkpoint_every=10``), 200 steps. A bad batch is one rank's shard whose loss
+(and so its gradients) is five times what it should be, at the batch ids given: the mean loss
+jumps for one step and the next normal batch would heal it. The rank function returns what the
+parent asserts on: each step's action and verdicts, whether the weights moved across each bad
+step, the held-out loss at the end, and (rank 0) the job's goodput.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+from recovery_ranks import PER_RANK, dataset, eval_loss, forward_loss
+from support.models import TINY, TinyGPT
+from support.world import wrap
+
+import torchvitals
+from torchvitals.records.goodput import account
+
+STEPS = 200
+WARMUP = 10
+LR = 3e-3
+
+
+def cosine(step: int) -> float:
+    """Linear warm-up over ``WARMUP`` steps, then cosine to a tenth (a plain function: the
+    scheduler's state stays JSON-able for the checkpoints)."""
+    if step < WARMUP:
+        return (step + 1) / WARMUP
+    done = min(1.0, (step - WARMUP) / (STEPS - WARMUP))
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
+
+
+def bad_batches_run(
+    rank: int, world: int, root: str, bad: list[int], skip_outliers: bool = True
+) -> dict[str, Any]:
+    """Train ``STEPS`` steps; rank 0's shard of each batch id in ``bad`` is bad."""
+    torch.manual_seed(0)
+    model = wrap("ddp", TinyGPT(**TINY), world)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine)
+    agent = torchvitals.watch(
+        model,
+        opt,
+        sched,
+        checkpoint_dir=os.path.join(root, "ckpt"),
+        checkpoint_every=10,
+        skip_outliers=skip_outliers,
+        metrics_port=0,
+        log_dir="",
+    )
+    steps: list[dict[str, Any]] = []
+    unchanged: dict[int, bool] = {}
+    try:
+        data = dataset("ddp", 2 * STEPS, rank)
+        while agent.step_count < STEPS:
+            for bid, x, y in agent.batches(data):
+                loss = forward_loss(model, x, y)
+                if bid in bad and rank == 0:
+                    loss = loss * 5.0
+                loss.backward()
+                before = [p.detach().clone() for p in model.parameters()] if bid in bad else None
+                report = agent.step(loss)
+                opt.zero_grad(set_to_none=True)
+                if before is not None:
+                    unchanged[report.step] = all(
+                        torch.equal(a, b) for a, b in zip(before, model.parameters())
+                    )
+                steps.append(
+                    {
+                        "step": report.step,
+                        "batch": bid,
+                        "action": str(report.action),
+                        "loss": report.loss,
+                        "verdicts": sorted({v.pattern for v in report.verdicts}),
+                    }
+                )
+                if agent.step_count >= STEPS:
+                    break
+        final = eval_loss(model, "ddp")
+    finally:
+        agent.close()
+    out: dict[str, Any] = {"steps": steps, "unchanged": unchanged, "final_loss": final}
+    if rank == 0:
+        out["goodput"] = account(os.path.join(root, "ckpt")).goodput
+    out["per_rank"] = PER_RANK
+    return out
