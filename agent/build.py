@@ -428,6 +428,7 @@ def _signals(agent: Any, extra: Sequence[Signal]) -> Signals:
             agent._device if agent._reducer.device_collectives else torch.device("cpu")
         ),
         thresholds=agent.detector.thresholds,
+        loss_level=agent.detector.loss_level,
         probe_grads=agent._guard.probe_grads,
         grad_source=agent._backend.grad_source,
         param_source=agent._backend.param_source,

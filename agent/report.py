@@ -199,6 +199,13 @@ class Report:
     ``grad_norm``."""
     nonfinite_rank_count: int = 0
     """How many ranks' own loss was NaN/Inf at this step."""
+    spike_ranks: list[int] = field(default_factory=list)
+    """The ranks whose own loss alone could have lifted the mean past the loss rule's threshold
+    (a loss at least ``world`` times as far above the median as the threshold lies), exactly
+    when one or two were; the culprit of a ``loss_outlier`` or ``loss_spike`` that one rank's
+    forward caused. Empty when none was (a spike every rank shares) or three and more."""
+    spike_rank_count: int = 0
+    """How many ranks' own loss was that far out."""
     loop_skip_ranks: list[int] = field(default_factory=list)
     """The ranks whose loop or framework skipped this step's ``optimizer.step()`` by itself and
     cleared the gradients (one or two named exactly; ``loop_skip_count`` says how many): every

@@ -17,7 +17,7 @@ from typing import Any
 from ..report import Report
 from .history import VerdictHistory, identity
 from .observed import Observed
-from .rules import Rule, make_rules
+from .rules import LossSpike, Rule, make_rules
 from .rules_vitals import make_vital_rules
 from .straggler import Straggler
 from .thresholds import Thresholds
@@ -118,6 +118,14 @@ class Detector:
     def observe_validation(self, step: int, loss: float) -> None:
         """Queue a validation loss (already identical on every rank) for the next report."""
         self._validation.append((step, float(loss)))
+
+    def loss_level(self) -> tuple[float, float] | None:
+        """(median, threshold) of the loss at the last judged step, identical on every rank;
+        None before the loss rule had history enough to judge (``LossSpike.level``)."""
+        for rule in self.rules:
+            if isinstance(rule, LossSpike):
+                return rule.level
+        return None
 
     def is_active(self, pattern: str, block: str | None = None) -> bool:
         """Whether ``pattern`` is active now (in ``block``, when given)."""

@@ -126,6 +126,24 @@ class NonFinite(Rule):
         return found
 
 
+def culprits(report: Report) -> dict[str, object]:
+    """The ranks whose own loss alone could have lifted the mean past the threshold (one or
+    two named exactly, from the step's sums: ``signals/loss.py``), as evidence; nothing when
+    none did (a spike every rank shares: a learning rate, a data shard all read)."""
+    if not report.spike_rank_count:
+        return {}
+    found: dict[str, object] = {
+        "ranks": list(report.spike_ranks),
+        "rank_count": report.spike_rank_count,
+    }
+    if report.spike_rank_count > 2:
+        found["ranks_unknown"] = (
+            f"{report.spike_rank_count} ranks' own losses were far out: which ones cannot be "
+            "told from the step's sums (each rank's torchvitals_local_loss names it)"
+        )
+    return found
+
+
 class LossSpike(Rule):
     """Robust z-score of the loss against a rolling median/MAD of the healthy losses: a
     ``loss_spike`` once it persists, a ``loss_outlier`` on its first step when far out, and a
@@ -144,6 +162,9 @@ class LossSpike(Rule):
         """Consecutive judged steps whose median lay ``loss_divergence_rise`` above ``best``."""
         self.flagged = False
         """Whether this step's loss lay past the spike threshold (``GradSpike`` reads it)."""
+        self.level: tuple[float, float] | None = None
+        """(median, threshold) of the last judged step: what the next step's ranks compare
+        their own loss with (``Detector.loss_level``, the loss signal's culprit flag)."""
 
     def observe(self, report, seen):
         self.flagged = False
@@ -168,6 +189,7 @@ class LossSpike(Rule):
         threshold = center + self.t.loss_spike_mads * scale
         self.above.append(loss > threshold)
         self.flagged = self.above[-1]
+        self.level = (center, threshold)
         found = self._divergence(report.step, center, floor)
         # One noisy batch a little past the threshold is not a spike (Thresholds.loss_spike_recent),
         # and one far past it is an outlier the next batch may heal (loss_spike_severe).
@@ -184,6 +206,7 @@ class LossSpike(Rule):
                 "loss_spike_mads": self.t.loss_spike_mads,
                 "window": len(self.losses),
                 "z": (loss - center) / scale,
+                **culprits(report),
             }
             pattern, severity = (LOSS_SPIKE, CRITICAL) if persists else (LOSS_OUTLIER, WARNING)
             block = self.norms.leader()

@@ -237,12 +237,20 @@ class IncidentWriter:
         if kind == LOSS_SPIKE:
             v = by[patterns.LOSS_SPIKE]
             e = v.evidence
+            ranks = list(e.get("ranks", []))
+            if len(ranks) == 1:
+                who = f"rank {ranks[0]}'s own loss alone lifted the mean past it"
+            elif len(ranks) == 2:
+                who = f"ranks {ranks[0]} and {ranks[1]}'s own losses were far out"
+            else:
+                who = "no one rank's loss alone lifted the mean (a spike the ranks share)"
             cause = (
                 f"the loss spiked to {e.get('loss', report.loss):.4g}, above "
                 f"{e.get('threshold', 0):.4g} (median {e.get('median', 0):.4g}, "
-                f"z {e.get('z', 0):.1f}); the rank cannot be told from the mean loss"
+                f"z {e.get('z', 0):.1f}); {who}"
             )
-            return self._record(LOSS_SPIKE, report, None, cause, {"verdict": v.to_dict()}, now)
+            culprit = ranks[0] if len(ranks) == 1 else None
+            return self._record(LOSS_SPIKE, report, culprit, cause, {"verdict": v.to_dict()}, now)
         v = by[patterns.REPLICA_DIVERGENCE]
         ranks = list(v.evidence.get("ranks", []))
         culprit = ranks[0] if len(ranks) == 1 else None

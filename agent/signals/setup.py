@@ -47,6 +47,8 @@ class Setup:
     collective_device: torch.device
     """Where an extra collective's tensors go (the device under NCCL, else the host)."""
     thresholds: Thresholds
+    loss_level: Callable[[], tuple[float, float] | None]
+    """The loss rule's (median, threshold) at the last judged step (``Detector.loss_level``)."""
     probe_grads: Callable[[], list[Any]]
     """The guard's probe gradients: tells one backward pass from the next."""
     grad_source: Callable[[torch.Tensor], torch.Tensor | None] | None

@@ -49,6 +49,7 @@ CAUSE_KINDS = {
     "vanishing gradients": (NONFINITE,),
     "straggler": (STRAGGLER,),
     "replica divergence": (DIVERGENCE,),
+    "unsteady loss": (LOSS_SPIKE,),
 }
 """The diagnosis's cause -> the incident kinds that are its culprit's record."""
 
@@ -58,6 +59,7 @@ VERDICT_WHAT = {
     P.STRAGGLER: "straggler",
     P.REPLICA_DIVERGENCE: "replica divergence",
     P.LOSS_SPIKE: "loss spike",
+    P.LOSS_OUTLIER: "loss outlier (its update skipped)",
 }
 """Verdicts whose evidence may name the culprit's rank, and what the line calls them."""
 
@@ -106,8 +108,8 @@ def from_incidents(
     incidents: Sequence[Incident], cause: str, verdicts: Sequence[Mapping[str, Any]] = ()
 ) -> Lead | None:
     """The incident to lead with for the diagnosed ``cause``; None when no incident names a
-    culprit (a loss spike's rank cannot be told from the mean loss: "an unnamed rank" would lead
-    the diagnosis with nothing; the incidents are still listed)."""
+    culprit (a spike every rank shares names none: "an unnamed rank" would lead the diagnosis
+    with nothing; the incidents are still listed)."""
     named = [i for i in incidents if i.culprit != Culprit()]
     if not named:
         return None
@@ -133,7 +135,7 @@ def from_verdicts(verdicts: Iterable[Mapping[str, Any]], cause: str) -> Lead | N
         NONFINITE: (P.NONFINITE_LOSS, P.NONFINITE_GRAD),
         STRAGGLER: (P.STRAGGLER,),
         DIVERGENCE: (P.REPLICA_DIVERGENCE,),
-        LOSS_SPIKE: (P.LOSS_SPIKE,),
+        LOSS_SPIKE: (P.LOSS_SPIKE, P.LOSS_OUTLIER),
     }
     patterns = {p for k in CAUSE_KINDS.get(cause, ()) for p in kinds.get(k, ())}
     v, what, ranks = next((x for x in named if x[0]["pattern"] in patterns), named[0])

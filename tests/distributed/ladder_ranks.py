@@ -1,11 +1,13 @@
 """The ladder's first rung on every rank of a spawned gloo world (see test_skip_update.py).
 
 A new user's run: TinyGPT (residual) under DDP, AdamW with a warm-up and cosine schedule, the
-watchdog on (``checkpoint_every=10``), 200 steps. A bad batch is one rank's shard whose loss
-(and so its gradients) is five times what it should be, at the batch ids given: the mean loss
-jumps for one step and the next normal batch would heal it. The rank function returns what the
-parent asserts on: each step's action and verdicts, whether the weights moved across each bad
-step, the held-out loss at the end, and (rank 0) the job's goodput.
+watchdog on (``checkpoint_every=10``), 200 steps. A bad batch is rank 0's shard whose loss (and
+so its gradients) is five times what it should be, at the batch ids given: the mean loss jumps
+for one step and the next normal batch would heal it. ``fault="logits"`` is a one-step fault in
+rank 1's forward instead: its logits times 1000 (a flipped exponent, a bad kernel). The rank
+function returns what the parent asserts on: each step's action, verdicts and the ranks they
+name, whether the weights moved across each bad step, the held-out loss at the end, and (rank 0)
+the job's goodput.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 from typing import Any
 
 import torch
-from recovery_ranks import PER_RANK, dataset, eval_loss, forward_loss
+from recovery_ranks import PER_RANK, dataset, eval_loss
 from support.models import TINY, TinyGPT
 from support.world import wrap
 
@@ -36,10 +38,27 @@ def cosine(step: int) -> float:
     return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
 
 
+def forward_loss(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, logit_scale: float = 1.0
+) -> torch.Tensor:
+    """``recovery_ranks.forward_loss`` (one input position masked from the global RNG), with
+    the logits scaled by ``logit_scale``."""
+    x = x.clone()
+    x[:, torch.randint(0, x.shape[1], ())] = 0
+    logits = model(x) * logit_scale
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
 def bad_batches_run(
-    rank: int, world: int, root: str, bad: list[int], skip_outliers: bool = True
+    rank: int,
+    world: int,
+    root: str,
+    bad: list[int],
+    skip_outliers: bool = True,
+    fault: str = "shard",
 ) -> dict[str, Any]:
-    """Train ``STEPS`` steps; rank 0's shard of each batch id in ``bad`` is bad."""
+    """Train ``STEPS`` steps with a fault at each batch id in ``bad`` (``fault``: "shard", rank
+    0's loss x 5; "logits", rank 1's logits x 1000)."""
     torch.manual_seed(0)
     model = wrap("ddp", TinyGPT(**TINY), world)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
@@ -60,8 +79,9 @@ def bad_batches_run(
         data = dataset("ddp", 2 * STEPS, rank)
         while agent.step_count < STEPS:
             for bid, x, y in agent.batches(data):
-                loss = forward_loss(model, x, y)
-                if bid in bad and rank == 0:
+                faulty = bid in bad and rank == (1 if fault == "logits" else 0)
+                loss = forward_loss(model, x, y, 1e3 if faulty and fault == "logits" else 1.0)
+                if faulty and fault == "shard":
                     loss = loss * 5.0
                 loss.backward()
                 before = [p.detach().clone() for p in model.parameters()] if bid in bad else None
@@ -78,6 +98,9 @@ def bad_batches_run(
                         "action": str(report.action),
                         "loss": report.loss,
                         "verdicts": sorted({v.pattern for v in report.verdicts}),
+                        "ranks": sorted(
+                            {r for v in report.verdicts for r in v.evidence.get("ranks", [])}
+                        ),
                     }
                 )
                 if agent.step_count >= STEPS:

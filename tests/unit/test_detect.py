@@ -226,3 +226,21 @@ def test_one_noisy_step_past_the_threshold_is_an_outlier_but_two_are_a_spike():
         ("loss_outlier", 50),
         ("loss_spike", 51),
     ]
+
+
+def test_a_spike_names_the_rank_whose_own_loss_alone_lifted_the_mean():
+    stream = list(noisy(60))
+    stream[49] = report(50, stream[48].loss * 3, stream[49].grad_norm, spike_ranks=[1])
+    stream[49].spike_rank_count = 1
+    _, fired = run(stream)
+    ((outlier),) = fired
+    assert outlier.pattern == "loss_outlier"
+    assert (outlier.evidence["ranks"], outlier.evidence["rank_count"]) == ([1], 1)
+
+
+def test_the_loss_level_is_the_last_judged_steps_median_and_threshold():
+    detector = Detector(NAMES, KINDS)
+    assert detector.loss_level() is None  # no history yet: no rank can be flagged
+    run(list(noisy(40)), detector)
+    median, threshold = detector.loss_level()
+    assert 0 < median < threshold
