@@ -104,7 +104,7 @@ class Loss(Signal):
                 1 + 2 * ranksum.SLOTS, dtype=F64, device=ctx.device
             )
         flag = 0.0 if math.isfinite(number) else 1.0
-        out = 1.0 if known and number > cut else 0.0
+        far = 1.0 if known and number > cut else 0.0
         return LossSlots(
             packer.add_sum(zeros),
             packer.add_host_sum(
@@ -112,7 +112,7 @@ class Loss(Signal):
                     number,
                     1.0 if known else 0.0,
                     *ranksum.encode(ctx.rank, flag),
-                    *ranksum.encode(ctx.rank, out),
+                    *ranksum.encode(ctx.rank, far),
                 ]
             ),
             packer.add_local(
