@@ -74,19 +74,23 @@ GRAD_RANK_NOTE = (
 )
 
 
-def nonfinite_ranks(report: Report) -> dict[str, object]:
-    """Which ranks' own loss was non-finite, as evidence: the ranks, their count, and why they
-    are not named when they cannot be."""
-    found: dict[str, object] = {
-        "ranks": list(report.nonfinite_ranks),
-        "rank_count": report.nonfinite_rank_count,
-    }
-    if report.nonfinite_rank_count > 2:
+def named_ranks(ranks: list[int], count: int, what: str) -> dict[str, object]:
+    """Ranks told by the step's sums (``measure/ranksum.py``), as evidence: the ranks, their
+    count, and why they are not named when three and more flagged (``what`` they were)."""
+    found: dict[str, object] = {"ranks": list(ranks), "rank_count": count}
+    if count > 2:
         found["ranks_unknown"] = (
-            f"{report.nonfinite_rank_count} ranks' losses were non-finite: which ones cannot be "
-            "told from the step's sums (each rank's torchvitals_local_loss names it)"
+            f"{count} ranks' {what}: which ones cannot be told from the step's sums (each "
+            "rank's torchvitals_local_loss names it)"
         )
     return found
+
+
+def nonfinite_ranks(report: Report) -> dict[str, object]:
+    """Which ranks' own loss was non-finite, as evidence."""
+    return named_ranks(
+        report.nonfinite_ranks, report.nonfinite_rank_count, "losses were non-finite"
+    )
 
 
 class NonFinite(Rule):
@@ -128,20 +132,11 @@ class NonFinite(Rule):
 
 def culprits(report: Report) -> dict[str, object]:
     """The ranks whose own loss alone could have lifted the mean past the threshold (one or
-    two named exactly, from the step's sums: ``signals/loss.py``), as evidence; nothing when
-    none did (a spike every rank shares: a learning rate, a data shard all read)."""
+    two named exactly: ``signals/loss.py``), as evidence; nothing when none did (a spike every
+    rank shares: a learning rate, a data shard all read)."""
     if not report.spike_rank_count:
         return {}
-    found: dict[str, object] = {
-        "ranks": list(report.spike_ranks),
-        "rank_count": report.spike_rank_count,
-    }
-    if report.spike_rank_count > 2:
-        found["ranks_unknown"] = (
-            f"{report.spike_rank_count} ranks' own losses were far out: which ones cannot be "
-            "told from the step's sums (each rank's torchvitals_local_loss names it)"
-        )
-    return found
+    return named_ranks(report.spike_ranks, report.spike_rank_count, "own losses were far out")
 
 
 class LossSpike(Rule):
