@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 import torch
-from recovery_ranks import PER_RANK, dataset, eval_loss
+from recovery_ranks import dataset, eval_loss
 from support.models import TINY, TinyGPT
 from support.world import wrap
 
@@ -111,5 +111,4 @@ def bad_batches_run(
     out: dict[str, Any] = {"steps": steps, "unchanged": unchanged, "final_loss": final}
     if rank == 0:
         out["goodput"] = account(os.path.join(root, "ckpt")).goodput
-    out["per_rank"] = PER_RANK
     return out

@@ -71,7 +71,9 @@ _MEGATRON_FIELD = re.compile(r"\|\s*(lm loss|loss|grad norm|learning rate)\s*:([
 rate``; an iteration skipped for an fp16 overflow prints neither loss nor grad norm."""
 
 
-def read_logs(paths: Sequence[str | os.PathLike[str]], format: str = "auto") -> Series:
+def read_logs(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], format: str = "auto"
+) -> Series:
     """Read the logs of one run into a series.
 
     Args:

@@ -238,7 +238,7 @@ def backtest(
     if isinstance(source, Series):
         series = source
     elif isinstance(source, (str, os.PathLike)):
-        series = read_logs([source], format)
+        series = read_logs(source, format)  # read_logs takes one path as a list of one
     else:
         items: list[Any] = list(source)
         if items and all(isinstance(i, Mapping) for i in items):
