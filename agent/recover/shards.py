@@ -25,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 
 from ...records.durable import write_json
 from ..jsonsafe import json_safe
-from .agreement import CheckpointError, Ranks, describe
+from .agreement import CheckpointError, Ranks, describe, failures
 from .state import get_states, set_states
 from .trust import SafeReader, TensorsOnlyPlanner, merge_plain, split_plain
 
@@ -39,15 +39,22 @@ def write_shards(folder: Path, state: dict[str, Any], ranks: Ranks) -> None:
         ranks: the ranks that save together.
 
     Raises:
-        CheckpointError: a non-tensor leaf JSON cannot hold, or DCP's failure (with the bytes
-            left free on the folder's filesystem).
+        CheckpointError: on every rank, when a rank could not write its non-tensor state (a
+            leaf JSON cannot hold, a full disk), or DCP's failure (with the bytes left free on
+            the folder's filesystem).
     """
     tensors, plain = split_plain(state)
-    # The non-tensor leaves as JSON: DCP would pickle them into the shards.
-    write_json(
-        folder / f"plain-rank-{ranks.rank:05d}.json",
-        jsonable(plain, "the model's and optimizer's non-tensor state"),
-    )
+
+    def write_plain() -> None:  # the non-tensor leaves as JSON: DCP would pickle them
+        write_json(
+            folder / f"plain-rank-{ranks.rank:05d}.json",
+            jsonable(plain, "the model's and optimizer's non-tensor state"),
+        )
+
+    # Agreed before DCP's collectives: a rank that failed here alone and skipped them would
+    # leave the others waiting inside DCP's plan exchange while it went on to the next phase.
+    if errors := failures(ranks.gather(write_plain)):
+        raise CheckpointError(f"the non-tensor state: {errors}")
     try:
         with _quiet_single_process():
             dcp.save(
@@ -73,17 +80,27 @@ def read_shards(
         ranks: the ranks that load together.
 
     Raises:
-        CheckpointError: the folder has no plain state (an older, pickling torchvitals wrote it).
+        CheckpointError: on every rank, when a rank could not read the plain state (none there:
+            an older, pickling torchvitals wrote the folder).
     """
-    plain_file = folder / f"plain-rank-{ranks.rank:05d}.json"
-    if not plain_file.exists():  # a world of another size: rank 0's is the same state
-        plain_file = folder / "plain-rank-00000.json"
-    if not plain_file.exists():
+    plain: list[Any] = []  # kept here: the gather carries only whether each rank read it
+
+    def read_plain() -> None:
+        mine = folder / f"plain-rank-{ranks.rank:05d}.json"
+        # A world of another size reads rank 0's: the same state.
+        for plain_file in (mine, folder / "plain-rank-00000.json"):
+            if plain_file.exists():
+                plain.append(json.loads(plain_file.read_text()))
+                return
         raise CheckpointError(
             f"{folder} has no plain-rank-*.json: written by a torchvitals "
             "that pickled the non-tensor state into DCP's shards, which "
             "this one does not unpickle"
         )
+
+    # Read and agreed before DCP's collective load, for the reason ``write_shards`` gives.
+    if errors := failures(ranks.gather(read_plain)):
+        raise CheckpointError(f"reading the non-tensor state of {folder}: {errors}")
     model_sd, optim_sd = get_states(model, optimizer)
     tensors, _ = split_plain({"model": model_sd, "optim": optim_sd})
     with _quiet_single_process():
@@ -94,7 +111,7 @@ def read_shards(
             process_group=ranks.group,
             no_dist=not ranks.distributed,
         )
-    full = merge_plain(tensors, json.loads(plain_file.read_text()))
+    full = merge_plain(tensors, plain[0])
     set_states(model, optimizer, full["model"], full["optim"])
 
 

@@ -6,8 +6,10 @@ parent to assert on across ranks.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -15,6 +17,7 @@ from support.models import TINY, TinyGPT, random_batches
 from support.reference import full
 from support.world import wrap
 
+from torchvitals.agent.recover import shards
 from torchvitals.agent.recover.checkpoint import CheckpointError, CheckpointStore
 
 
@@ -100,7 +103,8 @@ def save_train_load(rank: int, world: int, kind: str, root: str) -> dict[str, An
 def fail_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
     """Rank 1 alone cannot write files past a size limit (RLIMIT_FSIZE: EFBIG, as a full disk
     gives ENOSPC; it stops root too). Two saves fail, at the RNG files and inside DCP's shard
-    writes; both ranks must raise, and step 1's checkpoint must stay the one that loads."""
+    writes; a third fails at rank 1's non-tensor state, and a load fails reading it back; both
+    ranks must raise each time, and step 1's checkpoint must stay the one that loads."""
     model, opt, sched = _setup(kind, world)
     batches = list(
         random_batches(3, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"], seed=rank)
@@ -114,6 +118,17 @@ def fail_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]
     # 1 kB stops the RNG file (~20 kB); 40 kB lets it through and stops the shards (~270 kB).
     for limit in (1_000, 40_000):
         errors.append(_save_limited(store, rank, limit, model, opt, sched))
+    # Rank 1 alone fails between the RNG files and DCP's shards: at its non-tensor state, on
+    # the way out and on the way back in. The other rank must not go on into DCP's plan
+    # exchange without it (that hung both ranks until the group's timeout).
+    with _failing_on_rank1(rank, shards, "write_json", OSError(28, "No space left on device")):
+        errors.append(_save_limited(store, rank, 1 << 30, model, opt, sched))
+    with _failing_on_rank1(rank, shards.json, "loads", ValueError("not JSON")):
+        try:
+            store.load(model, opt, sched)
+            errors.append(None)
+        except CheckpointError as e:
+            errors.append(str(e))
     leftovers = sorted(p.name for p in store.root.iterdir())
     restored = store.load(model, opt, sched)
     return {
@@ -122,6 +137,22 @@ def fail_on_rank1(rank: int, world: int, kind: str, root: str) -> dict[str, Any]
         "step": restored.step,
         "state_restored": same(saved, _state(model, opt, sched)),
     }
+
+
+@contextlib.contextmanager
+def _failing_on_rank1(rank: int, owner: Any, name: str, error: Exception) -> Iterator[None]:
+    """On rank 1, ``owner.name`` raises ``error`` inside the block; rank 0 is untouched."""
+    real = getattr(owner, name)
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    if rank == 1:
+        setattr(owner, name, fail)
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
 
 
 def _save_limited(store: CheckpointStore, rank: int, limit: int, *state: Any) -> str | None:

@@ -48,5 +48,11 @@ def test_write_failure_on_rank1_raises_on_both_ranks(kind, tmp_path):
             and "rank 0:" not in r["errors"][0]
         )
         assert "DCP on rank 1:" in r["errors"][1] and "DCP on rank 0" not in r["errors"][1]
+        plain_write, plain_read = r["errors"][2:]
+        assert plain_write is not None and "the non-tensor state: rank 1: OSError" in plain_write
+        assert "No space left on device" in plain_write and "rank 0:" not in plain_write
+        assert "step-00000001) is untouched" in plain_write, plain_write
+        assert plain_read is not None and "no checkpoint under" in plain_read, plain_read
+        assert "rank 1: ValueError: not JSON" in plain_read and "rank 0:" not in plain_read
         assert r["leftovers"] == ["step-00000001"], f"rank {rank}: {r['leftovers']}"
         assert r["step"] == 1 and r["state_restored"], f"rank {rank}: step 1 did not load intact"
