@@ -173,6 +173,18 @@ class RecoverConfig:
     healthy_window: int = 20
     """A step is healthy when no warning or critical verdict came in this many steps before it."""
 
+    trust_steps: int = 2
+    """A healthy checkpoint becomes a rollback target only once this many steps after it passed
+    without a warning or critical verdict: the update that causes a spike is taken a step or
+    more before the loss shows it, so the checkpoint just before a spike may hold the damage.
+    One that an unhealthy verdict follows sooner is never restored (nor resumed from)."""
+
+    verify_steps: int = 20
+    """A rollback cured the run once it gets this many steps past the step that caused it
+    without another rollback. One that did not is a repeat: its checkpoint is never restored
+    again, and the next rollback goes to an earlier one with the learning rate cut by
+    ``lr_backoff`` once more and twice the ``skip_margin`` (again for each repeat in a row)."""
+
     lr_backoff: float = 0.5
     """Each rollback multiplies the learning rate by this, applied at every optimizer step over
     whatever set the LR (a scheduler, a framework, the loop), and kept across restarts."""
@@ -220,6 +232,8 @@ class RecoverConfig:
             self.resume,
             "one of 'restart', 'auto', 'never'",
         )
+        _need(self.trust_steps >= 1, "trust_steps", self.trust_steps, "an integer >= 1")
+        _need(self.verify_steps >= 1, "verify_steps", self.verify_steps, "an integer >= 1")
         _need(0.0 < self.lr_backoff <= 1.0, "lr_backoff", self.lr_backoff, "a number in (0, 1]")
         _need(self.skip_margin >= 0, "skip_margin", self.skip_margin, "an integer >= 0")
         _need(self.max_rollbacks >= 0, "max_rollbacks", self.max_rollbacks, "an integer >= 0")
@@ -478,6 +492,8 @@ class Config:
         snapshot_max_bytes: int
         checkpoint_close_timeout_s: float
         healthy_window: int
+        trust_steps: int
+        verify_steps: int
         lr_backoff: float
         skip_margin: int
         max_rollbacks: int

@@ -104,6 +104,8 @@ AGREED = (
     "trust_unsigned_checkpoints",
     "snapshot_max_bytes",
     "healthy_window",
+    "trust_steps",
+    "verify_steps",
     "lr_backoff",
     "skip_margin",
     "max_rollbacks",

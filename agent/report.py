@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..records.vocabulary import Action
+from ..records.vocabulary import REMEDIES, Action
 from .detect.verdict import Verdict
 from .jsonsafe import json_number, json_safe
 
@@ -45,19 +45,35 @@ class Rollback:
     skipped: tuple[int, int] | None = None
     """Batch indices ``[start, stop)`` of ``agent.batches`` never trained on; None: the loop
     draws its own batches, and its RNGs were re-seeded so they are not drawn again."""
+    repeat_of: int | None = None
+    """The step of the earlier rollback that did not cure the run (its checkpoint is now
+    distrusted and this one went further back); None: a first rollback."""
+    escalation: int = 0
+    """Rollbacks in a row that did not cure before this one: the learning rate was cut this
+    many extra times, the skip margin doubled as often."""
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"to_step", "lr_scale", "skipped"}`` (``skipped`` a list or None), as JSON holds it."""
+        """``{"to_step", "lr_scale", "skipped", "repeat_of", "escalation"}`` (``skipped`` a list
+        or None), as JSON holds it."""
         skipped = list(self.skipped) if self.skipped is not None else None
-        return {"to_step": self.to_step, "lr_scale": self.lr_scale, "skipped": skipped}
+        return {
+            "to_step": self.to_step,
+            "lr_scale": self.lr_scale,
+            "skipped": skipped,
+            "repeat_of": self.repeat_of,
+            "escalation": self.escalation,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Rollback:
         skipped = d.get("skipped")
+        repeat_of = d.get("repeat_of")
         return cls(
             to_step=int(d["to_step"]),
             lr_scale=json_number(d["lr_scale"]),
             skipped=(int(skipped[0]), int(skipped[1])) if skipped else None,
+            repeat_of=None if repeat_of is None else int(repeat_of),
+            escalation=int(d.get("escalation", 0)),
         )
 
 
@@ -245,6 +261,12 @@ class Report:
     def sampled(self) -> bool:
         return bool(self.activations) or bool(self.update_ratio)
 
+    @property
+    def remedy(self) -> str:
+        """The remedy the step took: ``none``, ``skip_update`` (the update dropped on every
+        rank, the batch used), ``rollback`` or ``abort`` (``vocabulary.REMEDIES``)."""
+        return REMEDIES[Action(self.action)]
+
     def to_dict(self) -> dict[str, Any]:
         """Every field as one flat JSON-safe dict (the records' fields under their
         ``FLAT_NAMES``): non-finite floats become the strings "nan", "inf", "-inf"."""
@@ -253,6 +275,7 @@ class Report:
             if f.name not in RECORDS:
                 out[f.name] = getattr(self, f.name)
         out["action"] = str(self.action)
+        out["remedy"] = self.remedy
         out["verdicts"] = [v.to_dict() if isinstance(v, Verdict) else v for v in self.verdicts]
         out["rollback"] = self.rollback.to_dict() if self.rollback is not None else None
         for flat, (record, attr) in FLAT_NAMES.items():

@@ -387,11 +387,8 @@ class Steps:
         )
         if report.checkpoint.saved:
             self.detector_at[report.step] = d.detector.snapshot()  # kept: committed + new
-            self.detector_at = {
-                s: snapshot
-                for s, snapshot in self.detector_at.items()
-                if s in (report.step, d.watchdog.last_healthy)
-            }
+            keep = d.watchdog.targets.candidates()  # each checkpoint a rollback may restore
+            self.detector_at = {s: snap for s, snap in self.detector_at.items() if s in keep}
 
     def _rollback(self, report: Report, reason: str) -> None:
         """Every rank, same step: back to the last healthy checkpoint, or skip without one."""
@@ -412,6 +409,7 @@ class Steps:
                     None,
                     {
                         "reason": reason,
+                        "why": aborted.why,
                         "max_rollbacks": d.config.max_rollbacks,
                         "rollback_window": d.config.rollback_window,
                         "exit_code": d.config.abort_exit_code,

@@ -111,6 +111,13 @@ class Incident:
     """The supervisor's attempt it happened in (None: unsupervised)."""
     writer: str = ""
     """Who wrote it (``supervisor node 1``, ``agent rank 0``)."""
+    remedy: str | None = None
+    """What the job did about it, in the ladder's words (``vocabulary.REMEDIES``: ``none``,
+    ``skip_update``, ``rollback``, ``abort``); None: a restart's (the supervisor's) or not
+    known yet."""
+    repeat_of: str | None = None
+    """The key of the earlier incident whose rollback did not cure the run, when this one is its
+    repeat (the rollback went further back); None: a first."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -157,6 +164,8 @@ class Incident:
                 lost_seconds=_typed(d, "lost_seconds", float, where, optional=True),
                 attempt=_typed(d, "attempt", int, where, optional=True),
                 writer=_typed(d, "writer", str, where, optional=True) or "",
+                remedy=_typed(d, "remedy", str, where, optional=True),
+                repeat_of=_typed(d, "repeat_of", str, where, optional=True),
             )
         except IncidentError as exc:
             if str(exc).startswith(where):
@@ -167,7 +176,8 @@ class Incident:
         """One line for a log or a terminal: kind, step, culprit (where named), cause."""
         step = "" if self.step is None else f" at step {self.step}"
         who = "" if self.culprit == Culprit() else f"{self.culprit.describe()}: "
-        return f"{self.kind}{step}: {who}{self.cause}"
+        again = f" (a repeat of {self.repeat_of})" if self.repeat_of else ""
+        return f"{self.kind}{step}: {who}{self.cause}{again}"
 
 
 def _typed(d: dict, name: str, kind: type, where: str, *, optional: bool = False) -> Any:

@@ -39,6 +39,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "time": (int, float),
     },
     "abort": {"step": (int,), "reason": (str,), "time": (int, float)},
+    "distrust": {"step": (int,), "path": (str,), "reason": (str,), "time": (int, float)},
     "adopt": {
         "step": (int,),
         "source": (str,),
@@ -178,6 +179,18 @@ class Ledger:
         take (a folder it never recorded is not this job's save)."""
         return {Path(e["path"]).name for e in self.entries if e["event"] == "checkpoint"}
 
+    def distrusted(self) -> dict[str, str]:
+        """``{folder name: why}`` of the checkpoints never to be loaded again: distrusted
+        since they were last recorded (a later save of the same step is trusted afresh)."""
+        with self._lock:
+            out: dict[str, str] = {}
+            for e in self.entries:
+                if e["event"] == "checkpoint":
+                    out.pop(Path(e["path"]).name, None)
+                elif e["event"] == "distrust":
+                    out[Path(e["path"]).name] = e["reason"]
+            return out
+
     def is_skipped(self, index: int) -> bool:
         """Whether batch ``index`` lies in a skipped range."""
         return index in self.skipped
@@ -207,6 +220,7 @@ class Ledger:
         lr_scale: float,
         skipped: tuple[int, int] | None,
         positions: tuple[int, int, int] | None = None,
+        repeat_of: int | None = None,
     ) -> None:
         """Every rank went back from ``step`` to the checkpoint of ``to_step``.
 
@@ -219,6 +233,7 @@ class Ledger:
                 the loop draws its own batches (its RNGs were re-seeded instead).
             positions: ``(checkpoint's data position, position at the rollback, margin)``, the
                 numbers ``skipped`` was made of: a restart checks the range against them.
+            repeat_of: the step of the earlier rollback this one repeats (it did not cure).
         """
         if skipped is not None and not 0 <= skipped[0] < skipped[1]:
             raise ValueError(f"need 0 <= start < stop, got {skipped}")
@@ -237,6 +252,8 @@ class Ledger:
         }
         if positions is not None:
             entry.update(from_position=positions[0], position=positions[1], margin=positions[2])
+        if repeat_of is not None:
+            entry["repeat_of"] = repeat_of
         self._append(entry)
 
     def record_adopted(
@@ -269,6 +286,12 @@ class Ledger:
                 "skipped": [list(r) for r in ranges],
             }
         )
+
+    def record_distrust(self, step: int, path: str | os.PathLike, reason: str) -> None:
+        """The checkpoint of ``step`` at ``path`` must never be a rollback's or a restart's
+        target again (``reason``: the unhealthy step that followed it, the rollback to it that
+        did not cure, the rollback that went back past it)."""
+        self._append({"event": "distrust", "step": step, "path": str(path), "reason": reason})
 
     def record_abort(self, step: int, reason: str) -> None:
         """The job gave up at ``step`` (the loop guard, or a fault recovery cannot fix)."""
@@ -332,7 +355,7 @@ class Ledger:
             fields = _FIELDS.get(event) if isinstance(event, str) else None
             if fields is None:
                 raise self._corrupt(
-                    f"entry {i} is not a checkpoint, rollback, adopt or abort event"
+                    f"entry {i} is not a checkpoint, rollback, adopt, distrust or abort event"
                 )
             for key, types in fields.items():
                 if not isinstance(entry.get(key), types) or isinstance(entry.get(key), bool):
@@ -352,6 +375,12 @@ class Ledger:
                         f"{where}: path {e['path']!r} is not the folder of step {e['step']}"
                     )
                 saved.add(e["step"])
+            elif e["event"] == "distrust":
+                if e["step"] not in saved or Path(e["path"]).name != f"step-{e['step']:08d}":
+                    raise self._corrupt(
+                        f"{where}: {e['path']!r} is not a checkpoint of step {e['step']} "
+                        "recorded before it"
+                    )
             elif e["event"] == "adopt":
                 if not _scale_ok(e["lr_scale"]):
                     raise self._corrupt(f"{where}: lr_scale {e['lr_scale']!r} is not in (0, 1]")

@@ -26,6 +26,16 @@ class Action(str, enum.Enum):
         return self.value
 
 
+REMEDIES = {
+    Action.STEP: "none",
+    Action.SKIP: "skip_update",
+    Action.ROLLBACK: "rollback",
+    Action.ABORT: "abort",
+}
+"""The remedy each action is, in the ladder's words: a skipped step used its batch and dropped
+only its update (the skipped *batches* are a rollback's, never trained on)."""
+
+
 HANG, CRASH, NODE_LOST = "hang", "crash", "node_lost"
 """The supervisor's incidents: the job stopped making progress, a process died, a node left."""
 NONFINITE, LOSS_SPIKE, STRAGGLER, DIVERGENCE = "nonfinite", "loss_spike", "straggler", "divergence"

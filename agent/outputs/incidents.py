@@ -126,10 +126,16 @@ def gather_places(group: Any, rank: int, world_size: int) -> dict[int, Culprit] 
 # ---------------------------------------------------------------- the records
 
 
-def incident_key(kind: str, attempt: int, step: int, rank: int | str | None = None) -> str:
-    """The key of a disruption: ``nonfinite-a0002-s00000041``, ``straggler-a0000-r3-s00000012``."""
+def incident_key(
+    kind: str, attempt: int, step: int, rank: int | str | None = None, rollbacks: int = 0
+) -> str:
+    """The key of a disruption: ``nonfinite-a0002-s00000041``, ``straggler-a0000-r3-s00000012``;
+    ``loss_spike-a0000-s00000062-x1`` after the attempt's first rollback (``rollbacks``), whose
+    replay numbers its steps again: a spike that comes back at the same step is a record of its
+    own."""
     who = "" if rank is None else f"-r{rank}"
-    return f"{kind}-a{attempt:04d}{who}-s{step:08d}"
+    again = f"-x{rollbacks}" if rollbacks else ""
+    return f"{kind}-a{attempt:04d}{who}-s{step:08d}{again}"
 
 
 @dataclass
@@ -142,6 +148,8 @@ class _Episode:
     last: int
     """The last step it was seen at."""
     lost: float = 0.0
+    remedy: str | None = None
+    """What the job did about it, once recorded."""
 
 
 STEP_KINDS = {
@@ -184,6 +192,11 @@ class IncidentWriter:
         self._ends: OrderedDict[int, float] = OrderedDict()
         self._start = clock()
         self._failed = False
+        self._rollbacks = 0
+        """Rollbacks this attempt took: the replay after each numbers its steps again."""
+        self._rolled: list[tuple[int, str]] = []
+        """``(step, incident key)`` of each rollback's incident, oldest first (a repeat names
+        the one it repeats)."""
 
     def culprit(self, rank: int | None) -> Culprit:
         """Who group rank ``rank`` is (None: unknown)."""
@@ -311,11 +324,24 @@ class IncidentWriter:
                 del self._ends[stale]
             # Thrown away: every step since the restored checkpoint, and the restore.
             since = self._ends.get(report.rollback.to_step, self._oldest())
+            repeat_of = self._repeated(report.rollback.repeat_of)
             for episode in current:
                 lost = round(episode.lost + now - since, 6)
-                self._update(episode.key, recovered_at=now, lost_seconds=lost)
+                self._update(
+                    episode.key,
+                    recovered_at=now,
+                    lost_seconds=lost,
+                    remedy=report.remedy,
+                    repeat_of=repeat_of,
+                )
+                self._rolled.append((report.step, episode.key))
+            self._rollbacks += 1
             self._open = {k: e for k, e in self._open.items() if e not in current}
             return
+        for episode in current:  # what the job did about it, said once
+            if episode.remedy is None:
+                episode.remedy = report.remedy
+                self._update(episode.key, remedy=report.remedy)
         if report.action == Action.SKIP:
             last = next(reversed(self._ends.values()), self._start)
             for episode in current:
@@ -327,15 +353,23 @@ class IncidentWriter:
 
     def _aborted(self, report: Report, verdict: Verdict) -> None:
         if verdict.pattern == patterns.ROLLBACK_LOOP:
-            cause = (
-                f"gave up after too many rollbacks ({verdict.evidence.get('reason', '')}): "
-                f"exit code {verdict.evidence.get('exit_code')}"
+            why = verdict.evidence.get("why") or (
+                f"too many rollbacks, last: {verdict.evidence.get('reason', '')}"
             )
+            cause = f"gave up ({why}): exit code {verdict.evidence.get('exit_code')}"
         elif verdict.pattern == patterns.COLLECTOR_DIRECTIVE:
             cause = "the collector ordered the run aborted"
         else:
             cause = f"aborted: {verdict.pattern}"
-        self._record(ABORT, report, None, cause, {"verdict": verdict.to_dict()}, self._clock())
+        self._record(
+            ABORT, report, None, cause, {"verdict": verdict.to_dict()}, self._clock(), remedy=ABORT
+        )
+
+    def _repeated(self, step: int | None) -> str | None:
+        """The key of the incident of the last rollback taken at ``step`` (None: none)."""
+        if step is None:
+            return None
+        return next((key for s, key in reversed(self._rolled) if s == step), None)
 
     def _close(self) -> None:
         for episode in [*self._open.values(), *self._stragglers.values()]:
@@ -353,12 +387,14 @@ class IncidentWriter:
         evidence: dict[str, Any],
         at: float,
         key: str | None = None,
+        remedy: str | None = None,
     ) -> str | None:
         """Write one incident; its key, or None when another writer had it."""
         culprit = self.culprit(rank)
         incident = Incident(
             kind=kind,
-            key=key or incident_key(kind, self.attempt, report.step),
+            key=key or incident_key(kind, self.attempt, report.step, rollbacks=self._rollbacks),
+            remedy=remedy,
             step=report.step,
             culprit=culprit,
             cause=cause,

@@ -475,6 +475,14 @@ METRICS: tuple[MetricSpec, ...] = (
         lambda s: _recovery(s, "rollbacks"),
     ),
     MetricSpec(
+        "torchvitals_rollback_repeats_total",
+        "counter",
+        "Rollbacks that repeated one that did not cure the run (each went to an earlier "
+        "checkpoint with a deeper learning-rate cut) (this process).",
+        GLOBAL,
+        lambda s: _recovery(s, "rollback_repeats"),
+    ),
+    MetricSpec(
         "torchvitals_last_healthy_step",
         "gauge",
         "Step of the last healthy checkpoint.",

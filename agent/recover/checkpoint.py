@@ -92,6 +92,8 @@ class CheckpointStore:
         on_commit: told ``(step, final folder)`` on rank 0 just before the rename that commits
             a save (the ledger records it there: a crash after the rename leaves it recorded,
             so the allow-list never loses a committed checkpoint).
+        distrusted: ``{folder name: why}`` never to be loaded (the ledger's: ``targets``);
+            they do not count among the ``keep`` either.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class CheckpointStore:
         trust_unsigned: bool = False,
         allowed: Callable[[], set[str]] | None = None,
         on_commit: Callable[[int, Path], None] | None = None,
+        distrusted: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
@@ -114,6 +117,7 @@ class CheckpointStore:
         self._clock = clock
         self.key, self.trust_unsigned, self._allowed = key, trust_unsigned, allowed
         self.on_commit = on_commit
+        self._distrusted = distrusted
         self.last_save_seconds: float | None = None
         """Duration of the last successful save, every phase included."""
 
@@ -228,9 +232,10 @@ class CheckpointStore:
         self,
         allowed: Callable[[], set[str]] | None,
         on_commit: Callable[[int, Path], None] | None,
+        distrusted: Callable[[], dict[str, str]] | None = None,
     ) -> None:
-        """Take the ledger once it is read: ``allowed`` and ``on_commit`` as in the class."""
-        self._allowed, self.on_commit = allowed, on_commit
+        """Take the ledger once it is read: the arguments as in the class."""
+        self._allowed, self.on_commit, self._distrusted = allowed, on_commit, distrusted
 
     def list(self) -> list[Path]:
         """Committed checkpoint folders, oldest first (not verified: ``load`` verifies)."""
@@ -425,12 +430,16 @@ class CheckpointStore:
         for leftover in sorted(self.root.glob(".tmp-*")) if self.root.is_dir() else []:
             log.warning("ignoring %s: a save that never committed", leftover)
         allowed = self._allowed() if self._allowed is not None else None
+        distrusted = self._distrusted() if self._distrusted is not None else {}
         found = []
         for folder in reversed(self.list()):
             if allowed is not None and folder.name not in allowed:
                 log.warning(
                     "ignoring %s: the ledger never recorded it (not this job's save)", folder
                 )
+                continue
+            if folder.name in distrusted:
+                log.warning("ignoring %s: distrusted (%s)", folder, distrusted[folder.name])
                 continue
             found.append(str(folder))
         return found
@@ -512,7 +521,8 @@ class CheckpointStore:
         )
 
     def _prune(self) -> None:
-        complete = [p for p in self.list() if (p / MANIFEST).is_file()]
+        distrusted = self._distrusted() if self._distrusted is not None else {}
+        complete = [p for p in self.list() if (p / MANIFEST).is_file() and p.name not in distrusted]
         if len(complete) <= self.keep:
             return
         oldest_kept = step_of(complete[-self.keep])

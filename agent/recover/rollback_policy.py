@@ -75,8 +75,20 @@ class RollbackPolicy:
             f"(max_rollbacks={self.max_rollbacks}); last: {reason}"
         )
 
+    def margin(self, escalation: int = 0) -> int:
+        """Batches skipped past the current one: ``skip_margin``, doubled per repeat in a row."""
+        return self.skip_margin * 2**escalation
+
     def take(
-        self, tick: int, *, to_step: int, from_position: int, position: int, replayable: bool
+        self,
+        tick: int,
+        *,
+        to_step: int,
+        from_position: int,
+        position: int,
+        replayable: bool,
+        escalation: int = 0,
+        repeat_of: int | None = None,
     ) -> Rollback:
         """Count a rollback at ``tick`` and back the learning rate off.
 
@@ -86,14 +98,25 @@ class RollbackPolicy:
             from_position: the batch position saved with that step.
             position: the batch position now (the next batch to draw).
             replayable: the batches come through the agent, so they can be skipped.
+            escalation: rollbacks in a row that did not cure before this one (``targets``):
+                the learning rate is cut ``escalation`` more times and the margin doubled as
+                often.
+            repeat_of: the step of the rollback this one repeats (None: a first rollback).
 
         Returns:
             The Rollback.
         """
-        self.lr_scale *= self.lr_backoff
-        skipped = (from_position, position + self.skip_margin) if replayable else None
+        self.lr_scale *= self.lr_backoff ** (1 + escalation)
+        margin = self.margin(escalation)
+        skipped = (from_position, position + margin) if replayable else None
         self.rollbacks += 1
         # Ticks never go back, so one outside the window now stays outside: only the window's
         # are kept (at most max_rollbacks + 1, however long the run).
         self._ticks = [t for t in self._ticks if tick - t < self.rollback_window] + [tick]
-        return Rollback(to_step=to_step, lr_scale=self.lr_scale, skipped=skipped)
+        return Rollback(
+            to_step=to_step,
+            lr_scale=self.lr_scale,
+            skipped=skipped,
+            escalation=escalation,
+            repeat_of=repeat_of,
+        )

@@ -28,7 +28,8 @@ import logging
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -48,9 +49,11 @@ from .groups import checkpoint_group
 from .resume_policy import ResumePolicy, ResumeRefused, restarted
 from .rng import reseed
 from .rollback_policy import RollbackPolicy
-from .save_policy import SavePolicy
+from .save_policy import SavePolicy, unhealthy
 from .saver import Saver, SyncSaver
+from .snapshot import Restored
 from .staged import StagedSaves
+from .targets import Targets
 from .trust import CheckpointKey
 
 __all__ = ["ResumeRefused", "Rollback", "TrainingAborted", "Watchdog", "restarted"]
@@ -64,7 +67,17 @@ log = logging.getLogger(__name__)
 class TrainingAborted(SystemExit, TorchvitalsError):
     """The job gave up on purpose (the loop guard, or a collector's abort order); ``code`` is the
     exit code. A SystemExit, so an uncaught abort ends the process with that code; the agent
-    refuses every later step, so a loop that swallows it cannot train on."""
+    refuses every later step, so a loop that swallows it cannot train on.
+
+    Args:
+        code: the exit code.
+        why: why it gave up, for the records (the loop guard's count, no trusted checkpoint
+            left, the collector's order).
+    """
+
+    def __init__(self, code: int, why: str = "") -> None:
+        super().__init__(code)
+        self.why = why
 
 
 class Watchdog:
@@ -80,6 +93,8 @@ class Watchdog:
         abort_exit_code: the exit code of the loop guard's abort.
         close_timeout_s: how long ``close`` waits for a background write in flight.
         data: the batch iterator whose skip list is the ledger's (default: a new one).
+        targets: which checkpoints a rollback may go back to (default: every one the ledger
+            committed and did not distrust, trusted after 2 clean steps, verified over 20).
     """
 
     def __init__(
@@ -94,6 +109,7 @@ class Watchdog:
         abort_exit_code: int,
         close_timeout_s: float,
         data: SkipAwareBatches | None = None,
+        targets: Targets | None = None,
     ) -> None:
         self.store = store
         self.saver = saver
@@ -104,8 +120,11 @@ class Watchdog:
         self.abort_exit_code = abort_exit_code
         self.close_timeout_s = close_timeout_s
         self.data = data if data is not None else SkipAwareBatches(skipped=ledger.skipped)
+        self.targets = targets if targets is not None else _targets(ledger, 2, 20)
         self.last_healthy: int | None = None
         self.failed_saves = 0
+        self.rollback_repeats = 0
+        """Rollbacks taken by this process that repeated one that did not cure."""
         self.checkpoint_seconds = float("nan")
         self.stall_seconds = float("nan")
         """How long the last healthy save stalled training (staging, or the whole sync save)."""
@@ -158,7 +177,11 @@ class Watchdog:
         ledger = Ledger(os.path.join(directory, LEDGER_FILE), writer=rank0).parse(
             store.read_on_leader(LEDGER_FILE)
         )
-        store.record_with(ledger.checkpoint_names, ledger.record_checkpoint if rank0 else None)
+        store.record_with(
+            ledger.checkpoint_names,
+            ledger.record_checkpoint if rank0 else None,
+            ledger.distrusted,
+        )
         saver = (
             StagedSaves(store, config.snapshot_max_bytes)
             if config.snapshot_max_bytes
@@ -181,6 +204,7 @@ class Watchdog:
             resume_policy=ResumePolicy(config.resume),
             abort_exit_code=config.abort_exit_code,
             close_timeout_s=config.checkpoint_close_timeout_s,
+            targets=_targets(ledger, config.trust_steps, config.verify_steps),
         )
 
     @property
@@ -262,8 +286,11 @@ class Watchdog:
         return str(latest), job or previous, None
 
     def note(self, step: int, verdicts: list[Verdict]) -> None:
-        """Take in the verdicts of ``step`` (every step, every rank)."""
+        """Take in the verdicts of ``step`` (every step, every rank): the save policy's window,
+        and the checkpoints an unhealthy step distrusts (``targets``)."""
         self.save_policy.note(step, verdicts)
+        bad = next((v.pattern for v in verdicts if unhealthy(v)), None)
+        self._distrust(self.targets.note(step, bad))
 
     def healthy(self, step: int, detector: Any) -> bool:
         """``SavePolicy.healthy`` over the detector's active verdicts, wiring facts (pinned:
@@ -292,6 +319,7 @@ class Watchdog:
             "verdicts": [v.to_dict() for v in detector.history[-100:]],
             "scheduler_step_due": bool(scheduler_step_due and scheduler is not None),
         }
+        self.targets.saved(step)
         self.on_phase(CHECKPOINT)  # a staged save's stall is short, unless the last write lags
         try:
             saved = self.saver.save(
@@ -394,6 +422,7 @@ class Watchdog:
             self._commit(outcome)
         else:
             self.failed_saves += 1
+            self.targets.failed(outcome.step)
             log.error(
                 "torchvitals: the healthy checkpoint of step %d failed on some rank and was "
                 "not committed: %s; the rollback target stays step %s",
@@ -409,6 +438,13 @@ class Watchdog:
         self.checkpoint_seconds = outcome.write_seconds
         self.ledger.record_checkpoint(outcome.step, outcome.path)
         self.last_healthy = outcome.step
+        self._distrust(self.targets.committed(outcome.step))
+
+    def _distrust(self, distrusted: dict[int, str]) -> None:
+        """Record the committed checkpoints ``targets`` distrusted, and say so once."""
+        for step, why in sorted(distrusted.items()):
+            self.ledger.record_distrust(step, self.store.folders(step)[1], why)
+            self.say("torchvitals: the checkpoint of step %d is never restored: %s", step, why)
 
     def rollback(
         self,
@@ -446,32 +482,36 @@ class Watchdog:
         policy = self.rollback_policy
         why = policy.refusal(tick, reason)
         if why is not None:
-            self.ledger.record_abort(step, why)
-            self.say(
-                "torchvitals: ABORTING at step %d: %s. Rolling back again would not cure "
-                "it; a person must look (ledger %s). Exit code %d.",
+            self._give_up(step, why)
+        repeat = self.targets.repeat(step)
+        if repeat is not None:  # the last rollback did not cure: its checkpoint is not the cure
+            self._distrust(self.targets.fail_verification(repeat, step, reason))
+        restored = self._restore_target(model, optimizer, scheduler)
+        if restored is None and repeat is not None:
+            self._give_up(
                 step,
-                why,
-                self.ledger.path,
-                self.abort_exit_code,
+                f"no trusted checkpoint is left to roll back to after the rollback at step "
+                f"{repeat.of} did not cure the run ({reason} again); learning-rate scale "
+                f"{self.lr_scale:g}",
+            )
+        if restored is None:  # every checkpoint so far was followed by trouble
+            self.say(
+                "torchvitals: no trusted checkpoint to roll back to at step %d (%s); the step "
+                "is skipped instead",
+                step,
+                reason,
                 error=True,
             )
-            raise TrainingAborted(self.abort_exit_code)
-        restored = None
-        if self.last_healthy is not None:
-            restored = self.saver.restore(self.last_healthy, model, optimizer, scheduler)
-        if restored is None:
-            self.on_phase(CHECKPOINT)
-            try:
-                restored = self.store.load(model, optimizer, scheduler)
-            finally:
-                self.on_phase(TRAIN)
+            return None
+        escalation = repeat.escalation if repeat is not None else 0
         rolled = policy.take(
             tick,
             to_step=restored.step,
             from_position=restored.extra.get("position", 0),
             position=self.data.position,
             replayable=self.data.used,
+            escalation=escalation,
+            repeat_of=repeat.of if repeat is not None else None,
         )
         if rolled.skipped is None:
             reseed(policy.rollbacks)
@@ -482,31 +522,79 @@ class Watchdog:
             lr_scale=rolled.lr_scale,
             skipped=rolled.skipped,
             positions=(
-                (restored.extra.get("position", 0), self.data.position, policy.skip_margin)
+                (restored.extra.get("position", 0), self.data.position, policy.margin(escalation))
                 if rolled.skipped
                 else None
             ),
+            repeat_of=rolled.repeat_of,
         )
+        self._distrust(self.targets.rolled_back(step, rolled.to_step, reason))
+        self.rollback_repeats += rolled.repeat_of is not None
+        self.last_healthy = rolled.to_step
         self.save_policy.restart_at(rolled.to_step)
         what = (
             f"batches {rolled.skipped[0]}..{rolled.skipped[1] - 1} skipped"
             if rolled.skipped
             else "the loop's RNGs re-seeded so its random batches are not replayed"
         )
+        again = (
+            f"; a repeat of the rollback at step {rolled.repeat_of}, which did not cure the "
+            f"run: escalated {rolled.escalation}x (an earlier checkpoint, the learning rate cut "
+            f"{rolled.escalation} more time(s), {policy.margin(escalation)} batches of margin)"
+            if rolled.repeat_of is not None
+            else ""
+        )
         self.say(
             "torchvitals: ROLLBACK at step %d (%s): back to step %d, learning-rate scale "
-            "%g, %s; rollback %d of at most %d within %d steps (ledger %s)",
+            "%g, %s%s; rollback %d of at most %d within %d steps (ledger %s)",
             step,
             reason,
             rolled.to_step,
             rolled.lr_scale,
             what,
+            again,
             policy.recent(tick),
             policy.max_rollbacks,
             policy.rollback_window,
             self.ledger.path,
         )
         return rolled
+
+    def _give_up(self, step: int, why: str) -> NoReturn:
+        """Abort on purpose: rolling back again would not cure the run."""
+        self.ledger.record_abort(step, why)
+        self.say(
+            "torchvitals: ABORTING at step %d: %s. Rolling back again would not cure "
+            "it; a person must look (ledger %s). Exit code %d.",
+            step,
+            why,
+            self.ledger.path,
+            self.abort_exit_code,
+            error=True,
+        )
+        raise TrainingAborted(self.abort_exit_code, why)
+
+    def _restore_target(
+        self, model: torch.nn.Module, optimizer: Any, scheduler: Any
+    ) -> Restored | None:
+        """Restore the newest trusted checkpoint (from RAM when it is the copy held), going
+        further back past one that fails to load; None when none is left."""
+        while (target := self.targets.target()) is not None:
+            restored = self.saver.restore(target, model, optimizer, scheduler)
+            if restored is not None:
+                return restored
+            folder = self.store.folders(target)[1]
+            if not self.store.on_leader(folder.is_dir):  # pruned (checkpoint_keep)
+                self.targets.forget(target)
+                continue
+            self.on_phase(CHECKPOINT)
+            try:
+                return self.store.load(model, optimizer, scheduler, path=folder)
+            except CheckpointError as e:  # every rank alike: the load is collective
+                self._distrust(self.targets.distrust(target, f"it failed to load: {e}"))
+            finally:
+                self.on_phase(TRAIN)
+        return None
 
     def say(self, message: str, *args: Any, error: bool = False) -> None:
         """One line for a person, on global rank 0 (every rank takes the same decision)."""
@@ -517,6 +605,7 @@ class Watchdog:
         """The watchdog's numbers for the outputs (rollbacks, LR scale, checkpoint times...)."""
         return {
             "rollbacks": self.rollbacks,
+            "rollback_repeats": self.rollback_repeats,
             "lr_scale": self.lr_scale,
             "last_healthy_step": float("nan") if self.last_healthy is None else self.last_healthy,
             "skipped_batches": self.ledger.skipped.batches(),
@@ -529,3 +618,20 @@ class Watchdog:
 def _active(detector: Any) -> list[Verdict]:
     """The detector's verdicts still holding, without the pinned wiring facts."""
     return [v for key, v in detector.active.items() if key not in detector.pinned]
+
+
+def _targets(ledger: Ledger, trust_steps: int, verify_steps: int) -> Targets:
+    """The rollback targets as the ledger left them: each committed checkpoint trusted (the
+    run went on past it) unless distrusted."""
+    distrusted = ledger.distrusted()
+    committed = {e["step"]: e["path"] for e in ledger.entries if e["event"] == "checkpoint"}
+    return Targets(
+        trust_steps=trust_steps,
+        verify_steps=verify_steps,
+        committed=committed,
+        distrusted={
+            step: distrusted[Path(path).name]
+            for step, path in committed.items()
+            if Path(path).name in distrusted
+        },
+    )

@@ -16,7 +16,7 @@ diagnosis leads with it (``culprit.py``): ``rank 1 (node 0, host h): non-finite 
   "replica divergence" (one DDP replica's weights changed), "memory leak", "data stall";
 - "no anomaly".
 
-What the job did about it (``RESPONSES``: it gave up after too many rollbacks, or obeyed the
+What the job did about it (``RESPONSES``: it gave up rolling back, or obeyed the
 collector) is no cause of its own: the diagnosis lists it beside the cause.
 """
 
@@ -112,7 +112,7 @@ SHOWN = {
 """Pattern -> the evidence values worth a reader's attention (others: the first few numbers)."""
 
 RESPONSES = {
-    P.ROLLBACK_LOOP: "gave up after too many rollbacks ({reason}): exit code {exit_code}",
+    P.ROLLBACK_LOOP: "gave up ({why}): exit code {exit_code}",
     P.COLLECTOR_DIRECTIVE: "obeyed the collector's order to {action}",
 }
 """The verdicts that record the job's response (``verdict.RESPONSE_PATTERNS``), not a symptom:
@@ -382,6 +382,7 @@ def _responses(found: list[dict[str, Any]]) -> list[str]:
             continue
         evidence = v["evidence"] if isinstance(v["evidence"], dict) else {}
         ev = {k: "?" for k in ("reason", "exit_code", "action")} | evidence
+        ev.setdefault("why", f"too many rollbacks, last: {ev['reason']}")  # older event logs
         line = template.format(**ev)
         if not any(seen.endswith(line) for seen in lines):
             lines.append(f"step {v['step']}: {line}")

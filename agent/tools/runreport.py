@@ -470,10 +470,17 @@ def _page(
 
 def _ledger_detail(entry: dict[str, Any]) -> str:
     if entry["event"] == "rollback":
+        again = (
+            f", a repeat of the rollback at step {entry['repeat_of']}"
+            if entry.get("repeat_of") is not None
+            else ""
+        )
         return (
             f"to step {entry['to_step']} ({entry['reason']}), lr scale {entry['lr_scale']:g}, "
-            f"{_skipped(entry['skipped'])}"
+            f"{_skipped(entry['skipped'])}{again}"
         )
+    if entry["event"] == "distrust":
+        return f"{os.path.basename(entry['path'])} never restored: {entry['reason']}"
     if entry["event"] == "checkpoint":
         return os.path.basename(entry["path"])
     if entry["event"] == "adopt":

@@ -86,7 +86,11 @@ def decisions_at_scale(rank: int, world: int, root: str) -> dict[str, Any]:
     torch.manual_seed(1000 + rank)
     loads = _count_disk_loads()
     agent = torchvitals.watch(
-        model, opt, sched, checkpoint_dir=root, **dict(WATCH, checkpoint_every=4)
+        model,
+        opt,
+        sched,
+        checkpoint_dir=root,
+        **dict(WATCH, checkpoint_every=4, trust_steps=1),  # the NaN at 10: back to 8
     )
     reports = []
     injected = False

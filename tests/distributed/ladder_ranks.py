@@ -1,4 +1,4 @@
-"""The ladder's first rung on every rank of a spawned gloo world (see test_skip_update.py).
+"""The ladder on every rank of a spawned gloo world (see test_ladder.py).
 
 A new user's run: TinyGPT (residual) under DDP, AdamW with a warm-up and cosine schedule, the
 watchdog on (``checkpoint_every=10``), 200 steps. A bad batch is rank 0's shard whose loss (and
@@ -22,6 +22,7 @@ from support.models import TINY, TinyGPT
 from support.world import wrap
 
 import torchvitals
+from torchvitals.agent.recover.watchdog import TrainingAborted
 from torchvitals.records.goodput import account
 
 STEPS = 200
@@ -36,6 +37,19 @@ def cosine(step: int) -> float:
         return (step + 1) / WARMUP
     done = min(1.0, (step - WARMUP) / (STEPS - WARMUP))
     return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
+
+
+class Schedule:
+    """``cosine`` times ``hot`` from step ``hot_from`` on (a learning rate set too hot, as a
+    typo or a bad sweep does). An object whose attributes are its whole state: LambdaLR saves
+    them with the scheduler, so a checkpoint restores the same schedule."""
+
+    def __init__(self, hot: float = 1.0, hot_from: int = STEPS) -> None:
+        self.hot = hot
+        self.hot_from = hot_from
+
+    def __call__(self, step: int) -> float:
+        return cosine(step) * (self.hot if step >= self.hot_from else 1.0)
 
 
 def forward_loss(
@@ -56,13 +70,16 @@ def bad_batches_run(
     bad: list[int],
     skip_outliers: bool = True,
     fault: str = "shard",
+    hot: float = 1.0,
 ) -> dict[str, Any]:
     """Train ``STEPS`` steps with a fault at each batch id in ``bad`` (``fault``: "shard", rank
-    0's loss x 5; "logits", rank 1's logits x 1000)."""
+    0's loss x 5; "logits", rank 1's logits x 1000; "hot_lr": the learning rate times ``hot``
+    from the first step in ``bad`` on)."""
     torch.manual_seed(0)
     model = wrap("ddp", TinyGPT(**TINY), world)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine)
+    schedule = Schedule(hot, bad[0]) if fault == "hot_lr" else Schedule()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     agent = torchvitals.watch(
         model,
         opt,
@@ -75,17 +92,22 @@ def bad_batches_run(
     )
     steps: list[dict[str, Any]] = []
     unchanged: dict[int, bool] = {}
+    aborted = None
     try:
         data = dataset("ddp", 2 * STEPS, rank)
-        while agent.step_count < STEPS:
+        while agent.step_count < STEPS and aborted is None:
             for bid, x, y in agent.batches(data):
-                faulty = bid in bad and rank == (1 if fault == "logits" else 0)
+                faulty = fault != "hot_lr" and bid in bad and rank == (fault == "logits")
                 loss = forward_loss(model, x, y, 1e3 if faulty and fault == "logits" else 1.0)
                 if faulty and fault == "shard":
                     loss = loss * 5.0
                 loss.backward()
                 before = [p.detach().clone() for p in model.parameters()] if bid in bad else None
-                report = agent.step(loss)
+                try:
+                    report = agent.step(loss)
+                except TrainingAborted as e:  # the loop guard: the job would exit here
+                    aborted = {"step": agent.step_count + 1, "code": e.code}
+                    break
                 opt.zero_grad(set_to_none=True)
                 if before is not None:
                     unchanged[report.step] = all(
@@ -96,7 +118,11 @@ def bad_batches_run(
                         "step": report.step,
                         "batch": bid,
                         "action": str(report.action),
+                        "to_step": None if report.rollback is None else report.rollback.to_step,
+                        "repeat_of": None if report.rollback is None else report.rollback.repeat_of,
                         "loss": report.loss,
+                        "lr": report.lr,
+                        "nonfinite": report.nonfinite,
                         "verdicts": sorted({v.pattern for v in report.verdicts}),
                         "ranks": sorted(
                             {r for v in report.verdicts for r in v.evidence.get("ranks", [])}
@@ -108,7 +134,12 @@ def bad_batches_run(
         final = eval_loss(model, "ddp")
     finally:
         agent.close()
-    out: dict[str, Any] = {"steps": steps, "unchanged": unchanged, "final_loss": final}
+    out: dict[str, Any] = {
+        "steps": steps,
+        "unchanged": unchanged,
+        "final_loss": final,
+        "aborted": aborted,
+    }
     if rank == 0:
         out["goodput"] = account(os.path.join(root, "ckpt")).goodput
     return out

@@ -135,6 +135,7 @@ def test_every_alert_follows_the_conventions_and_has_a_runbook_section():
         "TorchvitalsDeadLayer": "warning",
         "TorchvitalsJobStalled": "critical",
         "TorchvitalsRollbacksTooFrequent": "critical",
+        "TorchvitalsRollbackRepeated": "critical",
         "TorchvitalsStraggler": "warning",
         "TorchvitalsAgentDown": "critical",
         "TorchvitalsIncident": "critical",

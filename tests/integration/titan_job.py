@@ -104,6 +104,8 @@ def main() -> None:
             "checkpoint_dir": args.checkpoint_dir,
             "checkpoint_every": args.checkpoint_every,
             "healthy_window": 0,
+            # The scenarios' faults come two steps after a checkpoint, which they roll back to.
+            "trust_steps": 1,
         }
         if args.checkpoint_dir
         else {}

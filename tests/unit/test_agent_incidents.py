@@ -22,7 +22,15 @@ import torchvitals
 from torchvitals.agent.detect.observed import Observed
 from torchvitals.agent.detect.straggler import RankTiming, Straggler
 from torchvitals.agent.detect.thresholds import Thresholds
-from torchvitals.agent.detect.verdict import ROLLBACK_LOOP, STRAGGLER, WARNING, Verdict
+from torchvitals.agent.detect.verdict import (
+    CRITICAL,
+    LOSS_SPIKE,
+    NONFINITE_LOSS,
+    ROLLBACK_LOOP,
+    STRAGGLER,
+    WARNING,
+    Verdict,
+)
 from torchvitals.agent.outputs.incidents import (
     IncidentWriter,
     gather_places,
@@ -30,7 +38,7 @@ from torchvitals.agent.outputs.incidents import (
     supervisor_attempt,
 )
 from torchvitals.agent.outputs.sinks import Sink
-from torchvitals.agent.report import Report
+from torchvitals.agent.report import Action, Report, Rollback
 from torchvitals.protocol import ATTEMPT_ENV, NODE_ENV
 from torchvitals.records.goodput import account
 from torchvitals.records.incidents import Culprit, IncidentLog
@@ -83,6 +91,7 @@ def test_a_nan_is_an_incident_written_in_its_step_and_costed_by_its_rollback(tmp
         checkpoint_dir=str(tmp_path),
         checkpoint_every=5,
         healthy_window=2,
+        trust_steps=1,  # step 10's checkpoint is the target of the NaN at 12
         snapshot_max_bytes=0,
         registry=registry,
         sinks=[sink],
@@ -185,6 +194,44 @@ def test_a_straggler_is_one_incident_per_episode_with_its_cost_and_cause(tmp_pat
     assert first.culprit == places[3] and "compute" in first.cause
     assert first.lost_seconds == pytest.approx(4 * 0.3) and first.recovered_at is not None
     assert second.lost_seconds == pytest.approx(5 * 0.3) and second.recovered_at is None
+
+
+def test_a_spike_that_comes_back_after_its_rollback_is_a_record_of_its_own_naming_the_first(
+    tmp_path,
+):
+    """A spike at 62 rolls back to 50; the replay meets it at 62 again and the repeat goes to
+    40: two incidents (the replay numbers its steps again), each saying its remedy, the second
+    naming the first. A skipped outlier's step says ``skip_update``; an abort says ``abort``."""
+    clock = iter(float(t) for t in range(1000, 2000))
+    writer = IncidentWriter(IncidentLog(tmp_path), None, clock=lambda: next(clock))
+    spike = Verdict(LOSS_SPIKE, CRITICAL, 62, None, {"loss": 7.0, "ranks": []})
+    nan = Verdict(NONFINITE_LOSS, CRITICAL, 55, None, {"ranks": [1]})
+    plan = [
+        (Report(step=55, verdicts=[nan], nonfinite_ranks=[1]), Action.SKIP, None),
+        (Report(step=62, verdicts=[spike]), Action.ROLLBACK, Rollback(to_step=50, lr_scale=0.5)),
+        (
+            Report(step=62, verdicts=[spike]),
+            Action.ROLLBACK,
+            Rollback(to_step=40, lr_scale=0.125, repeat_of=62, escalation=1),
+        ),
+    ]
+    for report, action, rollback in plan:
+        writer.seen(report, [])
+        report.action, report.rollback = action, rollback
+        writer.acted(report)
+    writer.aborted(Report(step=62), Verdict(ROLLBACK_LOOP, CRITICAL, 62, None, {"why": "none"}))
+    found = {i.key: i for i in IncidentLog(tmp_path).read()[0]}
+    assert {k: (i.remedy, i.repeat_of) for k, i in found.items()} == {
+        "nonfinite-a0000-s00000055": ("skip_update", None),
+        "loss_spike-a0000-s00000062": ("rollback", None),
+        "loss_spike-a0000-s00000062-x1": ("rollback", "loss_spike-a0000-s00000062"),
+        "abort-a0000-s00000062-x2": ("abort", None),
+    }
+    assert (
+        found["loss_spike-a0000-s00000062-x1"]
+        .line()
+        .endswith("(a repeat of loss_spike-a0000-s00000062)")
+    )
 
 
 def test_a_rank_slow_after_its_forward_is_a_communication_straggler():

@@ -28,6 +28,8 @@ OUT_OF_RANGE = {
     "snapshot_max_bytes": -1,
     "checkpoint_close_timeout_s": -1.0,
     "healthy_window": -1,
+    "trust_steps": 0,
+    "verify_steps": 0,
     "lr_backoff": 1.5,
     "skip_margin": -1,
     "max_rollbacks": -1,

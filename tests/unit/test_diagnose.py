@@ -287,7 +287,17 @@ def test_what_the_job_did_is_listed_beside_the_cause_not_taken_for_one():
     assert d.cause == "gradient explosion" and d.also == []
     assert d.responses == [
         "step 50: obeyed the collector's order to rollback",
-        "step 60: gave up after too many rollbacks (loss_spike): exit code 75",
+        "step 60: gave up (too many rollbacks, last: loss_spike): exit code 75",
+    ]
+    no_target = Verdict(
+        "rollback_loop",
+        CRITICAL,
+        62,
+        None,
+        {"reason": "loss_spike", "why": "no trusted checkpoint is left", "exit_code": 75},
+    )
+    assert diagnose([*spikes, no_target], healthy_losses(62)).responses == [
+        "step 62: gave up (no trusted checkpoint is left): exit code 75"
     ]
     assert "the job's response:" in d.render()
     assert diagnose(spikes, healthy_losses(60)).responses == []

@@ -120,6 +120,7 @@ def test_a_rollback_backs_off_every_inner_optimizer_and_restores_their_state(tmp
         checkpoint_dir=str(tmp_path / "ckpt"),
         checkpoint_every=4,
         healthy_window=0,
+        trust_steps=1,  # step 4's checkpoint is the target of the NaN at 6
     )
     try:
         for s in range(1, 10):
@@ -161,7 +162,9 @@ def test_anything_else_is_refused_naming_what_to_pass():
 def test_a_restart_resumes_both_optimizers_from_the_disk_with_the_back_off(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     model, opt = two_parts()
-    agent = watch(model, opt, checkpoint_dir=ckpt, checkpoint_every=4, healthy_window=0)
+    agent = watch(
+        model, opt, checkpoint_dir=ckpt, checkpoint_every=4, healthy_window=0, trust_steps=1
+    )
     try:
         s = 0
         while agent.last_report is None or agent.last_report.step < 8:  # 8 agent steps
@@ -179,7 +182,13 @@ def test_a_restart_resumes_both_optimizers_from_the_disk_with_the_back_off(tmp_p
     model2, opt2 = two_parts(seed=3)
     seen = lr_seen(opt2)
     again = watch(
-        model2, opt2, checkpoint_dir=ckpt, checkpoint_every=4, healthy_window=0, resume="auto"
+        model2,
+        opt2,
+        checkpoint_dir=ckpt,
+        checkpoint_every=4,
+        healthy_window=0,
+        trust_steps=1,
+        resume="auto",
     )
     try:
         assert again.resumed_from == 8

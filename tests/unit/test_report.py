@@ -71,7 +71,13 @@ def test_to_dict_is_flat_json_and_reads_back_as_the_same_report():
     d = json.loads(line)
     assert d["loss"] == "inf" and d["grad_norm"]["head"] == "nan" and d["custom"]["other"] == "nan"
     assert d["action"] == "rollback"
-    assert d["rollback"] == {"to_step": 20, "lr_scale": 0.5, "skipped": [20, 29]}
+    assert d["rollback"] == {
+        "to_step": 20,
+        "lr_scale": 0.5,
+        "skipped": [20, 29],
+        "repeat_of": None,
+        "escalation": 0,
+    }
     assert d["verdicts"] == [
         {
             "pattern": LOSS_SPIKE,
@@ -99,7 +105,14 @@ def test_to_dict_is_flat_json_and_reads_back_as_the_same_report():
 def test_every_field_is_in_the_json_and_every_flat_name_too():
     d = Report(step=1).to_dict()
     top = {f.name for f in dataclasses.fields(Report)} - set(RECORDS)
-    assert set(d) == top | set(FLAT_NAMES)
+    assert set(d) == top | set(FLAT_NAMES) | {"remedy"}  # derived from the action
+    remedies = {a: Report(step=1, action=a).to_dict()["remedy"] for a in Action}
+    assert remedies == {
+        Action.STEP: "none",
+        Action.SKIP: "skip_update",
+        Action.ROLLBACK: "rollback",
+        Action.ABORT: "abort",
+    }
     for flat, (record, attr) in FLAT_NAMES.items():
         assert attr in {f.name for f in dataclasses.fields(RECORDS[record])}, flat
 
@@ -129,7 +142,13 @@ def test_the_records_fields_go_to_the_event_log_under_their_flat_names_and_back(
 def test_the_rollback_is_a_typed_value_with_a_json_form():
     rolled = Rollback(to_step=20, lr_scale=0.25, skipped=(20, 34))
     assert (rolled.to_step, rolled.lr_scale, rolled.skipped) == (20, 0.25, (20, 34))
-    assert rolled.to_dict() == {"to_step": 20, "lr_scale": 0.25, "skipped": [20, 34]}
+    assert rolled.to_dict() == {
+        "to_step": 20,
+        "lr_scale": 0.25,
+        "skipped": [20, 34],
+        "repeat_of": None,
+        "escalation": 0,
+    }
     assert Rollback.from_dict(rolled.to_dict()) == rolled
     reseeded = Rollback(to_step=20, lr_scale=0.5)
     assert reseeded.skipped is None and reseeded.to_dict()["skipped"] is None

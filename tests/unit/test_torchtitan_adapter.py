@@ -146,7 +146,11 @@ def test_loss_blocks_and_clip_norm_are_the_trainers():
 def test_a_rolled_back_nan_does_not_stop_the_run_and_the_step_counter_follows(tmp_path):
     trainer = Trainer(steps=12, fault_step=8)
     agent, reports = run(
-        trainer, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3, healthy_window=0
+        trainer,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=3,
+        healthy_window=0,
+        trust_steps=1,  # step 6's checkpoint is the target of the fault at 8
     )
     rollbacks = [r for r in reports if r.action == "rollback"]
     assert [(r.step, r.rollback.to_step) for r in rollbacks] == [(8, 6)]

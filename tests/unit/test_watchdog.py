@@ -1,6 +1,7 @@
 """The watchdog in one process: healthy checkpoints, rollback, LR back-off, skips, resume, guard."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -92,44 +93,86 @@ def test_restart_resumes_position_lr_scale_and_skips(tmp_path):
 
 
 RETURNING = {
-    "nan_from_23": (23, [], lambda s, loss: loss * float("nan") if s >= 23 else loss),
-    "loss_x100_from_21": (22, [21] * 4, lambda s, loss: loss * 100 if s > 20 else loss),
+    "nan_from_23": lambda s, loss: loss * float("nan") if s >= 23 else loss,
+    "loss_x100_from_21": lambda s, loss: loss * 100 if s > 20 else loss,
 }
-"""Faults that come back after every rollback to step 20: the step the watchdog rolls back at,
-the steps whose update it skipped, and the fault. A non-finite step rolls back at once; a loss
-spike's first step is an outlier (the next batch might have healed it): its update is skipped,
-and the second step past the threshold rolls back."""
+"""Faults that come back after every rollback (checkpoints every 10 steps)."""
 
 
-@pytest.mark.parametrize("fault", sorted(RETURNING))
-def test_a_fault_after_every_rollback_aborts_with_the_exit_code(tmp_path, fault):
-    """Every rollback to step 20 meets the fault again. ``loss_x100_from_21`` is a spike that
-    persists: the detector must judge it against the healthy level it had learnt before the
-    rollback; one that starts afresh accepts x 100 as the new normal and trains on."""
-    at, skipped, inject = RETURNING[fault]
+def test_a_fault_after_every_rollback_escalates_then_aborts_with_the_exit_code(tmp_path):
+    """NaN from step 23 on, whatever the weights: the first rollback goes to step 20 (trusted:
+    21 and 22 were clean); the NaN comes back at 23, so 20 is distrusted and the repeat goes
+    to 10 with the learning rate cut twice (0.125) and twice the margin; the replay saves a new
+    20, trusted afresh; the NaN comes back again, so 10 is distrusted and the next repeat goes
+    to the new 20 (cut three times more). The fourth rollback is past ``max_rollbacks``: an
+    abort with the exit code, never a loop."""
     model, opt, _sched, agent = setup(tmp_path, max_rollbacks=3, abort_exit_code=79)
     reports = []
     with pytest.raises(torchvitals.TrainingAborted) as info:
-        train(model, opt, agent, 60, inject=inject, reports=reports)
+        train(model, opt, agent, 60, inject=RETURNING["nan_from_23"], reports=reports)
     assert isinstance(info.value, SystemExit) and info.value.code == 79
-    rollbacks = [r for r in reports if r.action == "rollback"]
-    assert [(r.step, r.action) for r in rollbacks] == [(at, "rollback")] * 3
-    assert [r.step for r in reports if r.action == "skip"] == skipped
-    assert {r.action for r in reports} <= {"step", "skip", "rollback"}
-    assert [r.rollback.to_step for r in rollbacks] == [20] * 3
-    assert [r.rollback.lr_scale for r in rollbacks] == [0.5, 0.25, 0.125]
+    assert "4 rollbacks within 500 steps" in info.value.why
+    rolled = [(r.step, r.rollback) for r in reports if r.rollback is not None]
+    assert [(at, r.to_step, r.lr_scale, r.repeat_of, r.escalation) for at, r in rolled] == [
+        (23, 20, 0.5, None, 0),
+        (23, 10, 0.125, 23, 1),
+        (23, 20, 0.015625, 23, 2),
+    ]
+    assert [r.skipped[1] - r.skipped[0] for _, r in rolled][:2] == [5, 22]  # margins 2, 4
+    assert {r.action for r in reports} <= {"step", "rollback"}
     assert agent.watchdog.rollbacks == 3
     assert agent.detector.history[-1].pattern == "rollback_loop"
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
-    assert [e["event"] for e in ledger["entries"]] == [
-        "checkpoint",
-        "checkpoint",
-        "rollback",
-        "rollback",
-        "rollback",
-        "abort",
+    assert [(e["event"], e["step"]) for e in ledger["entries"]] == [
+        ("checkpoint", 10),
+        ("checkpoint", 20),
+        ("rollback", 23),
+        ("distrust", 20),
+        ("rollback", 23),
+        ("checkpoint", 20),
+        ("distrust", 10),
+        ("rollback", 23),
+        ("abort", 23),
     ]
-    assert ledger["lr_scale"] == 0.125
+    assert [e.get("repeat_of") for e in ledger["entries"] if e["event"] == "rollback"] == [
+        None,
+        23,
+        23,
+    ]
+    assert ledger["lr_scale"] == 0.015625
+    agent.close()
+
+
+def test_a_spike_right_after_a_checkpoint_goes_further_back_and_aborts_when_none_is_left(
+    tmp_path,
+):
+    """Loss x 100 from step 21 on: step 21 is an outlier (its update skipped), one step after
+    the checkpoint of step 20, which may hold the update that caused it: 20 is distrusted and
+    the rollback at 22 goes to 10. The spike persists: the detector judges it against the
+    healthy level it had learnt before the rollback (one that started afresh would accept x 100
+    as the new normal). The replay's new 20 is distrusted the same way, the rollback to 10 did
+    not cure, and no trusted checkpoint is left: an abort that says so."""
+    model, opt, _sched, agent = setup(tmp_path, max_rollbacks=3, abort_exit_code=79)
+    reports = []
+    with pytest.raises(torchvitals.TrainingAborted) as info:
+        train(model, opt, agent, 60, inject=RETURNING["loss_x100_from_21"], reports=reports)
+    assert info.value.code == 79 and "no trusted checkpoint is left" in info.value.why
+    assert [(r.step, r.rollback.to_step) for r in reports if r.rollback] == [(22, 10)]
+    assert [r.step for r in reports if r.action == "skip"] == [21, 21]
+    ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
+    assert [(e["event"], e["step"]) for e in ledger["entries"]] == [
+        ("checkpoint", 10),
+        ("checkpoint", 20),
+        ("distrust", 20),
+        ("rollback", 22),
+        ("checkpoint", 20),
+        ("distrust", 20),
+        ("distrust", 10),
+        ("abort", 22),
+    ]
+    why = {e["step"]: e["reason"] for e in ledger["entries"] if e["event"] == "distrust"}
+    assert why[10].startswith("the rollback to it at step 22 did not cure the run")
+    assert why[20].startswith("loss_outlier at step 21, 1 step(s) after it")
     agent.close()
 
 
@@ -189,3 +232,22 @@ def test_stateful_loader_resumes_without_reading_anything_twice(tmp_path):
     straight, _, _ = run(45)
     for (name, a), b in zip(resumed.state_dict().items(), straight.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_a_restart_never_resumes_from_a_checkpoint_trouble_followed(tmp_path, caplog):
+    """One outlier at step 21, one step after the checkpoint of 20: its update is skipped and
+    20 is distrusted. A crash at 25 restarts from 10, not from 20, which may hold the update
+    that caused the outlier."""
+    model, opt, _sched, agent = setup(tmp_path)
+    reports = train(model, opt, agent, 25, inject=lambda s, v: v * 100 if s == 21 else v)
+    assert [(r.step, r.action) for r in reports if r.action != "step"] == [(21, "skip")]
+    agent.close()
+    with caplog.at_level(logging.WARNING, "torchvitals"):
+        _model2, _opt2, _sched2, again = setup(tmp_path, resume="auto")
+    assert again.resumed_from == 10
+    assert any(
+        "ignoring" in r.getMessage()
+        and "step-00000020: distrusted (loss_outlier at step 21" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+    again.close()

@@ -80,10 +80,30 @@ def test_each_rollback_backs_the_learning_rate_off_and_skips_what_led_there():
     policy = _rollbacks(lr_scale=0.5)  # a resumed run: the ledger's scale
     first = policy.take(5, to_step=20, from_position=20, position=31, replayable=True)
     assert first == Rollback(to_step=20, lr_scale=0.25, skipped=(20, 34))
-    assert first.to_dict() == {"to_step": 20, "lr_scale": 0.25, "skipped": [20, 34]}
+    assert first.to_dict() == {
+        "to_step": 20,
+        "lr_scale": 0.25,
+        "skipped": [20, 34],
+        "repeat_of": None,
+        "escalation": 0,
+    }
     second = policy.take(9, to_step=20, from_position=20, position=25, replayable=False)
     assert second.skipped is None and second.to_dict()["skipped"] is None
     assert (second.lr_scale, policy.recent(9), policy.rollbacks) == (0.125, 2, 2)
+
+
+def test_a_repeat_cuts_the_learning_rate_again_and_widens_the_skip_per_escalation():
+    policy = _rollbacks(max_rollbacks=5)
+    policy.take(5, to_step=20, from_position=20, position=31, replayable=True)
+    again = policy.take(
+        9, to_step=10, from_position=10, position=35, replayable=True, escalation=1, repeat_of=5
+    )
+    assert again == Rollback(
+        to_step=10, lr_scale=0.125, skipped=(10, 41), repeat_of=5, escalation=1
+    )  # 0.5 x 0.5^2; margin 3 x 2
+    third = policy.take(12, to_step=0, from_position=0, position=40, replayable=True, escalation=2)
+    assert (third.lr_scale, third.skipped) == (0.125 * 0.5**3, (0, 52))  # margin 3 x 4
+    assert Rollback.from_dict(again.to_dict()) == again
 
 
 def test_the_loop_guard_refuses_one_rollback_too_many_within_the_window():
@@ -232,12 +252,14 @@ def test_the_watchdog_from_pieces_saves_rolls_back_and_trips_the_guard(tmp_path)
     assert not dog.maybe_save(1, model, opt, None, detector)
     assert dog.maybe_save(2, model, opt, None, detector)
     assert dog.last_healthy == 2 and dog.metrics()["checkpoint_seconds"] > 0
-    rolled = dog.rollback(3, 3, "loss_spike", model, opt, None)
+    dog.note(3, [])  # two clean steps after it: step 2 is trusted (trust_steps=2)
+    dog.note(4, [])
+    rolled = dog.rollback(5, 5, "loss_spike", model, opt, None)
     assert rolled == Rollback(to_step=2, lr_scale=0.5, skipped=None)
     assert dog.lr_scale == 0.5 and dog.rollbacks == 1
     with pytest.raises(TrainingAborted) as aborted:
-        dog.rollback(4, 4, "loss_spike", model, opt, None)
-    assert aborted.value.code == 79
+        dog.rollback(4, 6, "loss_spike", model, opt, None)
+    assert aborted.value.code == 79 and aborted.value.why.startswith("2 rollbacks within")
     events = [e["event"] for e in json.loads((tmp_path / "ledger.json").read_text())["entries"]]
     assert events == ["checkpoint", "rollback", "abort"]
 

@@ -1,9 +1,14 @@
-"""The cheapest remedy first, world size 2 on gloo: a bad batch's update is skipped on every
-rank instead of a rollback, and five of them in 200 steps cost no rollback.
+"""The cheapest remedy that works, world size 2 on gloo: a bad batch's update is skipped on
+every rank instead of a rollback, and five of them in 200 steps cost no rollback; a learning
+rate set too hot from step 60 on rolls back past the checkpoint of step 60 (which holds the
+first hot update), and one far too hot escalates (an earlier checkpoint, a deeper cut) until it
+finishes or, with no trusted checkpoint left, aborts.
 
 Each faulty run is compared with the same run without the fault (the scenarios are in
 ladder_ranks.py). Before the ladder every one of these bad batches paged and rolled back ten
-steps with the learning rate halved; the final loss ended 20% worse for one bad batch.
+steps with the learning rate halved; the final loss ended 20% worse for one bad batch. Before
+checkpoints had to earn trust, every rollback of a hot learning rate went back to step 60, the
+hot update included, until the loop guard aborted.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ def runs(tmp_path_factory):
         "five": run("five", FIVE),
         "one-warn-only": run("warn", ONE, skip_outliers=False),
         "logits": run("logits", ONE, skip_outliers=True, fault="logits"),
+        **{
+            f"hot{hot}": run(f"hot{hot}", ONE, skip_outliers=True, fault="hot_lr", hot=hot)
+            for hot in (20, 100, 1000)
+        },
     }
 
 
@@ -86,3 +95,47 @@ def test_a_one_step_fault_in_one_ranks_forward_is_skipped_and_names_that_rank(ru
         assert abs(ratio - 1) < 0.05, (r["final_loss"], clean[rank]["final_loss"])
     # A spike every rank shares names no rank: the clean run's steps name none either.
     assert all(s["ranks"] == [] for s in clean[0]["steps"])
+
+
+def rollbacks(result) -> list[tuple[int, int, int | None]]:
+    """``(step, to_step, repeat_of)`` of each rollback."""
+    return [(s["step"], s["to_step"], s["repeat_of"]) for s in result["steps"] if s["to_step"]]
+
+
+@pytest.mark.slow
+def test_a_hot_learning_rate_rolls_back_past_the_checkpoint_that_holds_its_first_update(runs):
+    """x20 from step 60: the checkpoint of step 60 is saved after the first hot update, and a
+    gradient spike at 61 distrusts it; the rollback goes to 50, halves the LR, and the run
+    finishes at least as well as without the fault."""
+    clean, hot = runs["clean"], runs["hot20"]
+    for rank, r in enumerate(hot):
+        assert r["aborted"] is None and r["steps"][-1]["step"] == 200, f"rank {rank}"
+        assert [(to, repeat) for _, to, repeat in rollbacks(r)] == [(50, None)], rollbacks(r)
+        assert r["final_loss"] <= 1.05 * clean[rank]["final_loss"], r["final_loss"]
+    assert hot[0]["steps"] == hot[1]["steps"], "the ranks disagree"
+
+
+@pytest.mark.slow
+def test_a_rollback_that_does_not_cure_is_repeated_further_back_with_a_deeper_cut(runs):
+    """x100: the rollback to 50 (LR x0.5) meets the spike again; 50 is distrusted and the repeat,
+    marked as one, goes to 40 with the LR cut twice more (x0.125); then the run finishes."""
+    clean, hot = runs["clean"], runs["hot100"]
+    for rank, r in enumerate(hot):
+        assert r["aborted"] is None and r["steps"][-1]["step"] == 200, f"rank {rank}"
+        (first, _, none), (_, to, repeat_of) = rollbacks(r)
+        assert none is None and (to, repeat_of) == (40, first), rollbacks(r)
+        lrs = [s["lr"][0] for s in r["steps"] if s["step"] == 61]  # once per pass
+        assert [x / lrs[0] for x in lrs] == pytest.approx([1, 0.5, 0.125]), lrs
+        assert r["final_loss"] <= 1.05 * clean[rank]["final_loss"], r["final_loss"]
+
+
+@pytest.mark.slow
+def test_a_learning_rate_far_too_hot_escalates_then_aborts_with_no_trusted_checkpoint_left(runs):
+    """x1000: every rollback meets the spike again; each repeat is marked, each failed target
+    distrusted, and with none left the job aborts (exit 75) within max_rollbacks, never loops."""
+    for rank, r in enumerate(runs["hot1000"]):
+        assert r["aborted"] is not None and r["aborted"]["code"] == 75, f"rank {rank}"
+        rolled = rollbacks(r)
+        assert 1 < len(rolled) <= 3, rolled
+        assert rolled[0][2] is None and all(rep is not None for _, _, rep in rolled[1:]), rolled
+        assert [to for _, to, _ in rolled] == sorted((to for _, to, _ in rolled), reverse=True)
