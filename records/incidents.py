@@ -129,6 +129,9 @@ class Incident:
         """The record as its file holds it: every field, and the schema version ``v``."""
         out = {VERSION: SCHEMA_VERSION, **dataclasses.asdict(self)}
         out["evidence"] = _bounded(self.evidence)
+        for optional in ("remedy", "repeat_of"):  # the agent's, once known: absent otherwise
+            if out[optional] is None:
+                del out[optional]
         return out
 
     @classmethod

@@ -14,11 +14,12 @@ for the ledger (``Ledger.record_distrust``), which a restart reads back.
 A checkpoint is saved at a healthy step, but the update that causes a spike is taken a step or
 more before the loss shows it: the checkpoint of the step that took a learning rate too hot
 holds the damage already. So a checkpoint is *trusted* only once ``trust_steps`` steps after it
-passed without an unhealthy verdict; one that came sooner *distrusts* it, and it is never a
-rollback target (nor, through the ledger, a restart's). A rollback goes to the newest trusted
-checkpoint; one that did not cure the run (another rollback within ``verify_steps`` steps of
-the step that caused it) distrusts its target too, and the next rollback is a *repeat*: it goes
-to an earlier checkpoint, with a deeper learning-rate cut and a wider skip (``escalation``).
+passed without an unhealthy verdict; one that came sooner *distrusts* it (*tainted*): it is a
+rollback target only as a last resort, when no trusted one is left, and never a restart's
+(through the ledger). A rollback goes to the newest trusted checkpoint; one that did not cure
+the run (another rollback within ``verify_steps`` steps of the step that caused it) distrusts
+its target for good, and the next rollback is a *repeat*: it goes to an earlier checkpoint,
+with a deeper learning-rate cut and a wider skip (``escalation``).
 A rollback also abandons every checkpoint newer than its target: they hold a run that no longer
 happened. Pure bookkeeping over the steps and verdicts every rank shares, so every rank answers
 alike.
@@ -83,6 +84,9 @@ class Targets:
         self._trusted: set[int] = set(self._committed)
         self._watching: dict[int, int] = {}
         """Saved steps not yet trusted: how many clean steps have followed each."""
+        self._tainted: set[int] = set()
+        """Distrusted only because trouble followed them within ``trust_steps`` (no rollback
+        to them failed): a last resort when no trusted checkpoint is left."""
         self._verifying: _Verifying | None = None
         self.escalation = 0
         """Rollbacks in a row that did not cure (0: the last one did, or none yet)."""
@@ -91,16 +95,17 @@ class Targets:
         """A healthy checkpoint of ``step`` was started (its commit may come steps later)."""
         self._committed.discard(step)  # a step saved again after a rollback starts over
         self._trusted.discard(step)
+        self._tainted.discard(step)
         self.distrusted.pop(step, None)
         self._watching[step] = 0
 
     def committed(self, step: int) -> dict[int, str]:
         """Every rank's write of ``step`` succeeded; returns ``{step: why}`` when it was
         distrusted before its commit (the ledger records that after the checkpoint)."""
-        if step in self.distrusted:
+        if step in self.distrusted and step not in self._tainted:
             return {step: self.distrusted[step]}
         self._committed.add(step)
-        return {}
+        return {step: self.distrusted[step]} if step in self._tainted else {}
 
     def failed(self, step: int) -> None:
         """The write of ``step`` failed: never a target."""
@@ -131,18 +136,27 @@ class Targets:
                 self._watching[saved] = clean + 1
         if self._verifying is not None and step >= self._verifying.at + self.verify_steps:
             self._verifying, self.escalation = None, 0  # the run got past it: cured
-        return self._distrust(newly)
+        recorded = {s: why for s, why in newly.items() if s in self._committed}
+        self.distrusted.update(newly)
+        self._tainted.update(newly)
+        self._trusted.difference_update(newly)
+        return recorded
 
-    def target(self, before: int | None = None) -> int | None:
-        """The newest committed, trusted checkpoint (older than ``before``), or None."""
-        ok = (self._committed & self._trusted) - set(self.distrusted)
-        if before is not None:
-            ok = {s for s in ok if s < before}
-        return max(ok, default=None)
+    def target(self) -> int | None:
+        """The newest committed, trusted checkpoint; else, as a last resort, the newest one
+        distrusted only because trouble followed it soon (``last_resort``); else None."""
+        trusted = (self._committed & self._trusted) - set(self.distrusted)
+        newest = max(trusted, default=None)
+        return newest if newest is not None else self.last_resort()
+
+    def last_resort(self) -> int | None:
+        """The newest committed checkpoint that trouble followed within ``trust_steps`` and no
+        failed rollback distrusted (None: none)."""
+        return max(self._committed & self._tainted, default=None)
 
     def candidates(self) -> set[int]:
         """Every checkpoint that may still become a target (committed or trusted later)."""
-        return (self._committed | set(self._watching)) - set(self.distrusted)
+        return (self._committed | set(self._watching)) - (set(self.distrusted) - self._tainted)
 
     def repeat(self, step: int) -> Repeat | None:
         """Whether a rollback decided at ``step`` repeats one that did not cure (then its
@@ -168,7 +182,7 @@ class Targets:
         newly = {
             s: f"newer than step {to_step}, which the rollback at step {at} went back to"
             for s in (self._committed | set(self._watching))
-            if s > to_step and s not in self.distrusted
+            if s > to_step and (s not in self.distrusted or s in self._tainted)
         }
         for s in newly:
             self._watching.pop(s, None)
@@ -180,6 +194,7 @@ class Targets:
         self._watching.pop(step, None)
         self._committed.discard(step)
         self._trusted.discard(step)
+        self._tainted.discard(step)
 
     def distrust(self, step: int, why: str) -> dict[int, str]:
         """Never go back to ``step`` (it failed to load); returns it if committed, as above."""
@@ -193,4 +208,5 @@ class Targets:
             self.distrusted[s] = why
             self._committed.discard(s)
             self._trusted.discard(s)
+            self._tainted.discard(s)
         return recorded

@@ -580,6 +580,13 @@ class Watchdog:
         """Restore the newest trusted checkpoint (from RAM when it is the copy held), going
         further back past one that fails to load; None when none is left."""
         while (target := self.targets.target()) is not None:
+            if target == self.targets.last_resort():
+                self.say(
+                    "torchvitals: no trusted checkpoint left: going back to step %d, which "
+                    "trouble followed within trust_steps (%s)",
+                    target,
+                    self.targets.distrusted.get(target, ""),
+                )
             restored = self.saver.restore(target, model, optimizer, scheduler)
             if restored is not None:
                 return restored

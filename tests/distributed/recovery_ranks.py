@@ -447,13 +447,14 @@ FAULT_STEP = {"loss_x100": 21, "nan_at_25": 25}
 def spike_every_time(
     rank: int, world: int, kind: str, root: str, result_dir: str, exit_code: int, fault: str
 ) -> dict[str, Any]:
-    """60 batches and a fault that comes back after every rollback (to the checkpoint of 20):
-    ``loss_x100``: both ranks' loss is multiplied by 100 on every step past 20 (a loss spike
-    that persists); ``nan_at_25``: rank 1's loss is NaN every time step 25 is reached.
-    Expected: 3 rollbacks, then at the 4th critical step TrainingAborted (code ``exit_code``) on
-    every rank. What the rank saw is written to ``<result_dir>/rank<r>.pkl`` before the
-    exception leaves, so the process's exit code is the agent's."""
-    data = dataset(kind, 60, rank)
+    """120 batches and a fault that comes back after every rollback: ``loss_x100``: both ranks'
+    loss is multiplied by 100 on every step past 20 (a loss spike that persists); ``nan_at_25``:
+    rank 1's loss is NaN every time step 25 is reached. Expected: rollbacks that escalate (each
+    repeat further back, the skips wider: hence the batches), then TrainingAborted (code
+    ``exit_code``) on every rank in the same step. What the rank saw is written to
+    ``<result_dir>/rank<r>.pkl`` before the exception leaves, so the process's exit code is the
+    agent's."""
+    data = dataset(kind, 120, rank)
     model, opt, sched = build(kind, world)
     torch.manual_seed(1000 + rank)
     agent = torchvitals.watch(

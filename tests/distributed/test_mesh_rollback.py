@@ -16,7 +16,13 @@ M = MESH_WATCH["skip_margin"]
 @pytest.mark.parametrize("kind", LAYOUTS)
 def test_nan_on_one_rank_of_the_mesh_rolls_back_to_the_reference_model(kind, tmp_path):
     results = run_world(rollback, kind, str(tmp_path), world=WORLD, timeout=360)
-    expected = {"to_step": 10, "lr_scale": 0.5, "skipped": [10, FAULT_STEP + M]}
+    expected = {
+        "to_step": 10,
+        "lr_scale": 0.5,
+        "skipped": [10, FAULT_STEP + M],
+        "repeat_of": None,
+        "escalation": 0,
+    }
     for rank, r in enumerate(results):
         actions = [(x["step"], x["action"]) for x in r["reports"] if x["action"] != "step"]
         assert actions == [(FAULT_STEP, "rollback")], f"{kind} rank {rank}: {actions}"

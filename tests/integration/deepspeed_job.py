@@ -134,7 +134,11 @@ def main() -> None:
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     rank, world = engine.global_rank, engine.world_size
     watchdog = (
-        dict(checkpoint_dir=os.path.join(args.out, "ckpt"), checkpoint_every=args.checkpoint_every)
+        dict(
+            checkpoint_dir=os.path.join(args.out, "ckpt"),
+            checkpoint_every=args.checkpoint_every,
+            trust_steps=1,  # the scenarios' faults come two steps after the checkpoint they restore
+        )
         if args.checkpoint_every
         else {}
     )

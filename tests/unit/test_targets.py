@@ -42,8 +42,10 @@ def test_trouble_right_after_a_checkpoint_distrusts_it_and_the_older_one_stays_t
         list(distrusted) == [60]
         and "loss_outlier at step 61, 1 step(s) after it" in (distrusted[60])
     )
-    assert t.target() == 50
+    assert t.target() == 50 and t.last_resort() == 60
     assert t.note(62, "loss_spike") == {}, "judged once"
+    assert list(t.rolled_back(62, 50, "loss_spike")) == [60], "abandoned: no last resort now"
+    assert t.last_resort() is None and "newer than step 50" in t.distrusted[60]
 
 
 def test_a_checkpoint_distrusted_before_its_commit_is_reported_at_the_commit():
@@ -52,7 +54,9 @@ def test_a_checkpoint_distrusted_before_its_commit_is_reported_at_the_commit():
     t = _targets()
     t.saved(60)
     assert t.note(61, "grad_spike") == {}, "not committed yet: nothing for the ledger"
-    assert list(t.committed(60)) == [60] and t.target() is None
+    assert list(t.committed(60)) == [60] and t.target() == t.last_resort() == 60, (
+        "distrusted, but the only one: a last resort"
+    )
 
 
 def test_a_rollback_abandons_newer_checkpoints_and_a_repeat_distrusts_its_target():
@@ -91,7 +95,7 @@ def test_a_step_saved_again_after_a_rollback_is_trusted_afresh():
 
 def test_a_resumed_run_trusts_what_the_ledger_committed_and_not_what_it_distrusted():
     t = _targets(committed=[10, 20, 30], distrusted={30: "loss_outlier at step 31"})
-    assert t.target() == 20 and t.target(before=20) == 10
+    assert t.target() == 20
     t.forget(20)  # pruned
     assert t.target() == 10 and t.candidates() == {10}
     with pytest.raises(ValueError, match="trust_steps"):

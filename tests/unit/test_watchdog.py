@@ -150,29 +150,60 @@ def test_a_spike_right_after_a_checkpoint_goes_further_back_and_aborts_when_none
     the checkpoint of step 20, which may hold the update that caused it: 20 is distrusted and
     the rollback at 22 goes to 10. The spike persists: the detector judges it against the
     healthy level it had learnt before the rollback (one that started afresh would accept x 100
-    as the new normal). The replay's new 20 is distrusted the same way, the rollback to 10 did
-    not cure, and no trusted checkpoint is left: an abort that says so."""
+    as the new normal). The rollback to 10 did not cure, so 10 is distrusted; the replay's new
+    20, distrusted the same way as the first, is the last resort: a repeat to it with the LR cut
+    twice more. That does not cure either, and with no checkpoint left the job aborts, saying
+    so."""
     model, opt, _sched, agent = setup(tmp_path, max_rollbacks=3, abort_exit_code=79)
     reports = []
     with pytest.raises(torchvitals.TrainingAborted) as info:
         train(model, opt, agent, 60, inject=RETURNING["loss_x100_from_21"], reports=reports)
     assert info.value.code == 79 and "no trusted checkpoint is left" in info.value.why
-    assert [(r.step, r.rollback.to_step) for r in reports if r.rollback] == [(22, 10)]
-    assert [r.step for r in reports if r.action == "skip"] == [21, 21]
+    rolled = [(r.step, r.rollback.to_step, r.rollback.repeat_of) for r in reports if r.rollback]
+    assert rolled == [(22, 10, None), (22, 20, 22)]
+    assert [r.step for r in reports if r.action == "skip"] == [21, 21, 21]
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
     assert [(e["event"], e["step"]) for e in ledger["entries"]] == [
         ("checkpoint", 10),
         ("checkpoint", 20),
         ("distrust", 20),
         ("rollback", 22),
+        ("distrust", 20),
         ("checkpoint", 20),
         ("distrust", 20),
         ("distrust", 10),
+        ("rollback", 22),
+        ("distrust", 20),
         ("abort", 22),
     ]
-    why = {e["step"]: e["reason"] for e in ledger["entries"] if e["event"] == "distrust"}
-    assert why[10].startswith("the rollback to it at step 22 did not cure the run")
-    assert why[20].startswith("loss_outlier at step 21, 1 step(s) after it")
+    why = [e["reason"] for e in ledger["entries"] if e["event"] == "distrust"]
+    assert why[0].startswith("loss_outlier at step 21, 1 step(s) after it")
+    assert why[1].startswith("newer than step 10, which the rollback at step 22 went back to")
+    assert why[3].startswith("the rollback to it at step 22 did not cure the run")
+    agent.close()
+
+
+def test_with_only_a_checkpoint_trouble_followed_it_is_the_last_resort_then_the_abort(
+    tmp_path,
+):
+    """NaN at every step from 12 on: the checkpoint of 10 is followed by trouble within
+    trust_steps, but it is the only one: the rollback goes there as a last resort; the NaN comes
+    back, so 10 failed too, and the job aborts instead of skipping every step from then on."""
+    model, opt, _sched, agent = setup(tmp_path, abort_exit_code=79)
+    reports = []
+    with pytest.raises(torchvitals.TrainingAborted) as info:
+        inject = lambda s, loss: loss * float("nan") if s >= 12 else loss  # noqa: E731
+        train(model, opt, agent, 60, inject=inject, reports=reports)
+    assert "no trusted checkpoint is left" in info.value.why
+    assert [(r.step, r.rollback.to_step) for r in reports if r.rollback] == [(12, 10)]
+    ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
+    assert [e["event"] for e in ledger["entries"]] == [
+        "checkpoint",
+        "distrust",
+        "rollback",
+        "distrust",
+        "abort",
+    ]
     agent.close()
 
 
