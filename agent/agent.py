@@ -247,6 +247,7 @@ class Agent:
         samples: int | None = None,
         tokens: int | None = None,
         scaler: Any = None,
+        closure: Callable[[], Any] | None = None,
     ) -> Report:
         """Measure this step, agree on it with every rank, then step the optimizer and the
         scheduler unless every rank skips or rolls back (a hand-written loop's one call).
@@ -259,6 +260,12 @@ class Agent:
             scaler: a ``torch.amp.GradScaler``: the agent unscales (unless the loop already
                 did), measures, then steps the optimizer and updates the scaler itself (instead
                 of ``scaler.step``/``update``).
+            closure: recomputes this step's forward and backward passes on the same batch and
+                returns the loss, like torch.optim's closures (the agent clears the gradients
+                before calling it). Given on every rank, a ``loss_outlier`` step is computed
+                once more (``rerun_outliers``): one that does not reproduce is a transient
+                fault naming the rank whose loss changed (``report.rerun``). Not called on
+                other steps.
 
         Returns:
             The Report, identical on every rank except its ``local_*``/``step_seconds`` fields.
@@ -271,6 +278,7 @@ class Agent:
                 scaler=scaler,
                 update_scaler=scaler is not None,
                 owns_scheduler=True,
+                closure=closure,
             )
         )
 

@@ -133,6 +133,12 @@ class RecoverConfig:
     used, its update is dropped. The cheapest remedy: a bad batch costs one step instead of a
     rollback. False: only warn."""
 
+    rerun_outliers: bool = True
+    """With ``skip_outliers`` and a loop that passes ``agent.step(loss, closure=fn)`` on every
+    rank: compute a ``loss_outlier`` step once more before skipping it. One that does not
+    reproduce is a transient fault (a ``transient_fault`` verdict and a ``transient`` incident
+    naming the rank whose loss changed); its update is dropped either way."""
+
     checkpoint_dir: str | None = None
     """Folder of the watchdog's healthy checkpoints and ledger; None turns the watchdog off. A
     run started again with the same folder resumes from its last healthy checkpoint."""
@@ -483,6 +489,7 @@ class Config:
         # recover
         skip_nonfinite: bool
         skip_outliers: bool
+        rerun_outliers: bool
         checkpoint_dir: str | None
         checkpoint_every: int
         resume: str

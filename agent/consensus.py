@@ -98,6 +98,7 @@ AGREED = (
     # recover: what every rank decides, and the checkpoints' collectives
     "skip_nonfinite",
     "skip_outliers",
+    "rerun_outliers",
     "checkpoint_every",
     "resume",
     "checkpoint_keep",

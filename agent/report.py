@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..records.vocabulary import REMEDIES, Action
+from ..records.vocabulary import REMEDIES, RERUN, Action
 from .detect.verdict import Verdict
 from .jsonsafe import json_number, json_safe
 
@@ -27,6 +27,7 @@ __all__ = [
     "RankLocal",
     "ReplicaCheck",
     "Report",
+    "Rerun",
     "Rollback",
     "StepTiming",
 ]
@@ -74,6 +75,42 @@ class Rollback:
             skipped=(int(skipped[0]), int(skipped[1])) if skipped else None,
             repeat_of=None if repeat_of is None else int(repeat_of),
             escalation=int(d.get("escalation", 0)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rerun:
+    """A suspect step computed once more on every rank (``agent.step(loss, closure=fn)``)."""
+
+    loss: float
+    """The recomputed loss: the mean over the ranks, as the step's own."""
+    reproduced: bool
+    """Whether the recomputed loss was still past the threshold that judged the step (a bad
+    batch reproduces; a transient fault does not)."""
+    ranks: list[int] = field(default_factory=list)
+    """The ranks whose own loss was past the culprit cut at first and is not now, exactly when
+    one or two were (``rank_count`` says how many)."""
+    rank_count: int = 0
+    seconds: float = math.nan
+    """How long the re-run took on this rank (forward, backward and its reduction)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "loss": self.loss,
+            "reproduced": self.reproduced,
+            "ranks": list(self.ranks),
+            "rank_count": self.rank_count,
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Rerun:
+        return cls(
+            loss=json_number(d["loss"]),
+            reproduced=bool(d["reproduced"]),
+            ranks=[int(r) for r in d.get("ranks", [])],
+            rank_count=int(d.get("rank_count", 0)),
+            seconds=json_number(d.get("seconds", math.nan)),
         )
 
 
@@ -234,6 +271,9 @@ class Report:
     """What every rank did with the step (an ``Action``, equal to its string value)."""
     rollback: Rollback | None = None
     """With ``Action.ROLLBACK``: where every rank went back to, and what it skipped."""
+    rerun: Rerun | None = None
+    """A suspect step computed once more on every rank (``agent.step(loss, closure=fn)``):
+    whether it reproduced; None when it was not re-run."""
     lr: list[float] = field(default_factory=list)
     """The learning rate each param group stepped with (or would have, on a skipped step):
     the rate its scheduler, framework or loop set, times the watchdog's back-off."""
@@ -264,7 +304,11 @@ class Report:
     @property
     def remedy(self) -> str:
         """The remedy the step took: ``none``, ``skip_update`` (the update dropped on every
-        rank, the batch used), ``rollback`` or ``abort`` (``vocabulary.REMEDIES``)."""
+        rank, the batch used), ``rerun`` (computed again, the fault did not reproduce: a
+        transient one, its update dropped), ``rollback`` or ``abort``
+        (``vocabulary.REMEDIES``)."""
+        if self.rerun is not None and not self.rerun.reproduced and self.action == Action.SKIP:
+            return RERUN
         return REMEDIES[Action(self.action)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -278,6 +322,7 @@ class Report:
         out["remedy"] = self.remedy
         out["verdicts"] = [v.to_dict() if isinstance(v, Verdict) else v for v in self.verdicts]
         out["rollback"] = self.rollback.to_dict() if self.rollback is not None else None
+        out["rerun"] = self.rerun.to_dict() if self.rerun is not None else None
         for flat, (record, attr) in FLAT_NAMES.items():
             out[flat] = getattr(getattr(self, record), attr)
         return json_safe(out)
@@ -310,6 +355,7 @@ class Report:
         values["action"] = Action(d.get("action", Action.STEP))
         values["verdicts"] = [Verdict(**v) for v in d.get("verdicts", [])]
         values["rollback"] = Rollback.from_dict(d["rollback"]) if d.get("rollback") else None
+        values["rerun"] = Rerun.from_dict(d["rerun"]) if d.get("rerun") else None
         return cls.from_flat(**values)
 
 

@@ -37,6 +37,7 @@ from .measure.stats import local
 from .outputs.incidents import IncidentWriter
 from .outputs.sinks import Outputs
 from .outputs.timeline import Timeline
+from .recover import rerun
 from .recover.directives import DirectivePoller
 from .recover.heartbeat import Heartbeat
 from .recover.watchdog import TrainingAborted, Watchdog
@@ -64,6 +65,9 @@ class StepInput:
     """The loss given to ``agent.step`` (wins over every other source)."""
     closure_loss: Any = None
     """What the optimizer's closure returned."""
+    closure: Callable[[], Any] | None = None
+    """``agent.step(loss, closure=fn)``: ``fn`` recomputes the step's forward and backward on
+    the same batch and returns the loss (a suspect step is computed once more: ``rerun``)."""
     samples: int | None = None
     tokens: int | None = None
     scaler: Any = None
@@ -233,6 +237,13 @@ class Steps:
         ctx = self._context(step, inp, scaler)
         packer = Packer(d.device)
         handles = [signal.pack(ctx, packer) for signal in d.signals]
+        # Whether this rank can compute the step again: a suspect step is re-run only when
+        # every rank can (one host float, the same layout on every rank: the setting is agreed).
+        closures = (
+            packer.add_host_sum([1.0 if inp.closure is not None else 0.0])
+            if self.can_rerun
+            else None
+        )
         if laps:
             laps.lap("measure")
 
@@ -260,6 +271,8 @@ class Steps:
         # detect: the rules over the report (an incident written now, before any rollback), and a
         # collector's order
         report.verdicts = d.detector.observe(report, seen)
+        if closures is not None:
+            self._rerun(report, inp, reduced.scalar(closures))
         if d.incidents is not None:
             d.incidents.seen(report, d.detector.active.values())
         self._directive(report, CODES.get(seen.directive) if d.config.collector_url else None)
@@ -324,6 +337,27 @@ class Steps:
             )
             self.stage_times.record(kind, laps.seconds)
         return report
+
+    @property
+    def can_rerun(self) -> bool:
+        """Whether an outlier step may be computed again (then every step packs one float)."""
+        c = self.deps.config
+        return self.deps.watchdog is not None and c.skip_outliers and c.rerun_outliers
+
+    def _rerun(self, report: Report, inp: StepInput, closures: float) -> None:
+        """Every rank, same step: compute a suspect step once more when every rank can; one that
+        does not reproduce adds a ``transient_fault`` verdict (the step is skipped either way)."""
+        d = self.deps
+        outlier = rerun.suspect(report, closures, d.world_size)
+        if outlier is None or inp.closure is None:  # None: not every rank gave a closure
+            return
+        again = rerun.compute(inp.closure, d.params, report, outlier, d.device, d.rank)
+        report.rerun = rerun.read(again, d.reducer.reduce(again.packer))
+        if not report.rerun.reproduced:
+            verdict = rerun.transient(report, outlier, report.rerun)
+            report.verdicts.append(verdict)
+            d.detector.history.append(verdict)
+            d.detector.transient()
 
     @property
     def lr_scale(self) -> float:

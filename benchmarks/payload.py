@@ -4,8 +4,8 @@
 
 For each world size, one process builds the step's payload exactly as the agent packs it on a
 rank of that world (the per-block sums of the benchmark GPT's 8 blocks, the loss, the per-rank
-time sums, the straggler flags, the checkpoint flags, the loop's skip and double-step flags;
-activation maxima on every 10th step),
+time sums, the straggler flags, the checkpoint flags, the re-run flag, the loop's skip and
+double-step flags; activation maxima on every 10th step),
 runs the reduction path (world size 1 here: no collective, the one host copy), unpacks the
 Report, lets the rank judge itself a straggler and runs the detector over it. The collective's
 wire time is not simulated (its payload is the same 40-odd floats at every world size); the
@@ -95,6 +95,7 @@ class Step:
         )
         packer = Packer(CPU)
         packer.add_host_sum([0.0, 0.0])  # the checkpoint flags
+        packer.add_host_sum([0.0])  # whether the rank can compute a suspect step again
         hot = None
         if self.onehot:
             packer.add_host_sum(self._hot(seconds))

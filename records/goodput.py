@@ -19,7 +19,8 @@ How the records become seconds (the rules ``account`` applies):
   else lost_progress: work done again after a rollback or a crash. A rollback line's rest is
   lost_progress too (its ``c`` is the restore) and does not raise the mark. A skipped step's
   rest (``x`` skip: a non-finite step, a one-step outlier whose update every rank dropped) is
-  skipped_update; it raises the mark. Each line only
+  skipped_update; it raises the mark. A step's ``r`` (a suspect step computed once more) is
+  rerun, clamped into d after ``c``. Each line only
   adds seconds, so the figures only grow while a job runs: they can be live counters.
 - A process's start line: the ``load`` seconds before it are checkpoint. Steps of one process
   that overlap (rounding) are clipped to the previous step's end; a gap between them is
@@ -69,6 +70,7 @@ from .schema import (
     DATA_WAIT,
     ENDED,
     EVENT,
+    RERUN,
     SCHEMA_VERSION,
     SECONDS,
     STEP,
@@ -90,6 +92,7 @@ CAUSES = (
     "restart",
     "lost_progress",
     "skipped_update",
+    "rerun",
     "data_wait",
     "peers",
     "teardown",
@@ -313,6 +316,7 @@ class _Steps:
         d: Any = record.get(SECONDS)
         w: Any = record.get(DATA_WAIT) or 0
         c: Any = record.get(CHECKPOINT) or 0
+        r: Any = record.get(RERUN) or 0
         action = record.get(ACTION)
         if not (
             type(step) is int
@@ -321,10 +325,12 @@ class _Steps:
             and _fine(d)
             and _fine(w)
             and _fine(c)
+            and _fine(r)
             and (action is None or type(action) is str)
         ):
             _step_problem(record)
         end, d, w, c = round(end * _US), round(d * _US), round(w * _US), round(c * _US)
+        r = round(r * _US)
         begin = end - d
         if self.end is None:
             self.begin = begin
@@ -335,8 +341,9 @@ class _Steps:
         else:
             d = end - self.end  # overlapping the previous step (rounding): clipped
         c = min(c, d)
-        w = min(w, d - c)
-        work = d - c - w
+        r = min(r, d - c)
+        w = min(w, d - c - r)
+        work = d - c - r - w
         rollback = action == Action.ROLLBACK
         skipped = action == Action.SKIP  # computed, then dropped on every rank: no progress
         productive = not rollback and not skipped and step > self.hwm
@@ -349,10 +356,11 @@ class _Steps:
         parts = self.parts
         parts["data_wait"] += w
         parts["checkpoint"] += c
+        parts["rerun"] += r
         parts[_PRODUCTIVE if productive else "skipped_update" if skipped else "lost_progress"] += (
             work
         )
-        lost = w + c + (0 if productive else work)
+        lost = w + c + r + (0 if productive else work)
         if not self.productive_seen:
             self.head_lost += lost
         if self._open is not None:
@@ -386,6 +394,7 @@ def _step_problem(record: dict[str, Any]) -> None:
     _duration(record, SECONDS)
     _duration(record, DATA_WAIT, optional=True)
     _duration(record, CHECKPOINT, optional=True)
+    _duration(record, RERUN, optional=True)
     raise ValueError(f"x: expected a string, got {record.get('x')!r:.40}")
 
 

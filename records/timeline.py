@@ -36,6 +36,7 @@ from .schema import (
     DATA_WAIT,
     ENDED,
     EVENT,
+    RERUN,
     SCHEMA_VERSION,
     SECONDS,
     STEP,
@@ -125,20 +126,23 @@ class StepTimeline:
         data_wait: float = 0.0,
         checkpoint: float = 0.0,
         action: str = Action.STEP,
+        rerun: float = 0.0,
     ) -> None:
         """Step ``step`` ended at ``end`` after ``seconds`` (since the previous step's end), of
-        which ``data_wait`` waiting for its batch and ``checkpoint`` saving or restoring."""
-        self._lines.write(
-            {
-                EVENT: "step",
-                STEP: step,
-                TIME: end,
-                SECONDS: seconds,
-                DATA_WAIT: data_wait,
-                CHECKPOINT: checkpoint,
-                ACTION: str(action),
-            }
-        )
+        which ``data_wait`` waiting for its batch, ``checkpoint`` saving or restoring and
+        ``rerun`` computing it once more (written only when not 0)."""
+        line = {
+            EVENT: "step",
+            STEP: step,
+            TIME: end,
+            SECONDS: seconds,
+            DATA_WAIT: data_wait,
+            CHECKPOINT: checkpoint,
+            ACTION: str(action),
+        }
+        if rerun:
+            line[RERUN] = rerun
+        self._lines.write(line)
 
     def close(self) -> None:
         self._lines.close()

@@ -26,6 +26,10 @@ class Action(str, enum.Enum):
         return self.value
 
 
+RERUN = "rerun"
+"""The remedy of a suspect step computed once more that did not reproduce (a transient fault):
+its update is dropped, like an outlier's, and the incident is a ``transient`` one."""
+
 REMEDIES = {
     Action.STEP: "none",
     Action.SKIP: "skip_update",
@@ -40,9 +44,12 @@ HANG, CRASH, NODE_LOST = "hang", "crash", "node_lost"
 """The supervisor's incidents: the job stopped making progress, a process died, a node left."""
 NONFINITE, LOSS_SPIKE, STRAGGLER, DIVERGENCE = "nonfinite", "loss_spike", "straggler", "divergence"
 """The agent's incidents: a verdict's pattern (or a rollback it caused)."""
+TRANSIENT = "transient"
+"""The agent's incident for a suspect step that a re-run did not reproduce (a flipped bit, a
+bad kernel, a failing accelerator), naming the rank whose value changed."""
 ABORT = Action.ABORT.value
 """The job gave up on purpose: the report's action of that step."""
-KINDS = (HANG, CRASH, NODE_LOST, NONFINITE, LOSS_SPIKE, STRAGGLER, DIVERGENCE, ABORT)
+KINDS = (HANG, CRASH, NODE_LOST, NONFINITE, LOSS_SPIKE, STRAGGLER, DIVERGENCE, TRANSIENT, ABORT)
 """Every kind of incident (a bounded label set: the metrics and alerts use it too)."""
 FAULT_KINDS = frozenset({HANG, CRASH, NODE_LOST, ABORT})
 """The kinds whose cost is a restart: the goodput accounting charges them to ``fault``."""

@@ -117,6 +117,7 @@ _PRODUCTIVE_HELP = (
 )
 _BADPUT_HELP = (
     "Seconds of the job's wall time not spent productively, by cause (startup, checkpoint, "
-    "detection, restart, lost_progress, skipped_update, data_wait, peers, teardown, unattributed)."
+    "detection, restart, lost_progress, skipped_update, rerun, data_wait, peers, teardown, "
+    "unattributed)."
 )
 _RATIO_HELP = "Productive seconds over the job's wall time so far, across every attempt."

@@ -127,6 +127,13 @@ class Detector:
                 return rule.level
         return None
 
+    def transient(self) -> None:
+        """The last step's loss outlier did not reproduce when computed again (a transient
+        fault): it does not count toward a spike (two steps past the threshold of three)."""
+        for rule in self.rules:
+            if isinstance(rule, LossSpike) and rule.above:
+                rule.above[-1] = False
+
     def is_active(self, pattern: str, block: str | None = None) -> bool:
         """Whether ``pattern`` is active now (in ``block``, when given)."""
         return any(k[0] == pattern and (block is None or k[1] == block) for k in self.active)

@@ -39,6 +39,7 @@ STRAGGLER = "straggler"
 MEMORY_GROWTH = "memory_growth"
 DATA_STALL = "data_stall"
 REPLICA_DIVERGENCE = "replica_divergence"
+TRANSIENT_FAULT = "transient_fault"
 ROLLBACK_LOOP = "rollback_loop"
 COLLECTOR_DIRECTIVE = "collector_directive"
 
@@ -65,6 +66,7 @@ PATTERNS: dict[str, str] = {
     MEMORY_GROWTH: WARNING,
     DATA_STALL: WARNING,
     REPLICA_DIVERGENCE: CRITICAL,
+    TRANSIENT_FAULT: WARNING,
     ROLLBACK_LOOP: CRITICAL,
     COLLECTOR_DIRECTIVE: CRITICAL,
 }
@@ -75,12 +77,13 @@ PROCESS_PATTERNS = frozenset({STRAGGLER, MEMORY_GROWTH, DATA_STALL})
 weights as good as they were, so they do not make a step unhealthy for the watchdog (a slow node
 that stays slow would otherwise stop every healthy checkpoint for the rest of the run)."""
 
-OUTLIER_PATTERNS = frozenset({LOSS_OUTLIER})
+OUTLIER_PATTERNS = frozenset({LOSS_OUTLIER, TRANSIENT_FAULT})
 """One step's loss far beyond its recent distribution, the next not yet known to be bad: with
 the watchdog on, the step's update is dropped on every rank (``skip_outliers``), the cheapest
 remedy; a second step past the loss threshold is a ``loss_spike`` and rolls back. A
 ``grad_spike`` only warns: a skipped update just before a sampled step would drop that sample's
-update ratios, and with them the ``hot_lr`` warning a learning rate too hot first shows as."""
+update ratios, and with them the ``hot_lr`` warning a learning rate too hot first shows as.
+A ``transient_fault`` (an outlier a re-run did not reproduce) is skipped the same way."""
 
 RESPONSE_PATTERNS = frozenset({ROLLBACK_LOOP, COLLECTOR_DIRECTIVE})
 """What the job did about the other verdicts, not what went wrong: it gave up after too many

@@ -40,7 +40,14 @@ import torch.distributed as dist
 
 from ...protocol import ATTEMPT_ENV, NODE_ENV
 from ...records.incidents import Culprit, Incident, IncidentLog, hostname
-from ...records.vocabulary import ABORT, DIVERGENCE, LOSS_SPIKE, NONFINITE, STRAGGLER
+from ...records.vocabulary import (
+    ABORT,
+    DIVERGENCE,
+    LOSS_SPIKE,
+    NONFINITE,
+    STRAGGLER,
+    TRANSIENT,
+)
 from ..detect import verdict as patterns
 from ..detect.verdict import Verdict
 from ..jsonsafe import json_safe
@@ -157,6 +164,7 @@ STEP_KINDS = {
     patterns.NONFINITE_GRAD: NONFINITE,
     patterns.LOSS_SPIKE: LOSS_SPIKE,
     patterns.REPLICA_DIVERGENCE: DIVERGENCE,
+    patterns.TRANSIENT_FAULT: TRANSIENT,
 }
 """Verdict pattern -> the incident kind it starts (a straggler's and an abort's are their own)."""
 
@@ -264,6 +272,8 @@ class IncidentWriter:
             )
             culprit = ranks[0] if len(ranks) == 1 else None
             return self._record(LOSS_SPIKE, report, culprit, cause, {"verdict": v.to_dict()}, now)
+        if kind == TRANSIENT:
+            return self._transient(report, by[patterns.TRANSIENT_FAULT], now)
         v = by[patterns.REPLICA_DIVERGENCE]
         ranks = list(v.evidence.get("ranks", []))
         culprit = ranks[0] if len(ranks) == 1 else None
@@ -271,6 +281,23 @@ class IncidentWriter:
             f": rank {culprit} differs from the others" if culprit is not None else ""
         )
         return self._record(DIVERGENCE, report, culprit, cause, {"verdict": v.to_dict()}, now)
+
+    def _transient(self, report: Report, v: Verdict, now: float) -> str | None:
+        e = v.evidence
+        ranks = list(e.get("ranks", []))
+        if len(ranks) == 1:
+            who = f"rank {ranks[0]}'s own loss did not come back: suspect its accelerator"
+        elif ranks:
+            who = f"ranks {' and '.join(map(str, ranks))}' own losses did not come back"
+        else:
+            who = "no one rank's loss alone made it"
+        cause = (
+            f"the loss of {e.get('loss', report.loss):.4g} (threshold {e.get('threshold', 0):.4g}) "
+            f"was {e.get('rerun_loss', 0):.4g} when the step was computed again: a transient "
+            f"fault, its update dropped; {who}"
+        )
+        culprit = ranks[0] if len(ranks) == 1 else None
+        return self._record(TRANSIENT, report, culprit, cause, {"verdict": v.to_dict()}, now)
 
     def _nonfinite(self, report: Report, by: dict[str, Verdict], now: float) -> str | None:
         ranks, count = report.nonfinite_ranks, report.nonfinite_rank_count

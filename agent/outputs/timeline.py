@@ -66,6 +66,7 @@ class Timeline:
             data_wait=wait if math.isfinite(wait) else 0.0,
             checkpoint=checkpoint_seconds + self._loaded,
             action=str(report.action),
+            rerun=report.rerun.seconds if report.rerun is not None else 0.0,
         )
         self._last, self._loaded = end, 0.0
 

@@ -25,6 +25,7 @@ from ...records.vocabulary import (
     NODE_LOST,
     NONFINITE,
     STRAGGLER,
+    TRANSIENT,
 )
 from ..detect import verdict as P
 
@@ -36,6 +37,7 @@ WHAT = {
     LOSS_SPIKE: "loss spike",
     STRAGGLER: "straggler",
     DIVERGENCE: "replica divergence",
+    TRANSIENT: "transient fault (the step computed again did not reproduce it)",
     ABORT: "aborted the job",
 }
 """What each kind of incident says after the culprit."""
@@ -48,7 +50,7 @@ CAUSE_KINDS = {
     "gradient explosion": (LOSS_SPIKE, NONFINITE),
     "vanishing gradients": (NONFINITE,),
     "straggler": (STRAGGLER,),
-    "replica divergence": (DIVERGENCE,),
+    "replica divergence": (DIVERGENCE, TRANSIENT),
     "unsteady loss": (LOSS_SPIKE,),
 }
 """The diagnosis's cause -> the incident kinds that are its culprit's record."""
@@ -60,6 +62,7 @@ VERDICT_WHAT = {
     P.REPLICA_DIVERGENCE: "replica divergence",
     P.LOSS_SPIKE: "loss spike",
     P.LOSS_OUTLIER: "loss outlier (its update skipped)",
+    P.TRANSIENT_FAULT: "transient fault (the step computed again did not reproduce it)",
 }
 """Verdicts whose evidence may name the culprit's rank, and what the line calls them."""
 

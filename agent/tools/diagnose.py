@@ -81,7 +81,8 @@ CLASSES = {
     UNSTEADY: (P.LOSS_DIVERGENCE, P.LOSS_OUTLIER, P.GRAD_SPIKE),
     DEAD_LAYER: (P.DEAD_LAYER,),
     STRAGGLER: (P.STRAGGLER,),
-    REPLICAS: (P.REPLICA_DIVERGENCE,),
+    # Silent data corruption either way: weights that differ, or a loss that did not reproduce.
+    REPLICAS: (P.REPLICA_DIVERGENCE, P.TRANSIENT_FAULT),
     LEAK: (P.MEMORY_GROWTH,),
     DATA: (P.DATA_STALL,),
 }
@@ -106,6 +107,7 @@ SHOWN = {
     P.GENERALIZATION_GAP: ("validation", "best_validation"),
     P.STRAGGLER: ("rank", "seconds", "others_mean", "cause"),
     P.REPLICA_DIVERGENCE: ("blocks", "ranks"),
+    P.TRANSIENT_FAULT: ("loss", "rerun_loss", "ranks"),
     P.MEMORY_GROWTH: ("memory", "rise_bytes", "bytes_per_step"),
     P.DATA_STALL: ("data_wait_ratio", "data_wait_seconds"),
 }
@@ -490,8 +492,15 @@ def _summary(cause: str, lead: dict[str, Any], crash: dict[str, Any] | None) -> 
         STRAGGLER: f"Rank {lead['evidence'].get('rank', '?')} is a straggler from step "
         f"{lead['step']}"
         + (f" ({lead['evidence']['cause']})" if "cause" in lead["evidence"] else ""),
-        REPLICAS: f"The DDP replicas' weights differed at step {lead['step']} (ranks "
-        f"{lead['evidence'].get('ranks', '?')}): silent data corruption or a write to one replica",
+        REPLICAS: (
+            f"The loss of step {lead['step']} did not reproduce when computed again (ranks "
+            f"{lead['evidence'].get('ranks', '?')}): a transient fault, silent data corruption "
+            "or a failing accelerator"
+            if lead["pattern"] == P.TRANSIENT_FAULT
+            else f"The DDP replicas' weights differed at step {lead['step']} (ranks "
+            f"{lead['evidence'].get('ranks', '?')}): silent data corruption or a write to one "
+            "replica"
+        ),
         LEAK: f"Memory ({lead['evidence'].get('memory', '?')}) rose at every sample up to step "
         f"{lead['step']}: a leak that ends in an out-of-memory kill",
         DATA: f"The ranks waited for data most of each step from step {lead['step']}",

@@ -24,6 +24,7 @@ from support.world import wrap
 import torchvitals
 from torchvitals.agent.recover.watchdog import TrainingAborted
 from torchvitals.records.goodput import account
+from torchvitals.records.incidents import IncidentLog
 
 STEPS = 200
 WARMUP = 10
@@ -71,10 +72,13 @@ def bad_batches_run(
     skip_outliers: bool = True,
     fault: str = "shard",
     hot: float = 1.0,
+    closure: bool = False,
 ) -> dict[str, Any]:
     """Train ``STEPS`` steps with a fault at each batch id in ``bad`` (``fault``: "shard", rank
     0's loss x 5; "logits", rank 1's logits x 1000; "hot_lr": the learning rate times ``hot``
-    from the first step in ``bad`` on)."""
+    from the first step in ``bad`` on). ``closure``: the loop gives ``agent.step`` a closure
+    that computes the step again on the same batch, where a bad shard is bad again and a fault
+    in the forward does not come back."""
     torch.manual_seed(0)
     model = wrap("ddp", TinyGPT(**TINY), world)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
@@ -103,8 +107,16 @@ def bad_batches_run(
                     loss = loss * 5.0
                 loss.backward()
                 before = [p.detach().clone() for p in model.parameters()] if bid in bad else None
+
+                def again(x=x, y=y, faulty=faulty) -> torch.Tensor:
+                    recomputed = forward_loss(model, x, y)
+                    if faulty and fault == "shard":
+                        recomputed = recomputed * 5.0
+                    recomputed.backward()
+                    return recomputed
+
                 try:
-                    report = agent.step(loss)
+                    report = agent.step(loss, closure=again if closure else None)
                 except TrainingAborted as e:  # the loop guard: the job would exit here
                     aborted = {"step": agent.step_count + 1, "code": e.code}
                     break
@@ -118,6 +130,10 @@ def bad_batches_run(
                         "step": report.step,
                         "batch": bid,
                         "action": str(report.action),
+                        "remedy": report.remedy,
+                        "rerun": None  # its seconds are this rank's own: left out
+                        if report.rerun is None
+                        else {k: v for k, v in report.rerun.to_dict().items() if k != "seconds"},
                         "to_step": None if report.rollback is None else report.rollback.to_step,
                         "repeat_of": None if report.rollback is None else report.rollback.repeat_of,
                         "loss": report.loss,
@@ -141,5 +157,11 @@ def bad_batches_run(
         "aborted": aborted,
     }
     if rank == 0:
-        out["goodput"] = account(os.path.join(root, "ckpt")).goodput
+        accounted = account(os.path.join(root, "ckpt"))
+        out["goodput"] = accounted.goodput
+        out["badput"] = dict(accounted.badput)
+        incidents, _ = IncidentLog(os.path.join(root, "ckpt")).read()
+        out["incidents"] = [
+            (i.kind, i.step, i.culprit.rank, i.remedy, i.repeat_of) for i in incidents
+        ]
     return out

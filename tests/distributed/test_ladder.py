@@ -34,6 +34,10 @@ def runs(tmp_path_factory):
         "five": run("five", FIVE),
         "one-warn-only": run("warn", ONE, skip_outliers=False),
         "logits": run("logits", ONE, skip_outliers=True, fault="logits"),
+        "logits-closure": run(
+            "logitsc", ONE, skip_outliers=True, fault="logits", hot=1.0, closure=True
+        ),
+        "one-closure": run("onec", ONE, skip_outliers=True, fault="shard", hot=1.0, closure=True),
         **{
             f"hot{hot}": run(f"hot{hot}", ONE, skip_outliers=True, fault="hot_lr", hot=hot)
             for hot in (20, 100, 1000)
@@ -139,3 +143,36 @@ def test_a_learning_rate_far_too_hot_escalates_then_aborts_with_no_trusted_check
         assert 1 < len(rolled) <= 3, rolled
         assert rolled[0][2] is None and all(rep is not None for _, _, rep in rolled[1:]), rolled
         assert [to for _, to, _ in rolled] == [50, 40], "each repeat further back"
+
+
+@pytest.mark.slow
+def test_with_a_closure_a_fault_in_one_ranks_forward_is_a_transient_incident_naming_it(runs):
+    """Rank 1's logits x 1000 once at step 60, and the loop passes a closure: the step is
+    computed again on every rank, the loss comes back to normal, so it was a transient fault of
+    rank 1's: a ``transient`` incident naming rank 1, remedy ``rerun``, its update dropped."""
+    clean, faulty = runs["clean"], runs["logits-closure"]
+    for rank, r in enumerate(faulty):
+        assert acted(r) == [(60, "skip")], f"rank {rank}: {acted(r)}"
+        at = next(s for s in r["steps"] if s["step"] == 60)
+        assert at["verdicts"] == ["loss_outlier", "transient_fault"], at
+        assert at["remedy"] == "rerun" and at["rerun"]["reproduced"] is False, at
+        assert at["rerun"]["ranks"] == [1] and at["rerun"]["loss"] < at["loss"] / 10, at
+        assert r["unchanged"] == {60: True}
+        assert [s["step"] for s in r["steps"]] == list(range(1, 201)), "no rollback"
+        assert abs(r["final_loss"] / clean[rank]["final_loss"] - 1) < 0.05
+    assert faulty[0]["steps"] == faulty[1]["steps"], "the ranks disagree"
+    assert faulty[0]["incidents"] == [("transient", 60, 1, "rerun", None)]
+    assert faulty[0]["badput"]["rerun"] > 0
+
+
+@pytest.mark.slow
+def test_with_a_closure_a_bad_batch_reproduces_and_its_update_is_skipped(runs):
+    """Rank 0's bad shard at step 60 is bad again when computed again: reproduced, not a
+    transient fault; the update is skipped as without a closure."""
+    for rank, r in enumerate(runs["one-closure"]):
+        assert acted(r) == [(60, "skip")], f"rank {rank}: {acted(r)}"
+        at = next(s for s in r["steps"] if s["step"] == 60)
+        assert at["verdicts"] == ["loss_outlier"] and at["ranks"] == [0], at
+        assert at["remedy"] == "skip_update" and at["rerun"]["reproduced"] is True, at
+        assert r["unchanged"] == {60: True}
+    assert runs["one-closure"][0]["incidents"] == []

@@ -136,6 +136,7 @@ def test_every_alert_follows_the_conventions_and_has_a_runbook_section():
         "TorchvitalsJobStalled": "critical",
         "TorchvitalsRollbacksTooFrequent": "critical",
         "TorchvitalsRollbackRepeated": "critical",
+        "TorchvitalsTransientFault": "warning",
         "TorchvitalsStraggler": "warning",
         "TorchvitalsAgentDown": "critical",
         "TorchvitalsIncident": "critical",

@@ -57,6 +57,7 @@ NO_RANGE = {
     "split_ddp_work",
     "skip_nonfinite",
     "skip_outliers",
+    "rerun_outliers",
     "checkpoint_key_file",
     "trust_unsigned_checkpoints",
     "heartbeat_dir",

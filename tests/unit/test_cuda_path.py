@@ -109,3 +109,44 @@ def test_a_skipped_update_adds_no_host_sync(device, tmp_path):
             assert len(syncs) == 1, [str(w.message) for w in syncs]
         opt.zero_grad(set_to_none=True)
     agent.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_closure_costs_no_host_sync_until_a_step_is_computed_again(device, tmp_path):
+    """Passing ``closure=`` adds one host float to the step's copy, no sync: only the suspect
+    step that is computed again waits for the device (its own reduction's copy)."""
+    torch.manual_seed(0)
+    model = TinyGPT(**TINY).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    agent = torchvitals.watch(
+        model, opt, sample_every=1000, checkpoint_dir=str(tmp_path), checkpoint_every=1000
+    )
+    batches = [
+        (x.to(device), y.to(device))
+        for x, y in random_batches(30, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"])
+    ]
+    for step, (x, y) in enumerate(batches, start=1):
+        fault = 5.0 if step == 25 else 1.0
+
+        def again(x=x, y=y) -> torch.Tensor:  # the fault does not come back: transient
+            recomputed = model.loss(x, y)
+            recomputed.backward()
+            return recomputed
+
+        loss = model.loss(x, y) * fault
+        loss.backward()
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                report = agent.step(loss, closure=again)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        if step == 25:
+            assert report.remedy == "rerun" and report.rerun is not None, report.verdicts
+        elif step > 1:
+            assert report.rerun is None and len(syncs) == 1, [str(w.message) for w in syncs]
+        opt.zero_grad(set_to_none=True)
+    agent.close()

@@ -362,3 +362,17 @@ def test_a_skipped_update_is_its_own_badput_and_still_counts_as_done(tmp_path):
     assert g.productive_seconds == pytest.approx(8 * 0.75)
     assert g.badput == badput(skipped_update=2 * 0.75, data_wait=10 * 0.25)
     assert (g.steps, g.last_step) == (10, 10)
+
+
+def test_a_steps_rerun_is_its_own_badput(tmp_path):
+    """A suspect step computed once more (a transient fault's re-run): its ``r`` seconds are
+    rerun, the rest of that skipped step skipped_update; a line without ``r`` has none."""
+    steps = StepTimeline(tmp_path, pid=1)
+    steps.start(at=100, resumed=0)
+    for s in range(1, 6):
+        skip = s == 3
+        steps.step(s, end=100 + s, seconds=1, action="skip" if skip else "step", rerun=0.4 * skip)
+    g = account(tmp_path)
+    adds_up(g)
+    assert g.badput == badput(skipped_update=0.6, rerun=0.4)
+    assert "r" not in (tmp_path / "goodput" / "steps-a0000-p1.jsonl").read_text().splitlines()[1]
