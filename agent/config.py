@@ -191,6 +191,11 @@ class RecoverConfig:
     again, and the next rollback goes to an earlier one with the learning rate cut by
     ``lr_backoff`` once more and twice the ``skip_margin`` (again for each repeat in a row)."""
 
+    lr_ramp_steps: int = 0
+    """Once a rollback cured the run (``verify_steps`` past it), bring the learning-rate scale
+    back to 1 linearly over this many steps; 0 keeps the back-off for the rest of the run (a
+    restart keeps it too). Off by default: a learning rate that broke the run once may again."""
+
     lr_backoff: float = 0.5
     """Each rollback multiplies the learning rate by this, applied at every optimizer step over
     whatever set the LR (a scheduler, a framework, the loop), and kept across restarts."""
@@ -240,6 +245,7 @@ class RecoverConfig:
         )
         _need(self.trust_steps >= 1, "trust_steps", self.trust_steps, "an integer >= 1")
         _need(self.verify_steps >= 1, "verify_steps", self.verify_steps, "an integer >= 1")
+        _need(self.lr_ramp_steps >= 0, "lr_ramp_steps", self.lr_ramp_steps, "an integer >= 0")
         _need(0.0 < self.lr_backoff <= 1.0, "lr_backoff", self.lr_backoff, "a number in (0, 1]")
         _need(self.skip_margin >= 0, "skip_margin", self.skip_margin, "an integer >= 0")
         _need(self.max_rollbacks >= 0, "max_rollbacks", self.max_rollbacks, "an integer >= 0")
@@ -501,6 +507,7 @@ class Config:
         healthy_window: int
         trust_steps: int
         verify_steps: int
+        lr_ramp_steps: int
         lr_backoff: float
         skip_margin: int
         max_rollbacks: int

@@ -107,6 +107,7 @@ AGREED = (
     "healthy_window",
     "trust_steps",
     "verify_steps",
+    "lr_ramp_steps",
     "lr_backoff",
     "skip_margin",
     "max_rollbacks",

@@ -40,6 +40,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "abort": {"step": (int,), "reason": (str,), "time": (int, float)},
     "distrust": {"step": (int,), "path": (str,), "reason": (str,), "time": (int, float)},
+    "ramp": {"step": (int,), "lr_scale": (int, float), "time": (int, float)},
     "adopt": {
         "step": (int,),
         "source": (str,),
@@ -293,6 +294,14 @@ class Ledger:
         did not cure, the rollback that went back past it)."""
         self._append({"event": "distrust", "step": step, "path": str(path), "reason": reason})
 
+    def record_ramp(self, step: int, lr_scale: float) -> None:
+        """The learning-rate scale came back to ``lr_scale`` at ``step`` (``lr_ramp_steps``:
+        the end of a ramp after a rollback that cured): a restart resumes with it."""
+        if not _scale_ok(lr_scale):
+            raise ValueError(f"need 0 < lr_scale <= 1, got {lr_scale}")
+        self.lr_scale = float(lr_scale)
+        self._append({"event": "ramp", "step": step, "lr_scale": self.lr_scale})
+
     def record_abort(self, step: int, reason: str) -> None:
         """The job gave up at ``step`` (the loop guard, or a fault recovery cannot fix)."""
         self._append({"event": "abort", "step": step, "reason": reason})
@@ -355,7 +364,7 @@ class Ledger:
             fields = _FIELDS.get(event) if isinstance(event, str) else None
             if fields is None:
                 raise self._corrupt(
-                    f"entry {i} is not a checkpoint, rollback, adopt, distrust or abort event"
+                    f"entry {i} is not a checkpoint, rollback, adopt, distrust, ramp or abort event"
                 )
             for key, types in fields.items():
                 if not isinstance(entry.get(key), types) or isinstance(entry.get(key), bool):
@@ -375,6 +384,9 @@ class Ledger:
                         f"{where}: path {e['path']!r} is not the folder of step {e['step']}"
                     )
                 saved.add(e["step"])
+            elif e["event"] == "ramp" or e["event"] == "ramp":
+                if not _scale_ok(e["lr_scale"]):
+                    raise self._corrupt(f"{where}: lr_scale {e['lr_scale']!r} is not in (0, 1]")
             elif e["event"] == "distrust":
                 if e["step"] not in saved or Path(e["path"]).name != f"step-{e['step']:08d}":
                     raise self._corrupt(

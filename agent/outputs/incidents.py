@@ -259,12 +259,12 @@ class IncidentWriter:
             v = by[patterns.LOSS_SPIKE]
             e = v.evidence
             ranks = list(e.get("ranks", []))
-            if len(ranks) == 1:
-                who = f"rank {ranks[0]}'s own loss alone lifted the mean past it"
-            elif len(ranks) == 2:
-                who = f"ranks {ranks[0]} and {ranks[1]}'s own losses were far out"
-            else:
-                who = "no one rank's loss alone lifted the mean (a spike the ranks share)"
+            who = _whose(
+                ranks,
+                "own loss alone lifted the mean past it",
+                "own losses were far out",
+                "no one rank's loss alone lifted the mean (a spike the ranks share)",
+            )
             cause = (
                 f"the loss spiked to {e.get('loss', report.loss):.4g}, above "
                 f"{e.get('threshold', 0):.4g} (median {e.get('median', 0):.4g}, "
@@ -285,12 +285,12 @@ class IncidentWriter:
     def _transient(self, report: Report, v: Verdict, now: float) -> str | None:
         e = v.evidence
         ranks = list(e.get("ranks", []))
-        if len(ranks) == 1:
-            who = f"rank {ranks[0]}'s own loss did not come back: suspect its accelerator"
-        elif ranks:
-            who = f"ranks {' and '.join(map(str, ranks))}' own losses did not come back"
-        else:
-            who = "no one rank's loss alone made it"
+        who = _whose(
+            ranks,
+            "own loss did not come back: suspect its accelerator",
+            "own losses did not come back",
+            "no one rank's loss alone made it",
+        )
         cause = (
             f"the loss of {e.get('loss', report.loss):.4g} (threshold {e.get('threshold', 0):.4g}) "
             f"was {e.get('rerun_loss', 0):.4g} when the step was computed again: a transient "
@@ -454,6 +454,16 @@ class IncidentWriter:
                     exc_info=True,
                 )
             self._failed = True
+
+
+def _whose(ranks: list[int], one: str, two: str, none: str) -> str:
+    """``rank 3's <one>``, ``ranks 1 and 3's <two>`` (the ranks a step's sums name: one or two
+    exactly), else ``none``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}'s {one}"
+    if len(ranks) == 2:
+        return f"ranks {ranks[0]} and {ranks[1]}'s {two}"
+    return none
 
 
 def _straggler_cause(rank: int | None, e: Mapping[str, Any]) -> str:

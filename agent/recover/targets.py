@@ -90,6 +90,9 @@ class Targets:
         self._verifying: _Verifying | None = None
         self.escalation = 0
         """Rollbacks in a row that did not cure (0: the last one did, or none yet)."""
+        self.cured: int | None = None
+        """The step at which the last rollback was found to have cured the run (None: not
+        yet); the caller may take it (the learning rate's ramp back starts there)."""
 
     def saved(self, step: int) -> None:
         """A healthy checkpoint of ``step`` was started (its commit may come steps later)."""
@@ -136,6 +139,7 @@ class Targets:
                 self._watching[saved] = clean + 1
         if self._verifying is not None and step >= self._verifying.at + self.verify_steps:
             self._verifying, self.escalation = None, 0  # the run got past it: cured
+            self.cured = step
         recorded = {s: why for s, why in newly.items() if s in self._committed}
         self.distrusted.update(newly)
         self._tainted.update(newly)

@@ -95,6 +95,8 @@ class Watchdog:
         data: the batch iterator whose skip list is the ledger's (default: a new one).
         targets: which checkpoints a rollback may go back to (default: every one the ledger
             committed and did not distrust, trusted after 2 clean steps, verified over 20).
+        lr_ramp_steps: steps over which the back-off returns to 1 once a rollback cured the
+            run (0: never).
     """
 
     def __init__(
@@ -110,8 +112,12 @@ class Watchdog:
         close_timeout_s: float,
         data: SkipAwareBatches | None = None,
         targets: Targets | None = None,
+        lr_ramp_steps: int = 0,
     ) -> None:
         self.store = store
+        self.lr_ramp_steps = lr_ramp_steps
+        self._ramp: tuple[int, float] | None = None
+        """``(step it started, the scale it started from)`` of the ramp back to 1, if any."""
         self.saver = saver
         self.ledger = ledger
         self.save_policy = save_policy
@@ -205,6 +211,7 @@ class Watchdog:
             abort_exit_code=config.abort_exit_code,
             close_timeout_s=config.checkpoint_close_timeout_s,
             targets=_targets(ledger, config.trust_steps, config.verify_steps),
+            lr_ramp_steps=config.lr_ramp_steps,
         )
 
     @property
@@ -291,6 +298,31 @@ class Watchdog:
         self.save_policy.note(step, verdicts)
         bad = next((v.pattern for v in verdicts if unhealthy(v)), None)
         self._distrust(self.targets.note(step, bad))
+        self._ramp_lr(step)
+
+    def _ramp_lr(self, step: int) -> None:
+        """Bring the back-off linearly back to 1 over ``lr_ramp_steps`` once the last rollback
+        cured the run (the same steps on every rank: the same scale)."""
+        cured, self.targets.cured = self.targets.cured, None
+        if not self.lr_ramp_steps:
+            return
+        if cured is not None and self.lr_scale < 1.0:
+            self._ramp = (cured, self.lr_scale)
+            self.say(
+                "torchvitals: the rollback cured the run; the learning-rate scale returns "
+                "from %g to 1 over %d steps (lr_ramp_steps)",
+                self.lr_scale,
+                self.lr_ramp_steps,
+            )
+        if self._ramp is None:
+            return
+        start, base = self._ramp
+        done = min(1.0, max(0.0, (step - start) / self.lr_ramp_steps))
+        self.rollback_policy.lr_scale = base + (1.0 - base) * done
+        if done >= 1.0:
+            self._ramp = None
+            self.ledger.record_ramp(step, 1.0)
+            self.say("torchvitals: the learning-rate scale is back to 1 at step %d", step)
 
     def healthy(self, step: int, detector: Any) -> bool:
         """``SavePolicy.healthy`` over the detector's active verdicts, wiring facts (pinned:
@@ -483,6 +515,7 @@ class Watchdog:
         why = policy.refusal(tick, reason)
         if why is not None:
             self._give_up(step, why)
+        self._ramp = None  # a rollback during a ramp backs off from where the ramp got to
         repeat = self.targets.repeat(step)
         if repeat is not None:  # the last rollback did not cure: its checkpoint is not the cure
             self._distrust(self.targets.fail_verification(repeat, step, reason))

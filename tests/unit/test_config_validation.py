@@ -30,6 +30,7 @@ OUT_OF_RANGE = {
     "healthy_window": -1,
     "trust_steps": 0,
     "verify_steps": 0,
+    "lr_ramp_steps": -1,
     "lr_backoff": 1.5,
     "skip_margin": -1,
     "max_rollbacks": -1,

@@ -79,29 +79,12 @@ def test_one_host_sync_per_step(device):
 def test_a_skipped_update_adds_no_host_sync(device, tmp_path):
     """The ladder's first rung decides from the step's one copy: a one-step outlier's skip
     costs no sync of its own, and leaves the weights as they were."""
-    torch.manual_seed(0)
-    model = TinyGPT(**TINY).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
-    agent = torchvitals.watch(
-        model, opt, sample_every=1000, checkpoint_dir=str(tmp_path), checkpoint_every=1000
-    )
-    batches = [
-        (x.to(device), y.to(device))
-        for x, y in random_batches(30, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"])
-    ]
+    model, opt, agent, batches = _watched(device, tmp_path)
     for step, (x, y) in enumerate(batches, start=1):
         loss = model.loss(x, y) * (5.0 if step == 25 else 1.0)  # a bad batch at step 25
         loss.backward()
         before = [p.detach().clone() for p in model.parameters()]
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                report = agent.step(loss)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        report, syncs = _step_counting_syncs(agent, loss)
         if step == 25:
             assert report.action == "skip", report.verdicts
             assert "loss_outlier" in {v.pattern for v in report.verdicts}
@@ -115,16 +98,7 @@ def test_a_skipped_update_adds_no_host_sync(device, tmp_path):
 def test_a_closure_costs_no_host_sync_until_a_step_is_computed_again(device, tmp_path):
     """Passing ``closure=`` adds one host float to the step's copy, no sync: only the suspect
     step that is computed again waits for the device (its own reduction's copy)."""
-    torch.manual_seed(0)
-    model = TinyGPT(**TINY).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
-    agent = torchvitals.watch(
-        model, opt, sample_every=1000, checkpoint_dir=str(tmp_path), checkpoint_every=1000
-    )
-    batches = [
-        (x.to(device), y.to(device))
-        for x, y in random_batches(30, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"])
-    ]
+    model, opt, agent, batches = _watched(device, tmp_path)
     for step, (x, y) in enumerate(batches, start=1):
         fault = 5.0 if step == 25 else 1.0
 
@@ -135,18 +109,38 @@ def test_a_closure_costs_no_host_sync_until_a_step_is_computed_again(device, tmp
 
         loss = model.loss(x, y) * fault
         loss.backward()
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                report = agent.step(loss, closure=again)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        report, syncs = _step_counting_syncs(agent, loss, closure=again)
         if step == 25:
             assert report.remedy == "rerun" and report.rerun is not None, report.verdicts
         elif step > 1:
             assert report.rerun is None and len(syncs) == 1, [str(w.message) for w in syncs]
         opt.zero_grad(set_to_none=True)
     agent.close()
+
+
+def _step_counting_syncs(agent, loss, **kwargs):
+    """``agent.step(loss, **kwargs)`` and the host syncs it caused (CUDA's sync debug mode)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            report = agent.step(loss, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return report, [w for w in caught if "synchroniz" in str(w.message)]
+
+
+def _watched(device, tmp_path):
+    """TinyGPT on ``device`` under the agent with the watchdog on, and 30 batches there."""
+    torch.manual_seed(0)
+    model = TinyGPT(**TINY).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    agent = torchvitals.watch(
+        model, opt, sample_every=1000, checkpoint_dir=str(tmp_path), checkpoint_every=1000
+    )
+    batches = [
+        (x.to(device), y.to(device))
+        for x, y in random_batches(30, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"])
+    ]
+    return model, opt, agent, batches

@@ -282,3 +282,39 @@ def test_a_restart_never_resumes_from_a_checkpoint_trouble_followed(tmp_path, ca
         for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
     again.close()
+
+
+def test_with_a_ramp_the_learning_rate_returns_to_schedule_once_the_rollback_cured(tmp_path):
+    """A NaN once at step 23: the rollback to 20 halves the learning rate; 20 steps past 23 the
+    rollback has cured the run, and over ``lr_ramp_steps`` (10) the scale climbs back to 1,
+    which the ledger records, so a restart resumes at full rate. Without the setting the
+    back-off stays (the default)."""
+    model, opt, _sched, agent = setup(tmp_path, lr_ramp_steps=10, verify_steps=20)
+    scales: dict[int, float] = {}
+    inject = nan_once_at(23)
+    while agent.step_count < 60:
+        for x, y in agent.batches(BATCHES):
+            loss = inject(agent.step_count + 1, model.loss(x, y))
+            loss.backward()
+            report = agent.step(loss)
+            opt.zero_grad(set_to_none=True)
+            scales[report.step] = agent.lr_scale
+            if agent.step_count >= 60:
+                break
+    assert [scales[s] for s in (30, 42, 43, 48, 53, 60)] == pytest.approx(
+        [0.5, 0.5, 0.5, 0.75, 1.0, 1.0]
+    )
+    agent.close()
+    ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
+    assert [(e["event"], e["step"]) for e in ledger["entries"] if e["event"] != "checkpoint"] == [
+        ("rollback", 23),
+        ("ramp", 53),
+    ]
+    assert ledger["lr_scale"] == 1.0
+    _model2, _opt2, _sched2, again = setup(tmp_path, resume="auto")
+    assert again.lr_scale == 1.0
+    again.close()
+    model, opt, _sched, kept = setup(tmp_path / "default")
+    train(model, opt, kept, 60, inject=nan_once_at(23))
+    assert kept.lr_scale == 0.5, "off by default: the back-off stays"
+    kept.close()
