@@ -487,7 +487,9 @@ class Watchdog:
         optimizer: Any,
         scheduler: Any,
     ) -> Rollback | None:
-        """Restore the last healthy checkpoint with the LR backed off and the bad batches skipped.
+        """Restore the newest trusted checkpoint (``targets``) with the LR backed off and the
+        bad batches skipped; a repeat of a rollback that did not cure goes further back, cuts
+        deeper and skips wider.
 
         The back-off is ``lr_scale``, which the guarded optimizer applies at each step. Batches
         drawn through ``agent.batches`` from the checkpoint's position to now (plus a margin) are
@@ -499,7 +501,8 @@ class Watchdog:
             is no checkpoint.
 
         Raises:
-            TrainingAborted: the loop guard tripped (after the ledger recorded the abort).
+            TrainingAborted: the loop guard tripped, or a repeat found no checkpoint left to go
+                back to (after the ledger recorded the abort).
         """
         if self.saver.in_flight:
             self.on_phase(CHECKPOINT)
