@@ -37,6 +37,7 @@ from torchvitals.agent.report import Report
 
 RECOVERY = {
     "torchvitals_rollbacks",
+    "torchvitals_rollback_repeats",
     "torchvitals_last_healthy_step",
     "torchvitals_lr_scale",
     "torchvitals_skipped_batches",
@@ -299,6 +300,7 @@ def test_names_follow_conventions(served):
         report,
         recovery={
             "rollbacks": 1,
+            "rollback_repeats": 0,
             "lr_scale": 0.5,
             "last_healthy_step": 50,
             "skipped_batches": 12,
