@@ -237,6 +237,10 @@ class CheckpointStore:
         """Take the ledger once it is read: the arguments as in the class."""
         self._allowed, self.on_commit, self._distrusted = allowed, on_commit, distrusted
 
+    def _distrusted_now(self) -> dict[str, str]:
+        """The folders never to be loaded, ``{name: why}`` (none without a ledger)."""
+        return self._distrusted() if self._distrusted is not None else {}
+
     def list(self) -> list[Path]:
         """Committed checkpoint folders, oldest first (not verified: ``load`` verifies)."""
         if not self.root.is_dir():
@@ -430,7 +434,7 @@ class CheckpointStore:
         for leftover in sorted(self.root.glob(".tmp-*")) if self.root.is_dir() else []:
             log.warning("ignoring %s: a save that never committed", leftover)
         allowed = self._allowed() if self._allowed is not None else None
-        distrusted = self._distrusted() if self._distrusted is not None else {}
+        distrusted = self._distrusted_now()
         found = []
         for folder in reversed(self.list()):
             if allowed is not None and folder.name not in allowed:
@@ -521,7 +525,7 @@ class CheckpointStore:
         )
 
     def _prune(self) -> None:
-        distrusted = self._distrusted() if self._distrusted is not None else {}
+        distrusted = self._distrusted_now()
         complete = [p for p in self.list() if (p / MANIFEST).is_file() and p.name not in distrusted]
         if len(complete) <= self.keep:
             return

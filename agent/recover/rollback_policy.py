@@ -49,6 +49,8 @@ class RollbackPolicy:
         self.lr_scale = lr_scale
         self.rollbacks = 0
         """Rollbacks taken by this process."""
+        self.repeats = 0
+        """Of those, the ones that repeated a rollback that did not cure (``repeat_of``)."""
         self._ticks: list[int] = []
 
     def recent(self, tick: int) -> int:
@@ -110,6 +112,7 @@ class RollbackPolicy:
         margin = self.margin(escalation)
         skipped = (from_position, position + margin) if replayable else None
         self.rollbacks += 1
+        self.repeats += repeat_of is not None
         # Ticks never go back, so one outside the window now stays outside: only the window's
         # are kept (at most max_rollbacks + 1, however long the run).
         self._ticks = [t for t in self._ticks if tick - t < self.rollback_window] + [tick]

@@ -5,7 +5,7 @@
     targets.committed(60)                    # ... and every rank's write succeeded
     distrusted = targets.note(61, "loss_outlier")   # every step: the first unhealthy pattern
     target = targets.target()                # the newest trusted one: 50 here, not 60
-    targets.rolled_back(at=62, to_step=50, reason="loss_spike")
+    targets.rolled_back(at=62, to_step=50)
     repeat = targets.repeat(70)              # another rollback at 70: a Repeat of the one at 62
 
 Every method that distrusts returns ``{step: why}`` of the committed checkpoints it distrusted,
@@ -49,7 +49,6 @@ class _Verifying:
     """The step whose verdict caused the rollback."""
     to_step: int
     """The checkpoint restored."""
-    reason: str
 
 
 class Targets:
@@ -105,10 +104,9 @@ class Targets:
     def committed(self, step: int) -> dict[int, str]:
         """Every rank's write of ``step`` succeeded; returns ``{step: why}`` when it was
         distrusted before its commit (the ledger records that after the checkpoint)."""
-        if step in self.distrusted and step not in self._tainted:
-            return {step: self.distrusted[step]}
-        self._committed.add(step)
-        return {step: self.distrusted[step]} if step in self._tainted else {}
+        if step not in self.distrusted or step in self._tainted:  # tainted: a last resort
+            self._committed.add(step)
+        return {step: self.distrusted[step]} if step in self.distrusted else {}
 
     def failed(self, step: int) -> None:
         """The write of ``step`` failed: never a target."""
@@ -149,8 +147,7 @@ class Targets:
     def target(self) -> int | None:
         """The newest committed, trusted checkpoint; else, as a last resort, the newest one
         distrusted only because trouble followed it soon (``last_resort``); else None."""
-        trusted = (self._committed & self._trusted) - set(self.distrusted)
-        newest = max(trusted, default=None)
+        newest = max(self._committed & self._trusted, default=None)  # never a distrusted one
         return newest if newest is not None else self.last_resort()
 
     def last_resort(self) -> int | None:
@@ -180,7 +177,7 @@ class Targets:
         )
         return self._distrust({repeat.to_step: why})
 
-    def rolled_back(self, at: int, to_step: int, reason: str) -> dict[int, str]:
+    def rolled_back(self, at: int, to_step: int) -> dict[int, str]:
         """Every rank went back from ``at`` to ``to_step``: the newer checkpoints are abandoned
         and the rollback is verified from now on; returns what it distrusted, for the ledger."""
         newly = {
@@ -190,7 +187,7 @@ class Targets:
         }
         for s in newly:
             self._watching.pop(s, None)
-        self._verifying = _Verifying(at, to_step, reason)
+        self._verifying = _Verifying(at, to_step)
         return self._distrust(newly)
 
     def forget(self, step: int) -> None:

@@ -38,7 +38,7 @@ from ...errors import TorchvitalsError
 from ...protocol import CHECKPOINT, LEDGER_FILE, REFUSED, TRAIN
 from ...records.jobid import job_identity, resume_decision
 from ...records.ledger import Ledger
-from ..config import Config
+from ..config import Config, RecoverConfig
 from ..detect.verdict import Verdict
 from ..jsonsafe import json_safe
 from ..report import Report, Rollback
@@ -94,7 +94,8 @@ class Watchdog:
         close_timeout_s: how long ``close`` waits for a background write in flight.
         data: the batch iterator whose skip list is the ledger's (default: a new one).
         targets: which checkpoints a rollback may go back to (default: every one the ledger
-            committed and did not distrust, trusted after 2 clean steps, verified over 20).
+            committed and did not distrust, with the default ``trust_steps`` and
+            ``verify_steps``).
         lr_ramp_steps: steps over which the back-off returns to 1 once a rollback cured the
             run (0: never).
     """
@@ -126,11 +127,13 @@ class Watchdog:
         self.abort_exit_code = abort_exit_code
         self.close_timeout_s = close_timeout_s
         self.data = data if data is not None else SkipAwareBatches(skipped=ledger.skipped)
-        self.targets = targets if targets is not None else _targets(ledger, 2, 20)
+        self.targets = (
+            targets
+            if targets is not None
+            else _targets(ledger, RecoverConfig.trust_steps, RecoverConfig.verify_steps)
+        )
         self.last_healthy: int | None = None
         self.failed_saves = 0
-        self.rollback_repeats = 0
-        """Rollbacks taken by this process that repeated one that did not cure."""
         self.checkpoint_seconds = float("nan")
         self.stall_seconds = float("nan")
         """How long the last healthy save stalled training (staging, or the whole sync save)."""
@@ -223,6 +226,11 @@ class Watchdog:
     def rollbacks(self) -> int:
         """Rollbacks taken by this process."""
         return self.rollback_policy.rollbacks
+
+    @property
+    def rollback_repeats(self) -> int:
+        """Rollbacks taken by this process that repeated one that did not cure."""
+        return self.rollback_policy.repeats
 
     @property
     def staged(self) -> StagedSaves | None:
@@ -564,8 +572,7 @@ class Watchdog:
             ),
             repeat_of=rolled.repeat_of,
         )
-        self._distrust(self.targets.rolled_back(step, rolled.to_step, reason))
-        self.rollback_repeats += rolled.repeat_of is not None
+        self._distrust(self.targets.rolled_back(step, rolled.to_step))
         self.last_healthy = rolled.to_step
         self.save_policy.restart_at(rolled.to_step)
         what = (

@@ -44,7 +44,7 @@ def test_trouble_right_after_a_checkpoint_distrusts_it_and_the_older_one_stays_t
     )
     assert t.target() == 50 and t.last_resort() == 60
     assert t.note(62, "loss_spike") == {}, "judged once"
-    assert list(t.rolled_back(62, 50, "loss_spike")) == [60], "abandoned: no last resort now"
+    assert list(t.rolled_back(62, 50)) == [60], "abandoned: no last resort now"
     assert t.last_resort() is None and "newer than step 50" in t.distrusted[60]
 
 
@@ -67,13 +67,13 @@ def test_a_rollback_abandons_newer_checkpoints_and_a_repeat_distrusts_its_target
         t.note(s + 2, None)
     assert t.target() == 30
     assert t.repeat(35) is None, "a first rollback"
-    assert list(t.rolled_back(35, 20, "loss_spike")) == [30]
+    assert list(t.rolled_back(35, 20)) == [30]
     assert "newer than step 20" in t.distrusted[30] and t.target() == 20
     repeat = t.repeat(35)  # the replay met it again, before 35 + verify_steps
     assert repeat == Repeat(of=35, to_step=20, escalation=1)
     assert list(t.fail_verification(repeat, 35, "loss_spike")) == [20]
     assert t.target() == 10 and t.escalation == 1
-    t.rolled_back(35, 10, "loss_spike")
+    t.rolled_back(35, 10)
     for s in range(11, 56):
         t.note(s, None)
     assert t.repeat(56) is None and t.escalation == 0, "55 = 35 + 20: cured"
@@ -84,7 +84,7 @@ def test_a_step_saved_again_after_a_rollback_is_trusted_afresh():
     _saved(t, 10, 20)
     for s in (11, 12, 21, 22):
         t.note(s, None)
-    t.rolled_back(25, 10, "loss_spike")
+    t.rolled_back(25, 10)
     assert 20 in t.distrusted
     _saved(t, 20)  # the replay reaches 20 again
     assert 20 not in t.distrusted and t.target() == 10
