@@ -468,7 +468,7 @@ class Watchdog:
                 "not committed: %s; the rollback target stays step %s",
                 outcome.step,
                 outcome.error,
-                self.last_healthy,
+                self.targets.target(),
             )
         return outcome
 
