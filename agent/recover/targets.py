@@ -61,6 +61,9 @@ class Targets:
         committed: checkpoints already committed (a resumed run's ledger): trusted, since the
             run went on past them.
         distrusted: ``{step: why}`` already distrusted (the ledger's).
+        keep: how many checkpoints the store keeps (``checkpoint_keep``): older ones are pruned
+            from disk and forgotten here as they are, so nothing grows with the run; None:
+            every one is remembered.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Targets:
         verify_steps: int,
         committed: Iterable[int] = (),
         distrusted: dict[int, str] | None = None,
+        keep: int | None = None,
     ) -> None:
         if trust_steps < 1 or verify_steps < 1:
             raise ValueError(
@@ -77,6 +81,7 @@ class Targets:
             )
         self.trust_steps = trust_steps
         self.verify_steps = verify_steps
+        self.keep = keep
         self.distrusted: dict[int, str] = dict(distrusted or {})
         """``{step: why}``: never a rollback target."""
         self._committed: set[int] = set(committed) - set(self.distrusted)
@@ -92,6 +97,7 @@ class Targets:
         self.cured: int | None = None
         """The step at which the last rollback was found to have cured the run (None: not
         yet); the caller may take it (the learning rate's ramp back starts there)."""
+        self._prune()
 
     def saved(self, step: int) -> None:
         """A healthy checkpoint of ``step`` was started (its commit may come steps later)."""
@@ -106,6 +112,7 @@ class Targets:
         distrusted before its commit (the ledger records that after the checkpoint)."""
         if step not in self.distrusted or step in self._tainted:  # tainted: a last resort
             self._committed.add(step)
+            self._prune()
         return {step: self.distrusted[step]} if step in self.distrusted else {}
 
     def failed(self, step: int) -> None:
@@ -201,6 +208,16 @@ class Targets:
         """Never go back to ``step`` (it failed to load); returns it if committed, as above."""
         self._watching.pop(step, None)
         return self._distrust({step: why})
+
+    def _prune(self) -> None:
+        """Forget what the store prunes after a commit (``CheckpointStore._prune``): every
+        checkpoint older than the oldest of the newest ``keep`` not distrusted."""
+        counted = sorted(self._committed - self._tainted)
+        if self.keep is None or len(counted) <= self.keep:
+            return
+        oldest_kept = counted[-self.keep]
+        for s in [s for s in self._committed if s < oldest_kept]:
+            self.forget(s)
 
     def _distrust(self, newly: dict[int, str]) -> dict[int, str]:
         """Distrust ``newly``; returns those already committed (the ledger's to record)."""

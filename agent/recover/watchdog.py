@@ -130,7 +130,7 @@ class Watchdog:
         self.targets = (
             targets
             if targets is not None
-            else _targets(ledger, RecoverConfig.trust_steps, RecoverConfig.verify_steps)
+            else _targets(ledger, RecoverConfig.trust_steps, RecoverConfig.verify_steps, store.keep)
         )
         self.last_healthy: int | None = None
         self.failed_saves = 0
@@ -213,7 +213,9 @@ class Watchdog:
             resume_policy=ResumePolicy(config.resume),
             abort_exit_code=config.abort_exit_code,
             close_timeout_s=config.checkpoint_close_timeout_s,
-            targets=_targets(ledger, config.trust_steps, config.verify_steps),
+            targets=_targets(
+                ledger, config.trust_steps, config.verify_steps, config.checkpoint_keep
+            ),
             lr_ramp_steps=config.lr_ramp_steps,
         )
 
@@ -670,7 +672,7 @@ def _active(detector: Any) -> list[Verdict]:
     return [v for key, v in detector.active.items() if key not in detector.pinned]
 
 
-def _targets(ledger: Ledger, trust_steps: int, verify_steps: int) -> Targets:
+def _targets(ledger: Ledger, trust_steps: int, verify_steps: int, keep: int) -> Targets:
     """The rollback targets as the ledger left them: each committed checkpoint trusted (the
     run went on past it) unless distrusted."""
     distrusted = ledger.distrusted()
@@ -678,6 +680,7 @@ def _targets(ledger: Ledger, trust_steps: int, verify_steps: int) -> Targets:
     return Targets(
         trust_steps=trust_steps,
         verify_steps=verify_steps,
+        keep=keep,
         committed=committed,
         distrusted={
             step: distrusted[Path(path).name]

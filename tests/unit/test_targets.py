@@ -124,3 +124,16 @@ def test_a_ledger_that_distrusts_a_checkpoint_it_never_recorded_is_refused(tmp_p
     path.write_text(json.dumps(document))
     with pytest.raises(LedgerError, match="not a checkpoint of step 20 recorded before it"):
         Ledger(path).load()
+
+
+def test_what_the_store_prunes_is_forgotten_so_nothing_grows_with_the_run():
+    """The store keeps the newest ``checkpoint_keep`` not distrusted; so do the targets (and
+    with them the detector snapshots the step keeps per candidate)."""
+    t = _targets(keep=2)
+    for s in (10, 20, 30, 40):
+        _saved(t, s)
+        t.note(s + 1, None)
+        t.note(s + 2, None)
+    assert t.candidates() == {30, 40} and t.target() == 40
+    resumed = _targets(keep=2, committed=[10, 20, 30], distrusted={30: "why"})
+    assert resumed.candidates() == {10, 20}
