@@ -259,6 +259,15 @@ class Report:
     forward caused. Empty when none was (a spike every rank shares) or three and more."""
     spike_rank_count: int = 0
     """How many ranks' own loss was that far out."""
+    activation_ranks: list[int] = field(default_factory=list)
+    """Sampled steps: the ranks whose own activations were far out (a block's output RMS on
+    that rank at least ``activation_culprit_factor`` times the block's RMS over every rank at
+    the last sample none was), exactly when one or two were: the culprit of a spike whose loss
+    names no rank (a ``grad_spike``, whose loss did not move; a pipeline's early stages). Empty
+    on other steps, when none was, three and more, or where ranks share activations (tensor
+    parallelism)."""
+    activation_rank_count: int = 0
+    """How many ranks' own activations were that far out."""
     loop_skip_ranks: list[int] = field(default_factory=list)
     """The ranks whose loop or framework skipped this step's ``optimizer.step()`` by itself and
     cleared the gradients (one or two named exactly; ``loop_skip_count`` says how many): every

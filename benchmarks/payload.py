@@ -112,6 +112,7 @@ class Step:
                 packer.add_host_sum([0.0] * len(NAMES)),  # no attention
                 packer.add_max(torch.zeros(len(NAMES), dtype=F64)),
                 packer.add_max(torch.zeros(len(NAMES), dtype=F64)),
+                packer.add_sum(torch.zeros(3, dtype=F64)),  # whose activations were far out
             )
         reduced = self.reducer.reduce(packer)
         if not ctx.sampled:

@@ -74,14 +74,17 @@ GRAD_RANK_NOTE = (
 )
 
 
-def named_ranks(ranks: list[int], count: int, what: str) -> dict[str, object]:
+def named_ranks(
+    ranks: list[int], count: int, what: str, where: str = "each rank's torchvitals_local_loss"
+) -> dict[str, object]:
     """Ranks told by the step's sums (``measure/ranksum.py``), as evidence: the ranks, their
-    count, and why they are not named when three and more flagged (``what`` they were)."""
+    count, and why they are not named when three and more flagged (``what`` they were;
+    ``where`` each rank's own value is seen, "" when nowhere)."""
     found: dict[str, object] = {"ranks": list(ranks), "rank_count": count}
     if count > 2:
         found["ranks_unknown"] = (
-            f"{count} ranks' {what}: which ones cannot be told from the step's sums (each "
-            "rank's torchvitals_local_loss names it)"
+            f"{count} ranks' {what}: which ones cannot be told from the step's sums"
+            + (f" ({where} names it)" if where else "")
         )
     return found
 
@@ -132,11 +135,22 @@ class NonFinite(Rule):
 
 def culprits(report: Report) -> dict[str, object]:
     """The ranks whose own loss alone could have lifted the mean past the threshold (one or
-    two named exactly: ``signals/loss.py``), as evidence; nothing when none did (a spike every
-    rank shares: a learning rate, a data shard all read)."""
-    if not report.spike_rank_count:
-        return {}
-    return named_ranks(report.spike_ranks, report.spike_rank_count, "own losses were far out")
+    two named exactly: ``signals/loss.py``), else, on a sampled step, those whose own
+    activations were far out while others' were not (``signals/activations.py``), as evidence
+    with ``culprit_from`` saying which; nothing when no rank stood out (a spike every rank
+    shares: a learning rate, a data shard all read)."""
+    if report.spike_rank_count:
+        found = named_ranks(report.spike_ranks, report.spike_rank_count, "own losses were far out")
+        return {**found, "culprit_from": "loss"}
+    if 0 < report.activation_rank_count < report.world_size:
+        found = named_ranks(
+            report.activation_ranks,
+            report.activation_rank_count,
+            "own activations were far out",
+            "",
+        )
+        return {**found, "culprit_from": "activations"}
+    return {}
 
 
 class LossSpike(Rule):
@@ -258,6 +272,7 @@ class GradSpike(Rule):
                 "loss": report.loss,
                 "fired": "grad_spike_factor",
                 "grad_spike_factor": self.t.grad_spike_factor,
+                **culprits(report),
             }
             return [Verdict(GRAD_SPIKE, WARNING, report.step, self.norms.leader(), evidence)]
         return []

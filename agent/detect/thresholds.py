@@ -101,6 +101,12 @@ class Thresholds:
     explosion_samples: int = 3
     """... for this many samples is activation explosion (once it fell below, the block is not
     judged again)."""
+    activation_culprit_factor: float = 8.0
+    """On a sampled step, a rank whose own output RMS of a block is at least this many times the
+    block's RMS over every rank at the last sample names itself (the culprit of a spike its loss
+    does not name). A healthy 2-rank run's ranks stay within 1.21x of the last sample's RMS, a
+    learning rate 20x too hot grows every rank's about 2x between samples (shared: no rank is
+    named); a fault deep in one rank's forward is 1000x."""
     attention_entropy: float = 0.1
     """Minimum per-head attention entropy (nats) at or below this is attention saturation ..."""
     attention_logit: float = 1e3

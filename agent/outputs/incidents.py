@@ -259,11 +259,20 @@ class IncidentWriter:
             v = by[patterns.LOSS_SPIKE]
             e = v.evidence
             ranks = list(e.get("ranks", []))
-            who = _whose(
-                ranks,
-                "own loss alone lifted the mean past it",
-                "own losses were far out",
-                "no one rank's loss alone lifted the mean (a spike the ranks share)",
+            who = (
+                _whose(
+                    ranks,
+                    "own activations were far out, the other ranks' were not",
+                    "own activations were far out",
+                    "",
+                )
+                if e.get("culprit_from") == "activations"
+                else _whose(
+                    ranks,
+                    "own loss alone lifted the mean past it",
+                    "own losses were far out",
+                    "no one rank's loss alone lifted the mean (a spike the ranks share)",
+                )
             )
             cause = (
                 f"the loss spiked to {e.get('loss', report.loss):.4g}, above "

@@ -62,6 +62,7 @@ VERDICT_WHAT = {
     P.REPLICA_DIVERGENCE: "replica divergence",
     P.LOSS_SPIKE: "loss spike",
     P.LOSS_OUTLIER: "loss outlier (its update skipped)",
+    P.GRAD_SPIKE: "gradient spike",
     P.TRANSIENT_FAULT: "transient fault (the step computed again did not reproduce it)",
 }
 """Verdicts whose evidence may name the culprit's rank, and what the line calls them."""
@@ -138,7 +139,7 @@ def from_verdicts(verdicts: Iterable[Mapping[str, Any]], cause: str) -> Lead | N
         NONFINITE: (P.NONFINITE_LOSS, P.NONFINITE_GRAD),
         STRAGGLER: (P.STRAGGLER,),
         DIVERGENCE: (P.REPLICA_DIVERGENCE,),
-        LOSS_SPIKE: (P.LOSS_SPIKE, P.LOSS_OUTLIER),
+        LOSS_SPIKE: (P.LOSS_SPIKE, P.LOSS_OUTLIER, P.GRAD_SPIKE),
     }
     patterns = {p for k in CAUSE_KINDS.get(cause, ()) for p in kinds.get(k, ())}
     v, what, ranks = next((x for x in named if x[0]["pattern"] in patterns), named[0])

@@ -12,8 +12,10 @@ the job's goodput.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -64,6 +66,21 @@ def forward_loss(
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
+@contextlib.contextmanager
+def hidden_fault(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """While on: the MLP output of the middle block times 1000, a fault deep in the forward
+    (a flipped exponent in one matmul) that the layer norms after it partly hide."""
+    if not on:
+        yield
+        return
+    mlp = model.module.blocks[1].mlp  # type: ignore[index,union-attr]
+    handle = mlp.register_forward_hook(lambda module, args, out: out * 1e3)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def bad_batches_run(
     rank: int,
     world: int,
@@ -75,10 +92,10 @@ def bad_batches_run(
     closure: bool = False,
 ) -> dict[str, Any]:
     """Train ``STEPS`` steps with a fault at each batch id in ``bad`` (``fault``: "shard", rank
-    0's loss x 5; "logits", rank 1's logits x 1000; "hot_lr": the learning rate times ``hot``
-    from the first step in ``bad`` on). ``closure``: the loop gives ``agent.step`` a closure
-    that computes the step again on the same batch, where a bad shard is bad again and a fault
-    in the forward does not come back."""
+    0's loss x 5; "logits", rank 1's logits x 1000; "hidden", rank 1's ``hidden_fault``;
+    "hot_lr": the learning rate times ``hot`` from the first step in ``bad`` on). ``closure``:
+    the loop gives ``agent.step`` a closure that computes the step again on the same batch,
+    where a bad shard is bad again and a fault in the forward does not come back."""
     torch.manual_seed(0)
     model = wrap("ddp", TinyGPT(**TINY), world)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
@@ -101,8 +118,9 @@ def bad_batches_run(
         data = dataset("ddp", 2 * STEPS, rank)
         while agent.step_count < STEPS and aborted is None:
             for bid, x, y in agent.batches(data):
-                faulty = fault != "hot_lr" and bid in bad and rank == (fault == "logits")
-                loss = forward_loss(model, x, y, 1e3 if faulty and fault == "logits" else 1.0)
+                faulty = fault != "hot_lr" and bid in bad and rank == (fault != "shard")
+                with hidden_fault(model, faulty and fault == "hidden"):
+                    loss = forward_loss(model, x, y, 1e3 if faulty and fault == "logits" else 1.0)
                 if faulty and fault == "shard":
                     loss = loss * 5.0
                 loss.backward()
@@ -143,6 +161,11 @@ def bad_batches_run(
                         "ranks": sorted(
                             {r for v in report.verdicts for r in v.evidence.get("ranks", [])}
                         ),
+                        "culprit_from": sorted(
+                            {str(v.evidence.get("culprit_from")) for v in report.verdicts}
+                            - {"None"}
+                        ),
+                        "activation_ranks": report.activation_ranks,
                     }
                 )
                 if agent.step_count >= STEPS:

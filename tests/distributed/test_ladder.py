@@ -34,6 +34,7 @@ def runs(tmp_path_factory):
         "five": run("five", FIVE),
         "one-warn-only": run("warn", ONE, skip_outliers=False),
         "logits": run("logits", ONE, skip_outliers=True, fault="logits"),
+        "hidden": run("hidden", ONE, skip_outliers=True, fault="hidden"),
         "logits-closure": run(
             "logitsc", ONE, skip_outliers=True, fault="logits", hot=1.0, closure=True
         ),
@@ -99,6 +100,23 @@ def test_a_one_step_fault_in_one_ranks_forward_is_skipped_and_names_that_rank(ru
         assert abs(ratio - 1) < 0.05, (r["final_loss"], clean[rank]["final_loss"])
     # A spike every rank shares names no rank: the clean run's steps name none either.
     assert all(s["ranks"] == [] for s in clean[0]["steps"])
+
+
+@pytest.mark.slow
+def test_a_fault_deep_in_one_ranks_forward_on_a_sampled_step_names_that_rank(runs):
+    """Rank 1's middle block's MLP output x 1000 at step 60, a sampled step: the layer norms
+    after it hide it from the loss (no verdict, the run heals), but rank 1's own activations were
+    far out and the step's sums say so on every rank. No other sampled step of any run names a
+    rank by its activations: a hot learning rate grows every rank's alike (about 2x between
+    samples at x20; a healthy run's ranks stay within 1.21x of the last sample's RMS)."""
+    for rank, r in enumerate(runs["hidden"]):
+        at = next(s for s in r["steps"] if s["step"] == 60)
+        assert at["activation_ranks"] == [1] and at["verdicts"] == [], (rank, at)
+        assert acted(r) == [], acted(r)
+    for name, result in runs.items():
+        for r in result:
+            flagged = [s["step"] for s in r["steps"] if len(s["activation_ranks"]) == 1]
+            assert flagged == ([60] if name == "hidden" else []), (name, flagged)
 
 
 def rollbacks(result) -> list[tuple[int, int, int | None]]:

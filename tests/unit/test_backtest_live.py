@@ -85,5 +85,9 @@ def test_the_backtest_of_a_runs_event_log_finds_what_the_agent_found(tmp_path):
     by_step = {r.step: r for r in reports}
     for e in result.episodes:
         live_verdict = next(v for v in by_step[e.step].verdicts if v.pattern == e.pattern)
-        live = {k: x for k, x in live_verdict.evidence.items() if k not in ("ranks", "rank_count")}
+        live = {
+            k: x
+            for k, x in live_verdict.evidence.items()
+            if k not in ("ranks", "rank_count", "culprit_from")
+        }
         assert e.evidence == live

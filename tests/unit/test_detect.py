@@ -244,3 +244,22 @@ def test_the_loss_level_is_the_last_judged_steps_median_and_threshold():
     run(list(noisy(40)), detector)
     median, threshold = detector.loss_level()
     assert 0 < median < threshold
+
+
+def test_a_gradient_spike_names_the_rank_whose_own_activations_were_far_out():
+    """The loss did not move, so no rank's loss names a culprit; on a sampled step the rank
+    whose activations were far out while the others' were not is named instead."""
+    stream = list(noisy(60))
+    spiked = {b: 5.0 * v for b, v in stream[49].grad_norm.items()}
+    stream[49] = report(
+        50,
+        stream[48].loss,
+        spiked,
+        world_size=2,
+        activation_ranks=[1],
+        activation_rank_count=1,
+    )
+    _, fired = run(stream)
+    ((spike),) = fired
+    assert spike.pattern == "grad_spike"
+    assert (spike.evidence["ranks"], spike.evidence["culprit_from"]) == ([1], "activations")
