@@ -40,6 +40,7 @@ _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "abort": {"step": (int,), "reason": (str,), "time": (int, float)},
     "distrust": {"step": (int,), "path": (str,), "reason": (str,), "time": (int, float)},
+    "trust": {"step": (int,), "path": (str,), "clean_through": (int,), "time": (int, float)},
     "ramp": {"step": (int,), "lr_scale": (int, float), "time": (int, float)},
     "adopt": {
         "step": (int,),
@@ -134,6 +135,10 @@ class Ledger:
         self.job_id: str | None = None
         """The job the folder belongs to (``jobid.job_identity``), written with the next event;
         None in a ledger older than job ids, or of a job without one."""
+        self.trust_from = 0
+        """The first entry from which the ledger records which checkpoints earned trust: a
+        ledger written before trust records has none, and its earlier checkpoints count as
+        trusted, as they did then (the run went on past them)."""
 
     def load(self) -> Ledger:
         """Read the file (a missing one is a fresh ledger) and return this ledger.
@@ -168,6 +173,12 @@ class Ledger:
         self.entries = document["entries"]
         job_id = document.get("job_id")
         self.job_id = job_id if isinstance(job_id, str) and job_id else None
+        trust_from = document.get("trust_from")
+        self.trust_from = (
+            trust_from
+            if type(trust_from) is int and 0 <= trust_from <= len(self.entries)
+            else len(self.entries)
+        )
         return self
 
     @property
@@ -190,6 +201,27 @@ class Ledger:
                     out.pop(Path(e["path"]).name, None)
                 elif e["event"] == "distrust":
                     out[Path(e["path"]).name] = e["reason"]
+            return out
+
+    def trusted(self) -> dict[str, dict[str, Any]]:
+        """``{folder name: why}`` of the checkpoints that earned trust since they were last
+        recorded and were not distrusted since: their ``trust`` entry (the step through which
+        the steps after it were clean, its state's fingerprint), or, for a checkpoint recorded
+        before the ledger recorded trust (``trust_from``), ``{"before_trust_records": True}``."""
+        with self._lock:
+            out: dict[str, dict[str, Any]] = {}
+            for i, e in enumerate(self.entries):
+                if "path" not in e:
+                    continue
+                name = Path(e["path"]).name
+                if e["event"] == "checkpoint":
+                    out.pop(name, None)
+                    if i < self.trust_from:
+                        out[name] = {"before_trust_records": True}
+                elif e["event"] == "trust":
+                    out[name] = e
+                elif e["event"] == "distrust":
+                    out.pop(name, None)
             return out
 
     def is_skipped(self, index: int) -> bool:
@@ -294,6 +326,28 @@ class Ledger:
         did not cure, the rollback that went back past it)."""
         self._append({"event": "distrust", "step": step, "path": str(path), "reason": reason})
 
+    def record_trust(
+        self,
+        step: int,
+        path: str | os.PathLike,
+        *,
+        clean_through: int,
+        fingerprint: str | None = None,
+    ) -> None:
+        """The checkpoint of ``step`` at ``path`` earned trust: the steps after it through
+        ``clean_through`` passed without an unhealthy verdict (``trust_steps``); ``fingerprint``:
+        a checksum of the state it holds (``measure.fingerprint.state_fingerprint`` of global
+        rank 0's parameters, hex), which each rank checks its own restore against."""
+        entry: dict[str, Any] = {
+            "event": "trust",
+            "step": step,
+            "path": str(path),
+            "clean_through": clean_through,
+        }
+        if fingerprint is not None:
+            entry["fingerprint"] = fingerprint
+        self._append(entry)
+
     def record_ramp(self, step: int, lr_scale: float) -> None:
         """The learning-rate scale came back to ``lr_scale`` at ``step`` (``lr_ramp_steps``:
         the end of a ramp after a rollback that cured): a restart resumes with it."""
@@ -315,6 +369,7 @@ class Ledger:
         }
         if self.job_id is not None:
             document["job_id"] = self.job_id
+        document["trust_from"] = self.trust_from
         return document
 
     def _append(self, entry: dict[str, Any]) -> None:
@@ -364,7 +419,8 @@ class Ledger:
             fields = _FIELDS.get(event) if isinstance(event, str) else None
             if fields is None:
                 raise self._corrupt(
-                    f"entry {i} is not a checkpoint, rollback, adopt, distrust, ramp or abort event"
+                    f"entry {i} is not a checkpoint, rollback, adopt, distrust, trust, ramp or "
+                    "abort event"
                 )
             for key, types in fields.items():
                 if not isinstance(entry.get(key), types) or isinstance(entry.get(key), bool):
@@ -384,14 +440,19 @@ class Ledger:
                         f"{where}: path {e['path']!r} is not the folder of step {e['step']}"
                     )
                 saved.add(e["step"])
-            elif e["event"] == "ramp" or e["event"] == "ramp":
+            elif e["event"] == "ramp":
                 if not _scale_ok(e["lr_scale"]):
                     raise self._corrupt(f"{where}: lr_scale {e['lr_scale']!r} is not in (0, 1]")
-            elif e["event"] == "distrust":
+            elif e["event"] in ("distrust", "trust"):
                 if e["step"] not in saved or Path(e["path"]).name != f"step-{e['step']:08d}":
                     raise self._corrupt(
                         f"{where}: {e['path']!r} is not a checkpoint of step {e['step']} "
                         "recorded before it"
+                    )
+                if e["event"] == "trust" and e["clean_through"] <= e["step"]:
+                    raise self._corrupt(
+                        f"{where}: clean_through {e['clean_through']} is not after step "
+                        f"{e['step']}: trust is earned by the steps after a checkpoint"
                     )
             elif e["event"] == "adopt":
                 if not _scale_ok(e["lr_scale"]):

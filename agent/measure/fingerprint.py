@@ -31,6 +31,7 @@ checked (see docs/patterns.md).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -147,3 +148,20 @@ def _bits(p: torch.Tensor) -> torch.Tensor:
     """A parameter's elements as integers of the same bits, flat (a view unless it is strided);
     a replicated DTensor's local copy, read without a DTensor operation (no collective)."""
     return local(p.detach()).reshape(-1).view(_INT[p.element_size()])
+
+
+def state_fingerprint(params: Iterable[torch.Tensor]) -> int:
+    """One integer checksum of this rank's values of ``params`` (its shard of a sharded one):
+    each parameter's raw bits summed as integers modulo 2**32, added modulo 2**52, as
+    ``Fingerprint`` does per block. Bitwise the same state gives the same number on any device,
+    in any kernel order; any changed element (fewer than 32 bits) changes it. One host copy:
+    for a save and a restore, not for a step."""
+    sums = [
+        _bits(p).sum(dtype=torch.int32).to(torch.int64) & _LOW32
+        for p in params
+        if p.element_size() in _INT and not p.is_complex() and local(p).numel() > 0
+    ]
+    if not sums:
+        return 0
+    device = sums[0].device
+    return int(torch.stack([s.to(device) for s in sums]).sum().item()) & _MASK

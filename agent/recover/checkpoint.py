@@ -218,6 +218,11 @@ class CheckpointStore:
         """
         return self._ranks.on_leader(fn, self.root)
 
+    def gather(self, fn: Callable[[], Any]) -> list[tuple[bool, Any]]:
+        """``fn()`` on every rank of the checkpoint group, each rank's outcome on every rank
+        (``Ranks.gather``); collective."""
+        return self._ranks.gather(fn)
+
     def read_on_leader(self, name: str) -> str | None:
         """The text of file ``name`` in the folder as global rank 0 reads it (None: there is no
         such file), on every rank; collective."""

@@ -3,6 +3,7 @@
     targets = Targets(trust_steps=5, verify_steps=20)
     targets.saved(60)                        # a healthy checkpoint of step 60 was staged
     targets.committed(60)                    # ... and every rank's write succeeded
+    targets.take_trusted()                   # [(50, 52)]: trust earned since asked (ledger)
     distrusted = targets.note(61, "loss_outlier")   # every step: the first unhealthy pattern
     target = targets.target()                # the newest trusted one: 50 here, not 60
     targets.rolled_back(at=62, to_step=50)
@@ -58,8 +59,10 @@ class Targets:
         trust_steps: clean steps after a checkpoint before it is a rollback target.
         verify_steps: steps past the step that caused a rollback that the run must get through
             without another rollback for it to count as cured.
-        committed: checkpoints already committed (a resumed run's ledger): trusted, since the
-            run went on past them.
+        committed: checkpoints already committed (a resumed run's ledger).
+        trusted: those of ``committed`` that earned trust (the ledger's ``trust`` records); the
+            others are watched again from the steps a resumed run takes after them. None:
+            every committed one is trusted.
         distrusted: ``{step: why}`` already distrusted (the ledger's).
         keep: how many checkpoints the store keeps (``checkpoint_keep``): older ones are pruned
             from disk and forgotten here as they are, so nothing grows with the run; None:
@@ -72,6 +75,7 @@ class Targets:
         trust_steps: int,
         verify_steps: int,
         committed: Iterable[int] = (),
+        trusted: Iterable[int] | None = None,
         distrusted: dict[int, str] | None = None,
         keep: int | None = None,
     ) -> None:
@@ -85,9 +89,15 @@ class Targets:
         self.distrusted: dict[int, str] = dict(distrusted or {})
         """``{step: why}``: never a rollback target."""
         self._committed: set[int] = set(committed) - set(self.distrusted)
-        self._trusted: set[int] = set(self._committed)
-        self._watching: dict[int, int] = {}
+        self._trusted: set[int] = set(self._committed if trusted is None else trusted)
+        self._trusted &= self._committed
+        self._watching: dict[int, int] = {s: 0 for s in self._committed - self._trusted}
         """Saved steps not yet trusted: how many clean steps have followed each."""
+        self._trusted_at: dict[int, int] = {}
+        """Step -> the last of the clean steps after it that earned its trust."""
+        self._told: set[int] = set(self._trusted)
+        """Trusted, committed checkpoints ``take_trusted`` already returned (or the ledger
+        already holds)."""
         self._tainted: set[int] = set()
         """Distrusted only because trouble followed them within ``trust_steps`` (no rollback
         to them failed): a last resort when no trusted checkpoint is left."""
@@ -103,6 +113,8 @@ class Targets:
         """A healthy checkpoint of ``step`` was started (its commit may come steps later)."""
         self._committed.discard(step)  # a step saved again after a rollback starts over
         self._trusted.discard(step)
+        self._told.discard(step)
+        self._trusted_at.pop(step, None)
         self._tainted.discard(step)
         self.distrusted.pop(step, None)
         self._watching[step] = 0
@@ -114,6 +126,14 @@ class Targets:
             self._committed.add(step)
             self._prune()
         return {step: self.distrusted[step]} if step in self.distrusted else {}
+
+    def take_trusted(self) -> list[tuple[int, int]]:
+        """``(step, clean through)`` of the committed checkpoints that earned trust since the
+        last call, oldest first (for the ledger's ``trust`` records): the last of the clean
+        steps that earned it."""
+        new = sorted((self._committed & self._trusted) - self._told)
+        self._told.update(new)
+        return [(s, self._trusted_at.pop(s, s + self.trust_steps)) for s in new]
 
     def failed(self, step: int) -> None:
         """The write of ``step`` failed: never a target."""
@@ -140,6 +160,7 @@ class Targets:
             elif clean + 1 >= self.trust_steps:
                 del self._watching[saved]
                 self._trusted.add(saved)
+                self._trusted_at[saved] = step
             else:
                 self._watching[saved] = clean + 1
         if self._verifying is not None and step >= self._verifying.at + self.verify_steps:
@@ -164,7 +185,9 @@ class Targets:
 
     def candidates(self) -> set[int]:
         """Every checkpoint that may still become a target (committed or trusted later)."""
-        return (self._committed | set(self._watching)) - (set(self.distrusted) - self._tainted)
+        return (self._committed | self._trusted | set(self._watching)) - (
+            set(self.distrusted) - self._tainted
+        )
 
     def repeat(self, step: int) -> Repeat | None:
         """Whether a rollback decided at ``step`` repeats one that did not cure (then its
@@ -203,6 +226,8 @@ class Targets:
         self._committed.discard(step)
         self._trusted.discard(step)
         self._tainted.discard(step)
+        self._told.discard(step)
+        self._trusted_at.pop(step, None)
 
     def distrust(self, step: int, why: str) -> dict[int, str]:
         """Never go back to ``step`` (it failed to load); returns it if committed, as above."""
@@ -227,4 +252,6 @@ class Targets:
             self._committed.discard(s)
             self._trusted.discard(s)
             self._tainted.discard(s)
+            self._told.discard(s)
+            self._trusted_at.pop(s, None)
         return recorded

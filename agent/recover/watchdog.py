@@ -41,7 +41,9 @@ from ...records.ledger import Ledger
 from ..config import Config, RecoverConfig
 from ..detect.verdict import Verdict
 from ..jsonsafe import json_safe
+from ..measure.fingerprint import state_fingerprint
 from ..report import Report, Rollback
+from .agreement import failures
 from .async_save import Outcome
 from .batches import SkipAwareBatches
 from .checkpoint import CheckpointError, CheckpointStore
@@ -138,6 +140,11 @@ class Watchdog:
         self.stall_seconds = float("nan")
         """How long the last healthy save stalled training (staging, or the whole sync save)."""
         self._unreported: Outcome | None = None
+        self._fingerprints: dict[int, int] = {}
+        """Step -> this rank's ``state_fingerprint`` of the parameters it saved, for the
+        checkpoints that may still be restored: a restore must bring back the same."""
+        self._compromised = False
+        """A restore failed its fingerprint check: the model holds a state no step had."""
         self.on_phase: Callable[[str], None] = lambda phase: None
         """Told CHECKPOINT before a checkpoint is written or loaded and TRAIN after."""
 
@@ -308,6 +315,7 @@ class Watchdog:
         self.save_policy.note(step, verdicts)
         bad = next((v.pattern for v in verdicts if unhealthy(v)), None)
         self._distrust(self.targets.note(step, bad))
+        self._trust()
         self._ramp_lr(step)
 
     def _ramp_lr(self, step: int) -> None:
@@ -363,6 +371,7 @@ class Watchdog:
         }
         self.targets.saved(step)
         self.on_phase(CHECKPOINT)  # a staged save's stall is short, unless the last write lags
+        self._fingerprints[step] = state_fingerprint(model.parameters())
         try:
             saved = self.saver.save(
                 step, model, optimizer, scheduler, json_safe(extra), self.data.rank_state()
@@ -481,6 +490,21 @@ class Watchdog:
         self.ledger.record_checkpoint(outcome.step, outcome.path)
         self.last_healthy = outcome.step
         self._distrust(self.targets.committed(outcome.step))
+        self._trust()
+
+    def _trust(self) -> None:
+        """Record the committed checkpoints that earned trust: the clean steps after each,
+        and the fingerprint of global rank 0's state in it."""
+        for step, clean_through in self.targets.take_trusted():
+            fingerprint = self._fingerprints.get(step)
+            self.ledger.record_trust(
+                step,
+                self.store.folders(step)[1],
+                clean_through=clean_through,
+                fingerprint=None if fingerprint is None else f"{fingerprint:013x}",
+            )
+        for step in [s for s in self._fingerprints if s not in self.targets.candidates()]:
+            del self._fingerprints[step]  # pruned or distrusted: never restored again
 
     def _distrust(self, distrusted: dict[int, str]) -> None:
         """Record the committed checkpoints ``targets`` distrusted, and say so once."""
@@ -539,6 +563,12 @@ class Watchdog:
                 f"no trusted checkpoint is left to roll back to after the rollback at step "
                 f"{repeat.of} did not cure the run ({reason} again); learning-rate scale "
                 f"{self.lr_scale:g}",
+            )
+        if restored is None and self._compromised:
+            self._give_up(
+                step,
+                f"no checkpoint is left whose state comes back as it was saved ({reason} at "
+                f"step {step})",
             )
         if restored is None:  # every checkpoint so far was followed by trouble
             self.say(
@@ -623,7 +653,9 @@ class Watchdog:
         self, model: torch.nn.Module, optimizer: Any, scheduler: Any
     ) -> Restored | None:
         """Restore the newest trusted checkpoint (from RAM when it is the copy held), going
-        further back past one that fails to load; None when none is left."""
+        further back past one that fails to load or whose state does not come back as it was
+        saved (``_check_state``); None when none is left."""
+        self._compromised = False
         while (target := self.targets.target()) is not None:
             if target == self.targets.last_resort():
                 self.say(
@@ -634,19 +666,53 @@ class Watchdog:
                 )
             restored = self.saver.restore(target, model, optimizer, scheduler)
             if restored is not None:
-                return restored
+                if not (errors := self._check_state(target, model)):
+                    return restored
+                self._compromised = True
+                self.say(
+                    "torchvitals: the copy of step %d held in memory did not come back as "
+                    "saved (%s); reading it from disk",
+                    target,
+                    errors,
+                    error=True,
+                )
             folder = self.store.folders(target)[1]
             if not self.store.on_leader(folder.is_dir):  # pruned (checkpoint_keep)
                 self.targets.forget(target)
                 continue
             self.on_phase(CHECKPOINT)
             try:
-                return self.store.load(model, optimizer, scheduler, path=folder)
+                restored = self.store.load(model, optimizer, scheduler, path=folder)
             except CheckpointError as e:  # every rank alike: the load is collective
                 self._distrust(self.targets.distrust(target, f"it failed to load: {e}"))
+                continue
             finally:
                 self.on_phase(TRAIN)
+            if errors := self._check_state(target, model):
+                self._compromised = True
+                self._distrust(
+                    self.targets.distrust(target, f"its state did not come back as saved: {errors}")
+                )
+                continue
+            self._compromised = False
+            return restored
         return None
+
+    def _check_state(self, step: int, model: torch.nn.Module) -> str:
+        """Whether every rank's restored parameters are bitwise those it saved at ``step``
+        (``state_fingerprint``); collective, every rank alike: ``""`` or which ranks' were not.
+        Nothing to check (and no collective) for a checkpoint this process did not save: every
+        rank saved the same steps, so every rank knows alike."""
+        expected = self._fingerprints.get(step)
+        if expected is None:
+            return ""
+
+        def check() -> None:
+            got = state_fingerprint(model.parameters())
+            if got != expected:
+                raise ValueError(f"fingerprint {got:013x}, saved as {expected:013x}")
+
+        return failures(self.store.gather(check))
 
     def say(self, message: str, *args: Any, error: bool = False) -> None:
         """One line for a person, on global rank 0 (every rank takes the same decision)."""
@@ -673,15 +739,17 @@ def _active(detector: Any) -> list[Verdict]:
 
 
 def _targets(ledger: Ledger, trust_steps: int, verify_steps: int, keep: int) -> Targets:
-    """The rollback targets as the ledger left them: each committed checkpoint trusted (the
-    run went on past it) unless distrusted."""
-    distrusted = ledger.distrusted()
+    """The rollback targets as the ledger left them: the committed checkpoints it records as
+    trusted (``trust`` records, or written before the ledger kept them), the others watched
+    again, none it distrusted."""
+    distrusted, trusted = ledger.distrusted(), ledger.trusted()
     committed = {e["step"]: e["path"] for e in ledger.entries if e["event"] == "checkpoint"}
     return Targets(
         trust_steps=trust_steps,
         verify_steps=verify_steps,
         keep=keep,
         committed=committed,
+        trusted=[step for step, path in committed.items() if Path(path).name in trusted],
         distrusted={
             step: distrusted[Path(path).name]
             for step, path in committed.items()

@@ -483,6 +483,16 @@ def _ledger_detail(entry: dict[str, Any]) -> str:
         return f"{os.path.basename(entry['path'])} never restored: {entry['reason']}"
     if entry["event"] == "checkpoint":
         return os.path.basename(entry["path"])
+    if entry["event"] == "trust":
+        fingerprint = (
+            f", state fingerprint {entry['fingerprint']}" if "fingerprint" in entry else ""
+        )
+        return (
+            f"{os.path.basename(entry['path'])} trusted: clean through step "
+            f"{entry['clean_through']}{fingerprint}"
+        )
+    if entry["event"] == "ramp":
+        return f"lr scale back to {entry['lr_scale']:g}"
     if entry["event"] == "adopt":
         return f"from {entry['source']}, lr scale {entry['lr_scale']:g}"
     return entry.get("reason", "")

@@ -108,14 +108,21 @@ def test_nan_rollback_is_in_the_ledger_and_the_metrics(nan_run):
     assert ledger is not None, f"{kind}: no {root / 'ledger.json'} right after the rollback"
     assert ledger["lr_scale"] == 0.5 and ledger["skipped"] == [[20, 30 + M]], ledger
     events = [(e["event"], e["step"]) for e in ledger["entries"]]
-    assert events[:3] == [("checkpoint", 10), ("checkpoint", 20), ("rollback", 30)], events
-    rollback = ledger["entries"][2]
+    # Each checkpoint earns trust when it has committed and two clean steps followed it.
+    assert [e for e in events if e[0] != "trust"][:3] == [
+        ("checkpoint", 10),
+        ("checkpoint", 20),
+        ("rollback", 30),
+    ], events
+    assert [s for e, s in events if e == "trust"][:2] == [10, 20], events
+    entries = [e for e in ledger["entries"] if e["event"] != "trust"]
+    rollback = entries[2]
     assert (
         rollback["to_step"] == 20
         and rollback["skipped"] == [20, 30 + M]
         and rollback["lr_scale"] == 0.5
     ), rollback
-    assert os.path.basename(ledger["entries"][1]["path"]) == "step-00000020", ledger["entries"][1]
+    assert os.path.basename(entries[1]["path"]) == "step-00000020", entries[1]
     # Right after the rollback (rank 0 exports them) ...
     metrics = after["metrics"]
     assert metrics.get("torchvitals_rollbacks_total") == 1, metrics
@@ -361,7 +368,7 @@ def test_a_fault_after_every_rollback_aborts_with_the_exit_code_on_every_rank(fa
             f"rank {rank}: no critical rollback_loop verdict in the detector's history"
         )
     ledger = seen[0]["aborted"]["ledger"]
-    events = [e["event"] for e in ledger["entries"]]
+    events = [e["event"] for e in ledger["entries"] if e["event"] != "trust"]
     assert events == [
         "checkpoint",
         "checkpoint",
@@ -373,6 +380,8 @@ def test_a_fault_after_every_rollback_aborts_with_the_exit_code_on_every_rank(fa
         "rollback",
         "abort",
     ], events
+    trusted = [e["step"] for e in ledger["entries"] if e["event"] == "trust"]
+    assert trusted == [10, 20, 20], trusted  # the replay's new 20 earns trust afresh
     assert ledger["lr_scale"] == 0.015625, ledger
     assert _actions(seen[0]["reports"]) == _actions(seen[1]["reports"])
     # The API the user catches: torchvitals.TrainingAborted.

@@ -2,6 +2,7 @@
 
 import logging
 import threading
+import time
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -13,9 +14,10 @@ from torchvitals.agent.recover.snapshot import restore, stage
 BATCHES = list(random_batches(60, batch=4, seq_len=TINY["seq_len"], vocab=TINY["vocab"]))
 
 
-def run(tmp_path, name, nan_at=27, steps=40, **config):
+def run(tmp_path, name, nan_at=27, steps=40, before_step=None, **config):
     """Train ``steps`` steps with a NaN once at ``nan_at``; count disk loads; return the
-    reports, the final weights, the disk loads and the agent (closed)."""
+    reports, the final weights, the disk loads and the agent (closed). ``before_step(agent)``
+    is called before each step."""
     torch.manual_seed(0)
     model = TinyGPT(**TINY)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -43,6 +45,8 @@ def run(tmp_path, name, nan_at=27, steps=40, **config):
             if agent.step_count + 1 == nan_at and not fired:
                 fired, loss = True, loss * float("nan")
             loss.backward()
+            if before_step is not None:
+                before_step(agent)
             reports.append(agent.step(loss))
             opt.zero_grad(set_to_none=True)
             if agent.step_count >= steps:
@@ -135,3 +139,33 @@ def test_a_snapshot_is_a_copy_restored_as_often_as_needed():
         assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
     reused = stage(2, model, opt, None, extra={}, rank_state=None, into=snap)
     assert reused.tensors["model"]["lm_head.weight"] is snap.tensors["model"]["lm_head.weight"]
+
+
+def test_a_copy_in_memory_that_does_not_come_back_as_saved_is_read_from_disk(tmp_path):
+    """One bit of the copy of step 20 held in RAM flips after its write landed on disk (host
+    memory corruption): the rollback at 27 finds the restored weights' fingerprint is not the
+    one taken at the save, reads step 20 from disk instead, and ends on exactly the weights a
+    rollback from disk gives."""
+    flipped = []
+
+    def flip(agent):
+        dog = agent.watchdog
+        if flipped or dog.rollbacks:
+            return
+        if agent.step_count == 24:  # let step 20's background write land first
+            deadline = time.monotonic() + 60
+            while dog.saver.flags() != [1.0, 0.0] and time.monotonic() < deadline:
+                time.sleep(0.01)
+        memory = dog.saver.memory
+        if memory is None or memory.step != 20 or dog.last_healthy != 20:
+            return  # committed at the step after the write landed
+        weight = next(t for t in memory.tensors["model"].values() if t.dtype == torch.float32)
+        weight.view(torch.int32).view(-1)[0] ^= 1 << 20  # one mantissa bit
+        flipped.append(agent.step_count)
+
+    reports, weights, loads, _ = run(tmp_path, "flipped", before_step=flip)
+    _, sync_weights, _, _ = run(tmp_path, "sync", snapshot_max_bytes=0)
+    assert flipped and flipped[0] < 27, flipped
+    assert [(r.step, r.rollback.to_step) for r in reports if r.action == "rollback"] == [(27, 20)]
+    assert loads == 1  # the disk copy, after the one in memory failed its check
+    assert all(torch.equal(weights[k], sync_weights[k]) for k in weights)

@@ -137,3 +137,57 @@ def test_what_the_store_prunes_is_forgotten_so_nothing_grows_with_the_run():
     assert t.candidates() == {30, 40} and t.target() == 40
     resumed = _targets(keep=2, committed=[10, 20, 30], distrusted={30: "why"})
     assert resumed.candidates() == {10, 20}
+
+
+def test_the_ledger_records_why_each_checkpoint_is_trusted_and_a_restart_reads_it(tmp_path):
+    """Trust earned is recorded (the clean steps, the state's fingerprint); a restart trusts
+    what was recorded so and watches again the checkpoint that had not earned it yet (saved at
+    20, the job crashed at 21): it is the restart's resume point, but not a rollback target
+    until clean steps follow it again."""
+    from torchvitals.agent.recover.watchdog import _targets as from_ledger
+
+    live = Targets(trust_steps=2, verify_steps=20)
+    ledger = Ledger(tmp_path / "ledger.json")
+    for step in (10, 20):
+        live.saved(step)
+        live.committed(step)
+        ledger.record_checkpoint(step, tmp_path / f"step-{step:08d}")
+        if step == 10:
+            live.note(11, None)
+            live.note(12, None)
+    assert live.take_trusted() == [(10, 12)] and live.take_trusted() == []
+    ledger.record_trust(10, tmp_path / "step-00000010", clean_through=12, fingerprint="00ab")
+    read = Ledger(tmp_path / "ledger.json").load()
+    assert read.trusted() == {"step-00000010": read.entries[-1]}
+    assert read.entries[-1]["clean_through"] == 12 and read.entries[-1]["fingerprint"] == "00ab"
+    restarted = from_ledger(read, trust_steps=2, verify_steps=20, keep=5)
+    assert restarted.target() == 10, "20 has not earned trust"
+    restarted.note(21, None)
+    restarted.note(22, None)
+    assert restarted.target() == 20 and restarted.take_trusted() == [(20, 22)]
+    # A distrust after the trust takes it back; a later save of the step starts over.
+    read.record_distrust(10, tmp_path / "step-00000010", "the rollback to it did not cure")
+    assert Ledger(tmp_path / "ledger.json").load().trusted() == {}
+
+
+def test_a_ledger_from_before_trust_records_trusts_its_checkpoints_as_it_did(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = Ledger(path)
+    ledger.record_checkpoint(10, tmp_path / "step-00000010")
+    document = json.loads(path.read_text())
+    del document["trust_from"]  # as a ledger written before trust records
+    path.write_text(json.dumps(document))
+    old = Ledger(path).load()
+    assert old.trust_from == 1 and set(old.trusted()) == {"step-00000010"}
+    old.record_checkpoint(20, tmp_path / "step-00000020")  # saved by the new version
+    again = Ledger(path).load()
+    assert again.trust_from == 1 and set(again.trusted()) == {"step-00000010"}
+
+
+def test_a_trust_record_not_earned_by_later_steps_is_refused(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = Ledger(path)
+    ledger.record_checkpoint(10, tmp_path / "step-00000010")
+    ledger.record_trust(10, tmp_path / "step-00000010", clean_through=10)
+    with pytest.raises(LedgerError, match="clean_through 10 is not after step 10"):
+        Ledger(path).load()

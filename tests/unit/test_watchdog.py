@@ -125,11 +125,14 @@ def test_a_fault_after_every_rollback_escalates_then_aborts_with_the_exit_code(t
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
     assert [(e["event"], e["step"]) for e in ledger["entries"]] == [
         ("checkpoint", 10),
+        ("trust", 10),
         ("checkpoint", 20),
+        ("trust", 20),
         ("rollback", 23),
         ("distrust", 20),
         ("rollback", 23),
         ("checkpoint", 20),
+        ("trust", 20),
         ("distrust", 10),
         ("rollback", 23),
         ("abort", 23),
@@ -165,6 +168,7 @@ def test_a_spike_right_after_a_checkpoint_goes_further_back_and_aborts_when_none
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
     assert [(e["event"], e["step"]) for e in ledger["entries"]] == [
         ("checkpoint", 10),
+        ("trust", 10),
         ("checkpoint", 20),
         ("distrust", 20),
         ("rollback", 22),
@@ -306,10 +310,10 @@ def test_with_a_ramp_the_learning_rate_returns_to_schedule_once_the_rollback_cur
     )
     agent.close()
     ledger = json.loads((tmp_path / "ckpt" / "ledger.json").read_text())
-    assert [(e["event"], e["step"]) for e in ledger["entries"] if e["event"] != "checkpoint"] == [
-        ("rollback", 23),
-        ("ramp", 53),
-    ]
+    events = [(e["event"], e["step"]) for e in ledger["entries"]]
+    assert [e for e in events if e[0] in ("rollback", "ramp")] == [("rollback", 23), ("ramp", 53)]
+    # Each checkpoint earns trust after it commits (a background write: when it lands).
+    assert [s for e, s in events if e == "trust"] == [10, 20, 30, 40, 50]
     assert ledger["lr_scale"] == 1.0
     _model2, _opt2, _sched2, again = setup(tmp_path, resume="auto")
     assert again.lr_scale == 1.0

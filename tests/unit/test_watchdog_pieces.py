@@ -261,7 +261,7 @@ def test_the_watchdog_from_pieces_saves_rolls_back_and_trips_the_guard(tmp_path)
         dog.rollback(4, 6, "loss_spike", model, opt, None)
     assert aborted.value.code == 79 and aborted.value.why.startswith("2 rollbacks within")
     events = [e["event"] for e in json.loads((tmp_path / "ledger.json").read_text())["entries"]]
-    assert events == ["checkpoint", "rollback", "abort"]
+    assert events == ["checkpoint", "trust", "rollback", "abort"]
 
 
 # ---------------------------------------------------------------- the background-write groups
