@@ -390,61 +390,75 @@ def run_case(case: str, etcd: Etcd, root: Path, args: argparse.Namespace, env) -
     """One job, one fault; every process of it stopped before this returns."""
     job = SimJob(root / case, etcd.url, f"sim-{case}-{uuid.uuid4().hex[:8]}", args, env)
     result = CaseResult(case=case, nodes=args.nodes, job=job.job)
-    nodes, culprit_node = range(args.nodes), args.fault_node
-    rank = culprit_node * args.nproc
-    result.expected = {"node": culprit_node} if case == "lost" else {"rank": rank}
-    t = args.timeout_s
+    node, rank = args.fault_node, args.fault_node * args.nproc
+    result.expected = {"node": node} if case == "lost" else {"rank": rank}
     try:
-        for node in nodes:
-            job.start(node)
-        wait_for("every rank training", lambda: all(job.beating(n, 1) for n in nodes), t)
-        wait_for("step 2", lambda: job.step(1) >= 2, t)
-        result.steady = measure(etcd, job, args.steady_s)
-        at = max(args.fault_step, job.step(1) + 2)
-        if case == "lost":
-            wait_for(f"step {at}", lambda: job.step(1) >= at, t, poll_s=0.02)
-            result.fault_at = time.time()
-            job.kill_node(culprit_node)
-        else:
-            job.order(FAULT_FILE, case=case, rank=rank, step=at)
-            result.fault_at = wait_for("the fault", job.done, t)["time"]
-        assert result.fault_at is not None
-        incident = wait_for("the culprit named", lambda: job.incident(CASES[case], 1), t)
-        result.incident = {
-            "key": incident.key,
-            "culprit": asdict(incident.culprit),
-            "cause": incident.cause,
-            "rule": incident.evidence.get("rule"),
-            "writer": incident.writer,
-        }
-        result.culprit_ok = all(
-            getattr(incident.culprit, k) == v for k, v in result.expected.items()
+        for n in range(args.nodes):
+            job.start(n)
+        wait_for(
+            "every rank training", lambda: all(job.beating(n, 1) for n in job.procs), args.timeout_s
         )
-        result.name_s = round((incident.localized_at or 0.0) - result.fault_at, 2)
+        wait_for("step 2", lambda: job.step(1) >= 2, args.timeout_s)
+        result.steady = measure(etcd, job, args.steady_s)
+        fault_at = result.fault_at = inject(job, case, node, rank, args)
+        name(job, result, fault_at, args.timeout_s)
         if case == "lost":
             # The replacement comes once the loss is named: one that joins before the lost
             # node's lease expires makes a new attempt at once, and no node is ever seen lost.
-            job.start(culprit_node)
-        wait_for("every node's next attempt", lambda: all(job.latest(n) > 1 for n in nodes), t)
-        result.restart_s = round(time.time() - result.fault_at, 2)
-        result.restarted_nodes = sum(1 for n in nodes if job.latest(n) > 1)
-        wait_for(
-            "every node training again",
-            lambda: all(job.beating(n, job.latest(n)) for n in nodes),
-            t,
-        )
-        result.training_s = round(time.time() - result.fault_at, 2)
-        job.order(FINISH_FILE, step=job.step(job.latest(0)) + 3)
-        for node in nodes:
-            try:
-                result.exit_codes[node] = job.procs[node].wait(max(1.0, t / 3))
-            except subprocess.TimeoutExpired:
-                result.exit_codes[node] = None
+            job.start(node)
+        restart(job, result, fault_at, args.timeout_s)
     except (TimeoutError, OSError, psutil.Error) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         result.left_running = stop_tagged(env[TAG_ENV], keep={etcd.proc.pid})
     return result
+
+
+def inject(job: SimJob, case: str, node: int, rank: int, args: argparse.Namespace) -> float:
+    """The case's fault, at ``args.fault_step`` or two steps on; returns when (unix seconds)."""
+    at = max(args.fault_step, job.step(1) + 2)
+    if case == "lost":
+        wait_for(f"step {at}", lambda: job.step(1) >= at, args.timeout_s, poll_s=0.02)
+        fault_at = time.time()
+        job.kill_node(node)
+        return fault_at
+    job.order(FAULT_FILE, case=case, rank=rank, step=at)
+    return float(wait_for("the fault", job.done, args.timeout_s)["time"])
+
+
+def name(job: SimJob, result: CaseResult, fault_at: float, timeout_s: float) -> None:
+    """Wait for the incident that names the culprit of attempt 1's fault."""
+    kind = CASES[result.case]
+    incident = wait_for("the culprit named", lambda: job.incident(kind, 1), timeout_s)
+    result.incident = {
+        "key": incident.key,
+        "culprit": asdict(incident.culprit),
+        "cause": incident.cause,
+        "rule": incident.evidence.get("rule"),
+        "writer": incident.writer,
+    }
+    result.culprit_ok = all(getattr(incident.culprit, k) == v for k, v in result.expected.items())
+    result.name_s = round((incident.localized_at or 0.0) - fault_at, 2)
+
+
+def restart(job: SimJob, result: CaseResult, fault_at: float, timeout_s: float) -> None:
+    """Wait for every node's next attempt and its ranks training, then finish the job."""
+    nodes = list(job.procs)
+    wait_for("every node's next attempt", lambda: all(job.latest(n) > 1 for n in nodes), timeout_s)
+    result.restart_s = round(time.time() - fault_at, 2)
+    result.restarted_nodes = sum(1 for n in nodes if job.latest(n) > 1)
+    wait_for(
+        "every node training again",
+        lambda: all(job.beating(n, job.latest(n)) for n in nodes),
+        timeout_s,
+    )
+    result.training_s = round(time.time() - fault_at, 2)
+    job.order(FINISH_FILE, step=job.step(job.latest(0)) + 3)
+    for n in nodes:
+        try:
+            result.exit_codes[n] = job.procs[n].wait(max(1.0, timeout_s / 3))
+        except subprocess.TimeoutExpired:
+            result.exit_codes[n] = None
 
 
 def tagged(tag: str) -> list[psutil.Process]:
