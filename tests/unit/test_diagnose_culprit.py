@@ -148,6 +148,19 @@ def test_without_incidents_the_verdicts_evidence_names_the_rank(tmp_path):
     assert d.culprit is None and d.render().startswith("cause: numerical instability")
 
 
+def test_a_gradient_spike_names_the_rank_whose_activations_were_far_out(tmp_path):
+    spike = Verdict(
+        "grad_spike",
+        "warning",
+        30,
+        "layers.0",
+        {"ratio": 4.0, "ranks": [1], "rank_count": 1, "culprit_from": "activations"},
+    )
+    write_events(tmp_path / "events.jsonl", [spike])
+    d = diagnose_events(tmp_path / "events.jsonl")
+    assert d.culprit == "rank 1: gradient spike at step 30", d.render()
+
+
 def test_an_unreadable_record_is_named_and_the_others_still_lead(tmp_path):
     run = tmp_path / "run"
     write_events(run / "events.jsonl")
