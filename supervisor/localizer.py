@@ -79,8 +79,24 @@ class Localizer:
         self, attempt: int, key: str, witness: Witness, *, clock: HangClock, detected_at: float
     ) -> Incident:
         """A hang seen here: every node's ranks looked at (before anything is stopped), the
-        culprit named, the incident recorded (unless another node was first)."""
-        blame = self._blame_hang(attempt, key, witness)
+        culprit named, the incident recorded (unless another node was first). A node that
+        never answers because it is gone (its lease expired before the ask, or since) is the
+        cause: the ranks here hung in collectives waiting for its ranks, and the incident is
+        that node's loss, whichever timer fired first."""
+        gathered = self.peers.gather(attempt, witness.findings(key), until_lost=True)
+        step = clock.beat.step if clock.beat is not None else None
+        if gathered.lost:
+            return self._lost(
+                attempt,
+                gathered.lost,
+                gathered.published_at,
+                step=step,
+                detected_at=detected_at,
+                last_advance=clock.beat.time if clock.beat is not None else None,
+                seen=f"the ranks here hung waiting for its ranks ({key})",
+            )[0]
+        ranks, _ = union(gathered.findings)
+        blame = blame_hang(ranks, slack_s=self._slack_s)
         now_age = detected_at - (clock.beat.time if clock.beat is not None else detected_at)
         evidence = dict(blame.evidence)
         cause = blame.cause
@@ -96,7 +112,6 @@ class Localizer:
         evidence.update(phase=phase, timeout_s=round(clock.timeout(), 3))
         if clock.beat is not None:
             evidence["last_heartbeat_age_s"] = round(now_age, 3)
-        step = clock.beat.step if clock.beat is not None else None
         incident = self._incident(HANG, key, attempt, blame, cause, evidence, step, detected_at)
         self.book.record(incident, last_advance=clock.beat.time if clock.beat is not None else None)
         return incident
@@ -210,10 +225,6 @@ class Localizer:
         for key in wanted:
             log.info("torchvitals supervise: node findings for %s asked; answering", key)
             self.peers.answer(attempt, witness.findings(key).as_of(seen))
-
-    def _blame_hang(self, attempt: int, key: str, witness: Witness) -> Blame:
-        ranks, _ = union(self.peers.gather(attempt, witness.findings(key)).findings)
-        return blame_hang(ranks, slack_s=self._slack_s)
 
     def _incident(
         self,

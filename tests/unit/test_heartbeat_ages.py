@@ -8,13 +8,23 @@ python -m pytest tests/unit/test_heartbeat_ages.py
 
 from __future__ import annotations
 
-from torchvitals.protocol import TRAIN, heartbeat_path, write_heartbeat
+from collections import deque
+
+from torchvitals.protocol import (
+    TRAIN,
+    combine_beats,
+    heartbeat_path,
+    read_rank_beats,
+    write_heartbeat,
+)
 from torchvitals.supervisor.disruptions import Disruptions
+from torchvitals.supervisor.hang_clock import HangClock
 from torchvitals.supervisor.localizer import Localizer
 from torchvitals.supervisor.options import SupervisorConfig
-from torchvitals.supervisor.peers import SoloPeers
+from torchvitals.supervisor.peers import Gathered, SoloPeers
 from torchvitals.supervisor.rank_findings import NodeFindings
 from torchvitals.supervisor.rank_probe import probe_ranks
+from torchvitals.supervisor.store_schema import NodeState
 from torchvitals.supervisor.telemetry import SupervisorMetrics
 from torchvitals.supervisor.witness import Witness
 
@@ -80,3 +90,39 @@ def test_a_node_answers_with_its_ages_as_of_the_moment_it_saw_the_ask(tmp_path):
     assert [(r.rank, r.beat_age_s) for r in sent.ranks] == [(2, 6.5), (3, 16.5)]
     assert sent.taken_at is None  # published as of the ask: no host's monotonic time leaves it
     assert NodeFindings.from_json(sent.to_json()).ranks == sent.ranks
+
+
+class LostMeanwhile(SoloPeers):
+    """Node 0 never answers the ask: its lease expired while this node waited for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.until_lost: list[bool] = []
+
+    def gather(self, attempt, mine, *, until_lost=False):
+        self.until_lost.append(until_lost)
+        lost = NodeState(node=0, host="h0", pid=7, attempt=attempt, state="running", step=39)
+        return Gathered([mine], (lost,), (990.0,))
+
+
+def test_a_hang_whose_cause_is_a_lost_node_is_that_nodes_loss(tmp_path):
+    """This node's ranks hang in their collectives because node 0 died; whichever fires first
+    here (the hang timeout or the lost lease), the record names node 0 as lost, at the step
+    this node's ranks reached, not a hang with no culprit."""
+    beats(tmp_path, {2: (41, 1000.0), 3: (41, 1000.0)})
+    config = SupervisorConfig(nnodes=2, node_rank=1, store_url="http://127.0.0.1:1")
+    peers = LostMeanwhile()
+    book = Disruptions(tmp_path / "job", node=1, host="h1", metrics=SupervisorMetrics())
+    localizer = Localizer(config, peers, book, node=1, host="h1", clock=lambda: 50.0)
+    witness = Witness(tmp_path, node=1, host="h1", stderr=None, probe_wait_s=0, wall=lambda: 1100.0)
+    clock = HangClock(config, deque(), 0.0)
+    clock.observe(combine_beats(read_rank_beats(tmp_path)), 1.0)
+    try:
+        incident = localizer.hang(1, "hang-a0001", witness, clock=clock, detected_at=1100.0)
+    finally:
+        witness.close(0)
+        book.close()
+    assert peers.until_lost == [True]
+    assert incident.kind == "node_lost" and incident.culprit.node == 0
+    assert incident.step == 41 and incident.evidence["last_published_step"] == 39
+    assert "hung waiting for its ranks (hang-a0001)" in incident.cause
