@@ -24,8 +24,15 @@ attempt, restart budget and end. The step a node publishes is written at most on
 renewal (``node_ttl_s`` / 3): the lease, not the value, says the node lives, and a lost node is
 named at the step the survivors' own ranks reached (in synchronous training, the lost node's
 too) beside the lagging one it last published; state changes (waiting, running, done) are
-written at once. The nodes' findings about a hang or a crash travel through the store too
-(``findings_exchange``).
+written at once.
+
+While an attempt runs, each node reads the job's keys from its view (``job_view``), which the
+store's watches keep: a restart, an end or a request for findings reaches every node at its
+next poll, a lost node as soon as its key goes (named by its last record, which the delete
+carries), and the store answers no reads at all meanwhile; what a running job costs it is the
+lease renewals and the step writes, which reach no other node. While a watch is down the node
+asks the store every ``store_poll_s``, as it does at the start barrier. The nodes' findings
+about a hang or a crash travel through the store too (``findings_exchange``).
 """
 
 from __future__ import annotations
