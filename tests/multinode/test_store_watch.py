@@ -14,11 +14,12 @@ import uuid
 
 import pytest
 from cluster import Certs, Etcd
-from test_store import PASSWORDS, client_tls
+from test_store import PASSWORDS, client_tls, start, two_nodes
 
 from torchvitals.supervisor.etcd import Entry, EtcdStore
 from torchvitals.supervisor.etcd_watch import RangeWatch
 from torchvitals.supervisor.job_view import JobView, RangePart
+from torchvitals.supervisor.orders import NodesLost
 from torchvitals.supervisor.store_schema import KEY_ROOT
 
 pytestmark = pytest.mark.timeout(60)
@@ -190,3 +191,34 @@ def test_the_view_works_with_tls_client_certificates_and_an_expiring_token(auth_
         assert reader.token is not None and reader.token != token
     finally:
         view.close()
+
+
+def test_a_running_node_reads_nothing_from_the_store_and_sees_a_loss_at_once(etcd):
+    nodes = two_nodes(etcd, f"steady-{uuid.uuid4().hex[:8]}")
+    try:
+        start(nodes)
+        until(lambda: all(n.keys.view is not None and n.keys.view.live for n in nodes))
+        time.sleep(1.1)  # a lease renewal (node_ttl_s / 3) after its start: its step is written
+        nodes[1].watch(1, 7)
+        paths: list[str] = []
+        call = nodes[0].store._call
+        nodes[0].store._call = lambda path, body: (paths.append(path), call(path, body))[1]
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:  # 30 polls, every one a look at the job
+            assert nodes[0].watch(1, 7) is None
+            assert nodes[0].wanted(1) == ()
+            time.sleep(0.05)
+        assert "/v3/kv/range" not in paths, paths  # the view answered them all
+        nodes[1]._stop.set()
+        nodes[1].store.revoke(nodes[1].keys.node_lease)  # its machine is gone
+        order = None
+        lost_at = time.monotonic()
+        while order is None:
+            assert time.monotonic() - lost_at < 2
+            order = nodes[0].watch(1, 9)
+            time.sleep(0.01)
+        assert isinstance(order, NodesLost) and [s.node for s in order.lost] == [1]
+        assert "lost at step 9 (it last published step 7, " in order.reason
+    finally:
+        for node in nodes:
+            node.close()
