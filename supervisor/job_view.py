@@ -118,7 +118,7 @@ class JobView:
         watch: Callable[..., RangeWatch] = RangeWatch,
     ) -> None:
         self.store, self.job_prefix = store, prefix
-        self.changes = threading.Condition()
+        self._lock = threading.Lock()
         self.generation = 0
         """Counts the changes seen (a reader that saw generation g has seen them all)."""
         nodes = prefix + "nodes/"
@@ -151,12 +151,6 @@ class JobView:
     def live(self) -> bool:
         """Every watch holds: what the view says, the store says."""
         return all(part.live for _, _, part in self._ranges)
-
-    def wait(self, generation: int, timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` for a change after ``generation``; the generation now."""
-        with self.changes:
-            self.changes.wait_for(lambda: self.generation != generation, timeout_s)
-            return self.generation
 
     def get(self, key: str) -> Entry | None:
         """The key as the view has it (under ``nodes/``: present as of the last read, or
@@ -195,6 +189,5 @@ class JobView:
         raise KeyError(f"{key!r} is not a key of {self.job_prefix}")
 
     def _changed(self) -> None:
-        with self.changes:
+        with self._lock:
             self.generation += 1
-            self.changes.notify_all()
