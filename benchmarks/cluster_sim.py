@@ -21,7 +21,9 @@ measured, then the case's fault is injected at ``--fault-node`` (default the las
 Printed per case: the steady window's etcd requests and gRPC bytes sent per node per second
 (etcd's own /metrics: ``grpc_server_started_total``, ``etcd_network_client_grpc_sent_bytes_total``;
 the gateway turns every HTTP call into one gRPC call on loopback, so these are the supervisors'
-calls; the JSON they receive is larger than the protobuf counted), each supervisor's CPU, etcd's
+calls; the JSON they receive is larger than the protobuf counted; a supervisor's watch stream
+is one long call, counted once when it opens, as ``Watch``, and its events in the bytes sent),
+each supervisor's CPU, etcd's
 CPU and database size; then the seconds from the fault to the incident that names the culprit
 (its ``localized_at``), to every node's next attempt started (its heartbeat folder made) and to
 every node's ranks training again (a heartbeat in it). The job then finishes cleanly, and nothing

@@ -23,18 +23,27 @@ issued them).
 from __future__ import annotations
 
 import base64
+import contextlib
+import http.client
 import json
 import logging
+import socket
 import ssl
 import threading
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from ..errors import TorchvitalsError
 
 log = logging.getLogger("torchvitals.supervisor")
+
+T = TypeVar("T")
 
 _UNAUTHENTICATED = 16
 """gRPC's code for an invalid or expired token, which the gateway passes on."""
@@ -105,6 +114,40 @@ def _prefix_end(prefix: str) -> str:
     return base64.b64encode(bytes(raw)).decode()
 
 
+class RevisionClock:
+    """A store revision (a key's ``mod_revision``) as a time on this node's clock: when this
+    client first saw the store at that revision or later. Its own calls (a lease renewal at
+    least) sample it, so the time lags the write by up to one of them; none at all (None)
+    for a revision older than what it keeps.
+
+    Args:
+        wall: unix seconds.
+        keep: samples kept (one per revision that moved).
+    """
+
+    def __init__(self, wall: Callable[[], float] = time.time, keep: int = 256) -> None:
+        self._wall = wall
+        self._samples: deque[tuple[int, float]] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+
+    def saw(self, revision: int) -> None:
+        """The store answered at ``revision`` now."""
+        with self._lock:
+            if revision and (not self._samples or revision > self._samples[-1][0]):
+                self._samples.append((revision, self._wall()))
+
+    def at(self, revision: int) -> float | None:
+        """When this client first saw ``revision`` (or a later one), in unix seconds."""
+        with self._lock:
+            dropped = len(self._samples) == self._samples.maxlen
+            if not self._samples or (dropped and revision <= self._samples[0][0]):
+                return None  # seen before the oldest sample kept: when is not known
+            for seen, at in self._samples:
+                if seen >= revision:
+                    return at
+        return None
+
+
 class EtcdStore:
     """Args:
         url: the client URL, ``http://host:2379`` or ``https://host:2379``.
@@ -144,6 +187,8 @@ class EtcdStore:
         self.user, self._password = user or None, password
         self._token: str | None = None
         self._auth_lock = threading.Lock()
+        self.revisions = RevisionClock()
+        """When this client first saw each revision of the store (every answer says it)."""
 
     def grant(self, ttl_s: float) -> int:
         """A new lease of ``ttl_s`` seconds (at least 1); its id."""
@@ -180,12 +225,52 @@ class EtcdStore:
     def get(self, key: str) -> Entry | None:
         """The key, or None."""
         kvs = self._call("/v3/kv/range", {"key": _b64(key)}).get("kvs", [])
-        return _entry(kvs[0]) if kvs else None
+        return entry_of(kvs[0]) if kvs else None
 
     def prefix(self, prefix: str) -> list[Entry]:
         """Every key starting with ``prefix``, sorted by key."""
         kvs = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)})
-        return [_entry(kv) for kv in kvs.get("kvs", [])]
+        return [entry_of(kv) for kv in kvs.get("kvs", [])]
+
+    def snapshot(self, key: str, range_end: str) -> tuple[list[Entry], int]:
+        """Every key in ``[key, range_end)`` (both base64, as a watch takes them), and the
+        store's revision they are read at: a watch from that revision + 1 misses nothing."""
+        answer = self._call("/v3/kv/range", {"key": key, "range_end": range_end})
+        revision = int(answer.get("header", {}).get("revision", 0))
+        return [entry_of(kv) for kv in answer.get("kvs", [])], revision
+
+    def stream(self, path: str, body: dict[str, Any]) -> Stream:
+        """Open one of the gateway's streaming calls (``/v3/watch``): its answer, a JSON
+        object per line, for as long as the store keeps it open. The socket has no read
+        timeout (a quiet watch is no failure) but TCP keep-alives, so a store that vanished
+        ends the stream within ~30 s; ``shutdown_stream`` ends it from another thread."""
+        return self._authorized(path, lambda token: self._open_stream(path, body, token))
+
+    def _open_stream(self, path: str, body: dict[str, Any], token: str | None) -> Stream:
+        parts = urllib.parse.urlsplit(self.url)
+        connection: http.client.HTTPConnection
+        if self._context is not None:
+            connection = http.client.HTTPSConnection(
+                parts.netloc, timeout=self.timeout_s, context=self._context
+            )
+        else:
+            connection = http.client.HTTPConnection(parts.netloc, timeout=self.timeout_s)
+        where = f"etcd at {self.url}{path}"
+        try:
+            connection.request("POST", path, json.dumps(body), self._headers(token))
+            sock = connection.sock  # the response may take the connection over
+            response = connection.getresponse()
+        except OSError as exc:
+            connection.close()
+            raise StoreError(f"{where}: {exc}{_tls_hint(exc)}") from None
+        if response.status != 200:
+            text = response.read().decode(errors="replace")[:300]
+            connection.close()
+            self._refused(where, response.status, text)
+        assert sock is not None
+        _keep_probing(sock)
+        sock.settimeout(None)
+        return Stream(sock, response)
 
     def delete_prefix(self, prefix: str) -> int:
         """Remove every key starting with ``prefix``; how many there were."""
@@ -228,9 +313,14 @@ class EtcdStore:
     # ------------------------------------------------------------ the wire
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._authorized(path, lambda token: self._post(path, body, token))
+
+    def _authorized(self, path: str, send: Callable[[str | None], T]) -> T:
+        """``send`` with this client's token (None without auth), once more with a new token
+        when etcd says it expired."""
         token = self._authenticated() if self.user else None
         try:
-            return self._post(path, body, token)
+            return send(token)
         except _Unauthenticated as exc:
             if token is None:
                 raise StoreError(f"etcd at {self.url}{path}: {exc}") from None
@@ -243,7 +333,7 @@ class EtcdStore:
             if self._token == token:
                 self._token = None
         try:
-            return self._post(path, body, self._authenticated())
+            return send(self._authenticated())
         except _Unauthenticated as exc:
             raise StoreError(f"etcd at {self.url}{path}: {exc}") from None
 
@@ -270,12 +360,25 @@ class EtcdStore:
                 self._token = str(answer["token"])
             return self._token
 
-    def _post(self, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
+    def forget_token(self, token: str | None) -> None:
+        """etcd refused ``token`` (on a stream): the next call authenticates again."""
+        with self._auth_lock:
+            if self._token == token:
+                self._token = None
+
+    @property
+    def token(self) -> str | None:
+        return self._token
+
+    def _headers(self, token: str | None) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if token is not None:
             headers["Authorization"] = token  # etcd's gateway: the bare token, no scheme
+        return headers
+
+    def _post(self, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
         request = urllib.request.Request(
-            self.url + path, data=json.dumps(body).encode(), headers=headers
+            self.url + path, data=json.dumps(body).encode(), headers=self._headers(token)
         )
         where = f"etcd at {self.url}{path}"
         try:
@@ -284,32 +387,68 @@ class EtcdStore:
             ) as response:
                 answer = json.loads(response.read().decode() or "{}")
         except urllib.error.HTTPError as exc:
-            text = exc.read().decode(errors="replace")[:300]
-            try:
-                error = json.loads(text)
-            except ValueError:
-                error = {}
-            message = (
-                str(error.get("message") or error.get("error") or text)
-                if isinstance(error, dict)
-                else text
-            )
-            if isinstance(error, dict) and error.get("code") == _UNAUTHENTICATED:
-                raise _Unauthenticated(message) from None
-            raise StoreError(
-                f"{where}: HTTP {exc.code}: {message}{_hint(message, self.user)}"
-            ) from None
+            self._refused(where, exc.code, exc.read().decode(errors="replace")[:300])
         except (OSError, ValueError) as exc:
             # urllib wraps a failed connection; a refusal read after the handshake comes bare.
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             raise StoreError(f"{where}: {reason}{_tls_hint(reason)}") from None
         if not isinstance(answer, dict) or "error" in answer:
             raise StoreError(f"{where}: {answer}")
+        self.revisions.saw(int(answer.get("header", {}).get("revision", 0)))
         return answer
+
+    def _refused(self, where: str, status: int, text: str) -> NoReturn:
+        """An HTTP error from the gateway, as ``_Unauthenticated`` or a ``StoreError``."""
+        try:
+            error = json.loads(text)
+        except ValueError:
+            error = {}
+        message = (
+            str(error.get("message") or error.get("error") or text)
+            if isinstance(error, dict)
+            else text
+        )
+        if isinstance(error, dict) and error.get("code") == _UNAUTHENTICATED:
+            raise _Unauthenticated(message) from None
+        raise StoreError(f"{where}: HTTP {status}: {message}{_hint(message, self.user)}") from None
+
+
+class Stream:
+    """An open streaming answer: its lines as they come, and a ``close`` any thread may call
+    (a read blocked in another returns at once, with nothing)."""
+
+    def __init__(self, sock: socket.socket, response: http.client.HTTPResponse) -> None:
+        self._sock, self._response = sock, response
+        self._closed = False
+
+    def readline(self) -> bytes:
+        """The next line; empty once the stream ended (or was closed)."""
+        try:
+            return self._response.readline()
+        except (AttributeError, ValueError, OSError):
+            if self._closed:  # http.client, its socket shut under it, fails in odd ways
+                return b""
+            raise
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):  # already closed
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._response.close()
+        self._sock.close()
 
 
 class _Unauthenticated(Exception):
     """etcd refused the token (or its absence): invalid or expired."""
+
+
+def _keep_probing(sock: socket.socket) -> None:
+    """TCP keep-alives on a stream's socket: a store that vanished without closing it (its
+    machine gone) ends the stream after ~10 s idle + 4 probes 5 s apart, not never."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4)):
+        if hasattr(socket, option):  # Linux; elsewhere the system's defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def _hint(message: str, user: str | None) -> str:
@@ -353,7 +492,7 @@ def _put(key: str, value: str, lease: int) -> dict[str, Any]:
     return body
 
 
-def _entry(kv: dict[str, Any]) -> Entry:
+def entry_of(kv: dict[str, Any]) -> Entry:
     return Entry(
         key=_text(kv["key"]),
         value=_text(kv.get("value", "")),

@@ -169,13 +169,15 @@ class FindingsExchange:
 
     def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]:
         """The incident keys of ``attempt`` another node asked for and this node has not
-        answered; asks the store at most every ``store_poll_s`` unless ``now``."""
+        answered: from the job's view while its watches hold (at every call, at no cost to
+        the store), else from the store at most every ``store_poll_s`` unless ``now``."""
         at = self._clock()
-        if not now and at - self._looked < self.config.store_poll_s:
+        cached = not now and self.keys.view is not None and self.keys.view.live
+        if not now and not cached and at - self._looked < self.config.store_poll_s:
             return ()
         self._looked = at
         try:
-            keys = self.keys.wanted(attempt)
+            keys = self.keys.wanted(attempt, cached=cached)
         except StoreError as exc:
             self._outage.failed(exc)
             return ()

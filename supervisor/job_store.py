@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 
 from .etcd import Entry, EtcdStore, StoreError
+from .job_view import JobView
 from .store_schema import (
     KEY_ROOT,
     JobAttempt,
@@ -57,6 +58,8 @@ class JobStore:
         """The lease ``attempt``, ``final`` and done nodes' records live by (the job's)."""
         self.record = JobAttempt()
         """The job's attempt record as last read (what is made again if it expires)."""
+        self.view: JobView | None = None
+        """The job's keys as the store's watches keep them (``cached`` reads), once started."""
 
     @property
     def job_id(self) -> str:
@@ -66,9 +69,10 @@ class JobStore:
         self.node_lease = self.store.grant(ttl_s)
         return self.node_lease
 
-    def attempt(self) -> JobAttempt:
-        """The job's attempt record as the store has it now (the last one read if it has none)."""
-        entry = self.store.get(self._key("attempt"))
+    def attempt(self, *, cached: bool = False) -> JobAttempt:
+        """The job's attempt record as the store has it now (the last one read if it has none);
+        ``cached``: as the view has it, while it is live."""
+        entry = self._reader(cached).get(self._key("attempt"))
         if entry is None:
             return self.record
         if entry.lease:
@@ -91,23 +95,44 @@ class JobStore:
                 self.store.revoke(lease)  # another node made it first: its lease is the job's
         self.attempt()
 
-    def final(self) -> JobFinal | None:
+    def final(self, *, cached: bool = False) -> JobFinal | None:
         """The end of the job for good, if a node wrote it."""
-        entry = self.store.get(self._key("final"))
+        entry = self._reader(cached).get(self._key("final"))
         return None if entry is None else final_of(entry.value)
 
     def create_final(self, final: JobFinal) -> None:
         """Write the end of the job unless a node already did (the first one wins)."""
         self.store.create(self._key("final"), final_json(final), lease=self.job_lease)
 
-    def nodes(self) -> dict[int, NodeState]:
-        """The nodes alive (their lease held) or done, by node rank."""
+    def nodes(self, *, cached: bool = False) -> dict[int, NodeState]:
+        """The nodes alive (their lease held) or done, by node rank. ``cached``: as the view has
+        them, while it is live: the nodes present (their records may be older than the
+        store's, and a node that appeared since the view's last read is missing)."""
+        prefix = self._key("nodes/")
+        if cached and self.view is not None and self.view.live:
+            entries = self.view.prefix(prefix)
+        elif self.view is not None:
+            entries = self.view.reread(prefix)  # the same read, which the view keeps
+        else:
+            entries = self.store.prefix(prefix)
         nodes = {}
-        for entry in self.store.prefix(self._key("nodes/")):
+        for entry in entries:
             state = node_of(entry.value)
             if state is not None:
                 nodes[state.node] = state
         return nodes
+
+    def departed(self) -> dict[int, tuple[NodeState, float | None]]:
+        """The nodes whose key the view saw go since it last saw them present: the record each
+        had then, and when this node first saw the store hold it (None: not known)."""
+        if self.view is None:
+            return {}
+        found = {}
+        for entry, _ in self.view.departed().values():
+            state = node_of(entry.value)
+            if state is not None:
+                found[state.node] = (state, self.store.revisions.at(entry.mod_revision))
+        return found
 
     def put_node(self, state: NodeState, lease: int | None = None) -> None:
         """Write a node's record, under this node's lease unless told another."""
@@ -144,18 +169,20 @@ class JobStore:
             if where[1] == attempt and where[2] == key
         }
 
-    def wanted(self, attempt: int) -> set[str]:
+    def wanted(self, attempt: int, *, cached: bool = False) -> set[str]:
         """The incident keys of ``attempt`` some node asked findings for."""
-        return {where[2] for _, where in self._exchange("wanted/") if where[1] == attempt}
+        return {where[2] for _, where in self._exchange("wanted/", cached) if where[1] == attempt}
 
     def forget_exchange(self, node: int) -> None:
         """Remove node ``node``'s findings, requests and deaths (of attempts that are over)."""
         for part in ("findings/", "wanted/", "deaths/"):
             self.store.delete_prefix(self._key(f"{part}{node:05d}/"))
 
-    def _exchange(self, part: str) -> list[tuple[Entry, tuple[int, int, str]]]:
+    def _exchange(
+        self, part: str, cached: bool = False
+    ) -> list[tuple[Entry, tuple[int, int, str]]]:
         found = []
-        for entry in self.store.prefix(self._key(part)):
+        for entry in self._reader(cached).prefix(self._key(part)):
             where = exchange_of(entry.key[len(self.prefix) :])
             if where is not None:
                 found.append((entry, where))
@@ -163,6 +190,12 @@ class JobStore:
 
     def _key(self, name: str) -> str:
         return self.prefix + name
+
+    def _reader(self, cached: bool) -> EtcdStore | JobView:
+        """The view while ``cached`` is asked and the view is live, else the store."""
+        if cached and self.view is not None and self.view.live:
+            return self.view
+        return self.store
 
 
 class StoreOutage:

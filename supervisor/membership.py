@@ -52,19 +52,32 @@ class Membership:
         seconds)."""
 
     def nodes(self) -> dict[int, NodeState]:
-        """The nodes alive (their lease held) or done, by node rank; updates the metrics."""
+        """The nodes alive (their lease held) or done, by node rank, as the store has them now;
+        updates the metrics."""
         nodes = self.keys.nodes()
         now = self._wall()
-        for n, s in nodes.items():
-            before = self.seen.get(n)
-            if before is None or (before.attempt, before.step) != (s.attempt, s.step):
-                self.published_at[n] = now
-        self.seen.update({n: s for n, s in nodes.items() if s.pid})
+        for state in nodes.values():
+            self._saw(state, now)
+        self.present(nodes)
+        return nodes
+
+    def present(self, nodes: dict[int, NodeState]) -> None:
+        """Show the nodes present (``nodes``: alive or done) in the metrics."""
         # Each node publishes its own presence only: O(nodes) series for the job, not O(nodes^2).
         self.metrics.node_present.labels(str(self.node)).set(1 if self.node in nodes else 0)
         self.metrics.nodes_present.set(len(nodes))
         self.metrics.nodes_expected.set(len(self.members))
-        return nodes
+
+    def _saw(self, state: NodeState, at: float | None) -> None:
+        """``state`` is node ``state.node``'s record as of ``at`` (None: not known when)."""
+        before = self.seen.get(state.node)
+        if before is None or (before.attempt, before.step) != (state.attempt, state.step):
+            if at is None:
+                self.published_at.pop(state.node, None)
+            else:
+                self.published_at[state.node] = at
+        if state.pid:
+            self.seen[state.node] = state
 
     def ready(self, attempt: int) -> set[int]:
         """The nodes at the barrier of ``attempt`` or running it."""
@@ -77,7 +90,13 @@ class Membership:
 
     def lost(self, nodes: dict[int, NodeState], attempt: int) -> tuple[NodeState, ...]:
         """The members missing from ``nodes`` (a key present is a node alive or done), each as
-        it was last seen."""
+        it was last seen: by the store's watch when its key went (its last record), else by the
+        last read."""
+        missing = self.members - set(nodes)
+        if missing:
+            for n, (state, at) in self.keys.departed().items():
+                if n in missing:
+                    self._saw(state, at)
         return tuple(
             self.seen.get(n, NodeState(n, "?", 0, attempt, WAITING))
             for n in sorted(self.members)

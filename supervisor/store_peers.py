@@ -24,8 +24,15 @@ attempt, restart budget and end. The step a node publishes is written at most on
 renewal (``node_ttl_s`` / 3): the lease, not the value, says the node lives, and a lost node is
 named at the step the survivors' own ranks reached (in synchronous training, the lost node's
 too) beside the lagging one it last published; state changes (waiting, running, done) are
-written at once. The nodes' findings about a hang or a crash travel through the store too
-(``findings_exchange``).
+written at once.
+
+While an attempt runs, each node reads the job's keys from its view (``job_view``), which the
+store's watches keep: a restart, an end or a request for findings reaches every node at its
+next poll, a lost node as soon as its key goes (named by its last record, which the delete
+carries), and the store answers no reads at all meanwhile; what a running job costs it is the
+lease renewals and the step writes, which reach no other node. While a watch is down the node
+asks the store every ``store_poll_s``, as it does at the start barrier. The nodes' findings
+about a hang or a crash travel through the store too (``findings_exchange``).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from .barrier import StartBarrier
 from .etcd import EtcdStore, StoreError, StoreTLS
 from .findings_exchange import FindingsExchange
 from .job_store import JobStore, StoreOutage
+from .job_view import JobView
 from .membership import Membership
 from .options import SupervisorConfig
 from .orders import JobEnded, JobRestarted, NodesLost, StartAttempt
@@ -63,6 +71,7 @@ class StorePeers:
             ``store_poll_s``, ``node_lost_exit_code``.
         metrics: where the nodes present and the wait for peers are shown.
         clock, sleep: monotonic seconds and the wait between polls.
+        view: makes the job's view (``job_view``), started when the node joins.
     """
 
     def __init__(
@@ -74,6 +83,7 @@ class StorePeers:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        view: Callable[[EtcdStore, str], JobView] = JobView,
     ) -> None:
         self.store, self.config, self.metrics = store, config, metrics
         self.keys = JobStore(store, job_id)
@@ -113,6 +123,9 @@ class StorePeers:
         """Seconds between lease renewals, and the least between two writes of a step."""
         self._put_at = -float("inf")
         self._last_watch = -float("inf")
+        self._judged = (-1, -1)
+        """The view's generation and the attempt at which ``watch`` last found nothing."""
+        self._view = view
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
 
@@ -130,6 +143,9 @@ class StorePeers:
             target=self._keep_alive, daemon=True, name="torchvitals-supervisor-lease"
         )
         self._keeper.start()
+        if self.keys.view is None:
+            self.keys.view = self._view(self.store, self.keys.prefix)
+            self.keys.view.start()
         self.keys.ensure_attempt(JobAttempt(), self.config.job_ttl_s)
         record = self.current()
         others = [s for s in self.membership.nodes().values() if s.node != self.me.node]
@@ -201,26 +217,39 @@ class StorePeers:
         return self.exchange.mark_death(attempt, pid, rank, status)
 
     def watch(self, attempt: int, step: int) -> JobRestarted | NodesLost | JobEnded | None:
-        """While ``attempt`` runs (called every poll; asks the store every ``store_poll_s``):
-        publish this node's step, and say whether the job wants something else.
+        """While ``attempt`` runs (called every poll): publish this node's step, and say whether
+        the job wants something else. Reads the job's view while its watches hold (a change
+        anywhere is seen at the next poll, at no cost to the store); asks the store every
+        ``store_poll_s`` while they do not.
 
         Returns:
             None: go on. Else the job ended for good, restarted elsewhere, or lost a node.
         """
         now = self._clock()
-        if now - self._last_watch < self.config.store_poll_s:
+        view = self.keys.view
+        cached = view is not None and view.live
+        if not cached and now - self._last_watch < self.config.store_poll_s:
             return None
         self._last_watch = now
         try:
             if self.me.step != step and now - self._put_at >= self._renew_s:
+                # Read by nothing while the node lives (the view takes no writes of nodes/):
+                # its last value names it when it is lost.
                 self._publish(replace(self.me, step=step))
-            final = self.keys.final()
+            if cached and view is not None and (view.generation, attempt) == self._judged:
+                return None  # nothing changed since the view last said "go on"
+            generation = -1 if view is None else view.generation
+            final = self.keys.final(cached=cached)
             if final is not None and final.attempt >= attempt:
                 return JobEnded(final.code, final.reason)
-            record = self.current()
+            record = self.keys.attempt(cached=cached)
             if record.number > attempt:
                 return JobRestarted(record.number, record.reason)
-            nodes = self.membership.nodes()
+            nodes = self.keys.nodes(cached=True) if cached else {}
+            if not cached or self.membership.members - set(nodes):
+                nodes = self.membership.nodes()  # (missing from the view: gone from the store?)
+            else:
+                self.membership.present(nodes)
         except StoreError as exc:
             # A store that blinks is not a lost job; a node lost for long shows as lost leases.
             self._outage.failed(exc)
@@ -237,6 +266,8 @@ class StorePeers:
                 step=step,
                 published_at=at,
             )
+        if cached:
+            self._judged = (generation, attempt)
         return None
 
     def finish(self, code: int, reason: str) -> int:
@@ -265,6 +296,8 @@ class StorePeers:
         self._stop.set()
         if self._keeper is not None:
             self._keeper.join(timeout=5)
+        if self.keys.view is not None:
+            self.keys.view.close()
         try:
             if self.keys.node_lease:
                 self.store.revoke(self.keys.node_lease)
@@ -306,22 +339,24 @@ class StorePeers:
             self._outage.failed(exc)
 
     def _keep_alive(self) -> None:
-        """Renew this node's lease and the job's every third of the node's TTL. A node lease
-        that expired (the store was away longer than the TTL: the others took this node for
-        lost) is replaced, with the state re-put; a job lease that expired (every node away
-        for ``job_ttl_s``) takes the job's record with it, which is made again."""
+        """Renew this node's lease every third of the node's TTL, and the job's every third of
+        the job's (hours: one call per node per renewal of that is what a running job costs
+        the store). A node lease that expired (the store was away longer than the TTL: the
+        others took this node for lost) is replaced, with the state re-put; a job lease that
+        expired (every node away for ``job_ttl_s``) takes the job's record with it, which is
+        made again."""
+        job_renew_s = max(self._renew_s, self.config.job_ttl_s / 3)
+        job_renewed = time.monotonic()  # the lease was granted (or found) at the join
         while not self._stop.wait(self._renew_s):
             try:
                 if not self.store.keepalive(self.keys.node_lease):
                     self.keys.grant_node_lease(self.config.node_ttl_s)
                     if self.me.state != DONE:
                         self._publish(self.me)
-                if (
-                    self.keys.job_lease
-                    and not self.store.keepalive(self.keys.job_lease)
-                    and self.me.state != DONE
-                ):
-                    self.keys.ensure_attempt(self.keys.record, self.config.job_ttl_s)
+                if self.keys.job_lease and time.monotonic() - job_renewed >= job_renew_s:
+                    if not self.store.keepalive(self.keys.job_lease) and self.me.state != DONE:
+                        self.keys.ensure_attempt(self.keys.record, self.config.job_ttl_s)
+                    job_renewed = time.monotonic()
             except StoreError as exc:
                 self._outage.failed(exc)
 

@@ -1,0 +1,193 @@
+"""One job's keys in this node's memory, kept by the store's watches: what a running job's
+supervisor reads at every poll instead of asking the store.
+
+    view = JobView(store, "torchvitals/jobs/4711/")
+    view.start()                         # three watches, each reads its range first
+    if view.live:                        # every watch holds: the view is the store's
+        view.get(prefix + "attempt"), view.prefix(prefix + "wanted/")
+        view.departed()                  # {key: the record a node had when its key went}
+    view.close()
+
+The job's keys split into three ranges, one watch each, because a node rewrites its record with
+its step once per lease renewal and nothing a running job decides needs that value until the
+node is gone: ``attempt``, ``deaths/``, ``final`` and ``findings/`` (every change); ``nodes/``
+(deletes only, each with the record as it was: a lost node is a delete that names itself);
+``wanted/`` (every change). A running job's steady state sends nothing on the streams.
+
+Under ``nodes/`` the view holds the keys present at the range's last read less those deleted
+since; a node that appeared after it (a replacement) is not in it until ``reread``, which a
+reader calls when a node seems missing: a loss is always confirmed by the store itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Callable
+
+from .etcd import Entry, EtcdStore
+from .etcd_watch import RangeWatch, WatchResponse
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _after(prefix: str) -> str:
+    """The first key after every key starting with ``prefix``."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+class RangePart:
+    """What one watch keeps: its range's keys, and whether they are the store's now.
+
+    Args:
+        changed: called after every change (from the watch's thread).
+        deletes_only: the watch sends deletes only (with the key's last value); writes after
+            the last read are not seen.
+    """
+
+    def __init__(self, changed: Callable[[], None], *, deletes_only: bool = False) -> None:
+        self._changed, self.deletes_only = changed, deletes_only
+        self._lock = threading.Lock()
+        self.entries: dict[str, Entry] = {}
+        self.departed: dict[str, tuple[Entry, int]] = {}
+        """Keys deleted since they were last seen present: their last value, and the
+        revision of the delete."""
+        self.revision = 0
+        """The store's revision this part is at."""
+        self.live = False
+
+    def reset(self, entries: list[Entry], revision: int) -> None:
+        with self._lock:
+            if revision < self.revision and self.live:
+                return  # an older read than the changes already applied
+            self.entries = {e.key: e for e in entries}
+            for key in self.entries:
+                gone = self.departed.get(key)
+                if gone is not None and gone[1] <= revision:
+                    del self.departed[key]  # present again since it went
+            self.revision, self.live = revision, True
+        self._changed()
+
+    def apply(self, response: WatchResponse) -> None:
+        with self._lock:
+            for event in response.events:
+                key = event.entry.key
+                if event.entry.mod_revision <= self.revision:
+                    continue  # already in the last read
+                if event.deleted:
+                    # The value as the store had it (prev_kv), else as last read.
+                    before = event.previous or self.entries.get(key)
+                    self.entries.pop(key, None)
+                    if before is not None:
+                        self.departed[key] = (before, event.entry.mod_revision)
+                else:
+                    self.entries[key] = event.entry
+                    self.departed.pop(key, None)
+            # The events' own revisions, not the header's: a watch catching up sends old
+            # events under a header at the store's newest revision.
+            self.revision = max([self.revision, *(e.entry.mod_revision for e in response.events)])
+        if response.events:
+            self._changed()
+
+    def lost(self) -> None:
+        with self._lock:
+            self.live = False
+        self._changed()
+
+    def snapshot(self) -> tuple[dict[str, Entry], dict[str, tuple[Entry, int]]]:
+        with self._lock:
+            return dict(self.entries), dict(self.departed)
+
+
+class JobView:
+    """The keys of the job under ``prefix``, as the store's watches say they are now.
+
+    Args:
+        store: the job's store (its URL, TLS and token are the watches').
+        prefix: the job's prefix, ``torchvitals/jobs/<job>/``.
+        watch: makes each range's watch (a fake in tests).
+    """
+
+    def __init__(
+        self,
+        store: EtcdStore,
+        prefix: str,
+        *,
+        watch: Callable[..., RangeWatch] = RangeWatch,
+    ) -> None:
+        self.store, self.job_prefix = store, prefix
+        self._lock = threading.Lock()
+        self.generation = 0
+        """Counts the changes seen (a reader that saw generation g has seen them all)."""
+        nodes = prefix + "nodes/"
+        self._ranges = [
+            (prefix, nodes, RangePart(self._changed)),
+            (nodes, _after(nodes), RangePart(self._changed, deletes_only=True)),
+            (_after(nodes), _after(prefix), RangePart(self._changed)),
+        ]
+        self._watches = [
+            watch(
+                store,
+                key=_b64(start),
+                range_end=_b64(end),
+                sink=part,
+                filters=("NOPUT",) if part.deletes_only else (),
+                prev_kv=part.deletes_only,
+            )
+            for start, end, part in self._ranges
+        ]
+
+    def start(self) -> None:
+        for watch in self._watches:
+            watch.start()
+
+    def close(self) -> None:
+        for watch in self._watches:
+            watch.close()
+
+    @property
+    def live(self) -> bool:
+        """Every watch holds: what the view says, the store says."""
+        return all(part.live for _, _, part in self._ranges)
+
+    def get(self, key: str) -> Entry | None:
+        """The key as the view has it (under ``nodes/``: present as of the last read, or
+        gone since)."""
+        entries, _ = self._part(key).snapshot()
+        return entries.get(key)
+
+    def prefix(self, prefix: str) -> list[Entry]:
+        """Every key starting with ``prefix``, sorted by key; ``prefix`` within one range."""
+        entries, _ = self._part(prefix).snapshot()
+        return [entries[k] for k in sorted(entries) if k.startswith(prefix)]
+
+    def departed(self) -> dict[str, tuple[Entry, int]]:
+        """The ``nodes/`` keys deleted since last seen present: their last value, and the
+        revision of the delete."""
+        _, departed = self._ranges[1][2].snapshot()
+        return departed
+
+    def reread(self, prefix: str) -> list[Entry]:
+        """Read ``prefix``'s range from the store now (a node seems missing: is it?), and keep
+        what it says; the keys starting with ``prefix``.
+
+        Raises:
+            StoreError: the store did not answer.
+        """
+        start, end, part = next(r for r in self._ranges if r[0] <= prefix < r[1])
+        entries, revision = self.store.snapshot(_b64(start), _b64(end))
+        if part.live:  # a part whose watch is down takes only its watch's own read
+            part.reset(entries, revision)
+        return [e for e in entries if e.key.startswith(prefix)]
+
+    def _part(self, key: str) -> RangePart:
+        for start, end, part in self._ranges:
+            if start <= key < end:
+                return part
+        raise KeyError(f"{key!r} is not a key of {self.job_prefix}")
+
+    def _changed(self) -> None:
+        with self._lock:
+            self.generation += 1
