@@ -161,11 +161,12 @@ class JobStore:
             self._key(death_key(node, attempt, pid)), value, lease=self.node_lease
         )
 
-    def findings(self, attempt: int, key: str) -> dict[int, str]:
-        """Every node's findings for incident ``key`` of ``attempt``, by node."""
+    def findings(self, attempt: int, key: str, *, cached: bool = False) -> dict[int, str]:
+        """Every node's findings for incident ``key`` of ``attempt``, by node. ``cached``: as
+        the view has them, while it is live (the watch brings each node's findings once)."""
         return {
             where[0]: entry.value
-            for entry, where in self._exchange("findings/")
+            for entry, where in self._exchange("findings/", cached)
             if where[1] == attempt and where[2] == key
         }
 
