@@ -158,9 +158,7 @@ class FindingsExchange:
             self._outage.failed(exc)
             return frozenset()
 
-    def _look(
-        self, attempt: int, key: str, running: set[int]
-    ) -> tuple[dict[int, str], set[int]]:
+    def _look(self, attempt: int, key: str, running: set[int]) -> tuple[dict[int, str], set[int]]:
         """The findings published for ``key``, and the nodes running ``attempt`` that have not
         published theirs (only nodes running it are waited for: one lost or done has none).
         From the job's view while its watches hold (``running``: those running it when the

@@ -40,6 +40,10 @@ from .store_schema import (
 
 log = logging.getLogger("torchvitals.supervisor")
 
+DEPARTED_WAIT_S = 1.0
+"""How long a reader that found a node gone waits for its delete to reach the watch (it
+carries the node's last record; the watch brings it within milliseconds of the store)."""
+
 
 class JobStore:
     """The keys of job ``job_id`` in ``store``.
@@ -128,7 +132,7 @@ class JobStore:
         if self.view is None:
             return {}
         found = {}
-        for entry, _ in self.view.departed().values():
+        for entry, _ in self.view.departed(wait_s=DEPARTED_WAIT_S).values():
             state = node_of(entry.value)
             if state is not None:
                 found[state.node] = (state, self.store.revisions.at(entry.mod_revision))

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from collections.abc import Callable
 
 from .etcd import Entry, EtcdStore
 from .etcd_watch import RangeWatch, WatchResponse
+
+DELETE_WAIT_S = 0.02
+"""How often a reader waiting for a delete the watch has yet to bring looks again."""
 
 
 def _b64(text: str) -> str:
@@ -57,12 +61,22 @@ class RangePart:
         self.revision = 0
         """The store's revision this part is at."""
         self.live = False
+        self.vanishing: dict[str, Entry] = {}
+        """Keys a read found gone before their delete reached the watch: the delete, older
+        than the read, still brings their last value (``prev_kv``), which ``departed`` then
+        holds; their value as last seen until it does."""
 
     def reset(self, entries: list[Entry], revision: int) -> None:
         with self._lock:
             if revision < self.revision and self.live:
                 return  # an older read than the changes already applied
-            self.entries = {e.key: e for e in entries}
+            fresh = {e.key: e for e in entries}
+            for key, entry in self.entries.items():
+                if key not in fresh and key not in self.departed:
+                    self.vanishing[key] = entry
+            for key in fresh:
+                self.vanishing.pop(key, None)
+            self.entries = fresh
             for key in self.entries:
                 gone = self.departed.get(key)
                 if gone is not None and gone[1] <= revision:
@@ -75,7 +89,11 @@ class RangePart:
             for event in response.events:
                 key = event.entry.key
                 if event.entry.mod_revision <= self.revision:
+                    last = self.vanishing.pop(key, None)
+                    if event.deleted and last is not None:  # the read saw only its absence
+                        self.departed[key] = (event.previous or last, event.entry.mod_revision)
                     continue  # already in the last read
+                self.vanishing.pop(key, None)
                 if event.deleted:
                     # The value as the store had it (prev_kv), else as last read.
                     before = event.previous or self.entries.get(key)
@@ -95,6 +113,11 @@ class RangePart:
         with self._lock:
             self.live = False
         self._changed()
+
+    def pending(self) -> bool:
+        """Whether a delete a read found is still to reach the watch."""
+        with self._lock:
+            return bool(self.vanishing)
 
     def snapshot(self) -> tuple[dict[str, Entry], dict[str, tuple[Entry, int]]]:
         with self._lock:
@@ -163,10 +186,18 @@ class JobView:
         entries, _ = self._part(prefix).snapshot()
         return [entries[k] for k in sorted(entries) if k.startswith(prefix)]
 
-    def departed(self) -> dict[str, tuple[Entry, int]]:
+    def departed(
+        self, *, wait_s: float = 0.0, sleep: Callable[[float], None] = time.sleep
+    ) -> dict[str, tuple[Entry, int]]:
         """The ``nodes/`` keys deleted since last seen present: their last value, and the
-        revision of the delete."""
-        _, departed = self._ranges[1][2].snapshot()
+        revision of the delete. ``wait_s``: first wait up to this long for the deletes a read
+        found done but the watch has not brought yet (they carry the last value)."""
+        part = self._ranges[1][2]
+        waited = 0.0
+        while waited < wait_s and part.live and part.pending():
+            sleep(DELETE_WAIT_S)
+            waited += DELETE_WAIT_S
+        _, departed = part.snapshot()
         return departed
 
     def reread(self, prefix: str) -> list[Entry]:

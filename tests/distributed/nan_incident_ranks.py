@@ -76,6 +76,7 @@ def nan_on_rank1(rank: int, world: int, root: str, nan_step: int, steps: int) ->
             if step == nan_step and "window" not in out:
                 out["window"] = (before, time.time())
             out["actions"].append((report.step, str(report.action), report.nonfinite_ranks))
+            out.setdefault("sampled", []).append(bool(report.activations))
             opt.zero_grad(set_to_none=True)
     finally:
         agent.close()

@@ -246,6 +246,27 @@ def test_a_part_keeps_its_keys_and_names_the_ones_that_went():
     assert not part.live and len(changes) == 7
 
 
+def test_a_delete_a_read_found_first_still_brings_the_nodes_last_record():
+    """A node's lease runs out; a reader that found it missing reads the range again before
+    the delete reaches the watch. The delete, now older than the read, still names the value
+    the node last wrote (not the stale one the view had); a reader waits for it briefly."""
+    part = RangePart(lambda: None, deletes_only=True)
+    part.reset([Entry("n/1", "waiting, step 0", 3), Entry("n/2", "b", 4)], 4)
+    part.reset([Entry("n/2", "b", 4)], 9)  # the reread: n/1 is gone, its delete not yet seen
+    assert part.pending() and part.snapshot()[1] == {}
+    part.apply(parse(delete("n/1", 8, before="running, step 14", before_rev=7)))
+    assert not part.pending()
+    assert {k: (e.value, r) for k, (e, r) in part.snapshot()[1].items()} == {
+        "n/1": ("running, step 14", 8)
+    }
+    # A key present again in a later read is no longer waited for.
+    part.reset([Entry("n/2", "b", 4)], 10)
+    part.reset([Entry("n/2", "b", 4), Entry("n/3", "c", 11)], 11)
+    part.reset([Entry("n/2", "b", 4)], 12)
+    part.reset([Entry("n/2", "b", 4), Entry("n/3", "c", 13)], 13)
+    assert not part.pending()
+
+
 class FakeWatch:
     made: ClassVar[list[FakeWatch]] = []
 
@@ -338,3 +359,19 @@ def test_a_revision_is_dated_by_the_first_answer_that_showed_it():
     assert (clock.at(6), clock.at(7), clock.at(9), clock.at(10)) == (102.0, 102.0, 103.0, None)
     clock.saw(12)  # the oldest kept is now 7: what came before it is not known
     assert clock.at(7) is None and clock.at(8) == 103.0
+
+
+def test_a_reader_waits_briefly_for_a_delete_the_watch_has_not_brought_yet():
+    view, (_head, nodes, _tail) = make_view()
+    key = P + "nodes/00001"
+    nodes.sink.reset([Entry(key, "stale", 3)], 3)
+    nodes.sink.reset([], 9)  # a reread found it gone
+    slept = []
+
+    def sleep(seconds: float) -> None:  # the delete arrives while the reader waits
+        slept.append(seconds)
+        nodes.sink.apply(parse(delete(key, 8, before="last", before_rev=7)))
+
+    departed = view.departed(wait_s=1.0, sleep=sleep)
+    assert {k: e.value for k, (e, _) in departed.items()} == {key: "last"} and len(slept) == 1
+    assert view.departed(wait_s=1.0, sleep=sleep) == departed and len(slept) == 1, "no wait"

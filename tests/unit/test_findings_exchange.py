@@ -49,10 +49,9 @@ class Keys:
 
 
 class Membership:
-    published_at: dict[int, float] = {}
-
     def __init__(self, keys: Keys) -> None:
         self.keys = keys
+        self.published_at: dict[int, float] = {}
 
     def nodes(self) -> dict[int, NodeState]:
         return self.keys.nodes()
