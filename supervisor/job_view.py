@@ -114,6 +114,14 @@ class RangePart:
             self.live = False
         self._changed()
 
+    def give_up(self) -> None:
+        """The deletes still awaited will not come (the watch read its range again past
+        them): their keys departed with the value last seen."""
+        with self._lock:
+            for key, entry in self.vanishing.items():
+                self.departed[key] = (entry, self.revision)
+            self.vanishing.clear()
+
     def pending(self) -> bool:
         """Whether a delete a read found is still to reach the watch."""
         with self._lock:
@@ -197,6 +205,8 @@ class JobView:
         while waited < wait_s and part.live and part.pending():
             sleep(DELETE_WAIT_S)
             waited += DELETE_WAIT_S
+        if wait_s and part.pending():
+            part.give_up()  # a resync skipped those deletes: never wait for them again
         _, departed = part.snapshot()
         return departed
 

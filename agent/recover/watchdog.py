@@ -503,7 +503,8 @@ class Watchdog:
                 clean_through=clean_through,
                 fingerprint=None if fingerprint is None else f"{fingerprint:013x}",
             )
-        for step in [s for s in self._fingerprints if s not in self.targets.candidates()]:
+        candidates = self.targets.candidates()
+        for step in [s for s in self._fingerprints if s not in candidates]:
             del self._fingerprints[step]  # pruned or distrusted: never restored again
 
     def _distrust(self, distrusted: dict[int, str]) -> None:

@@ -375,3 +375,18 @@ def test_a_reader_waits_briefly_for_a_delete_the_watch_has_not_brought_yet():
     departed = view.departed(wait_s=1.0, sleep=sleep)
     assert {k: e.value for k, (e, _) in departed.items()} == {key: "last"} and len(slept) == 1
     assert view.departed(wait_s=1.0, sleep=sleep) == departed and len(slept) == 1, "no wait"
+
+
+def test_a_delete_that_never_comes_is_waited_for_once():
+    """The watch read its range again past a delete (a resync after a compaction): the reader
+    waits for it once, then takes the value last seen, and never waits again."""
+    view, (_head, nodes, _tail) = make_view()
+    key = P + "nodes/00001"
+    nodes.sink.reset([Entry(key, "last seen", 3)], 3)
+    nodes.sink.reset([], 9)
+    slept = []
+    departed = view.departed(wait_s=0.1, sleep=slept.append)
+    assert {k: e.value for k, (e, _) in departed.items()} == {key: "last seen"}
+    waits = len(slept)
+    assert waits >= 1 and view.departed(wait_s=0.1, sleep=slept.append) == departed
+    assert len(slept) == waits, "no second wait"
