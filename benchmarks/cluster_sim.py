@@ -26,7 +26,10 @@ is one long call, counted once when it opens, as ``Watch``, and its events in th
 each supervisor's CPU, etcd's
 CPU and database size; then the seconds from the fault to the incident that names the culprit
 (its ``localized_at``), to every node's next attempt started (its heartbeat folder made) and to
-every node's ranks training again (a heartbeat in it). The job then finishes cleanly, and nothing
+every node's ranks training again (a heartbeat in it); etcd's calls and bytes sent per node from
+the fault to every node's next attempt (``inc req/n``, ``inc KiB/n``: the findings, the verdict,
+the stop and the start barrier), and how many nodes took another node's verdict instead of
+deciding themselves (``took``). The job then finishes cleanly, and nothing
 it started is left running: every process carries ``TAG_ENV`` and is looked for afterwards.
 
 A measurement tool: it judges only whether the right culprit was named and every node restarted.
@@ -223,6 +226,14 @@ class CaseResult:
     """Fault to every node's next attempt started."""
     training_s: float | None = None
     """Fault to every node's ranks beating in it."""
+    incident_requests_per_node: float | None = None
+    """etcd calls from the fault to every node's next attempt started, per node: the
+    detection, the findings, the verdict, the stop and the start barrier."""
+    incident_sent_kib_per_node: float | None = None
+    """What etcd sent in that window, per node (KiB of protobuf)."""
+    verdicts_taken: int = 0
+    """Nodes that took another node's verdict rather than deciding themselves (their log's
+    "decided by node")."""
     exit_codes: dict[int, int | None] = field(default_factory=dict)
     left_running: list[str] = field(default_factory=list)
     error: str | None = None
@@ -402,13 +413,18 @@ def run_case(case: str, etcd: Etcd, root: Path, args: argparse.Namespace, env) -
         )
         wait_for("step 2", lambda: job.step(1) >= 2, args.timeout_s)
         result.steady = measure(etcd, job, args.steady_s)
+        before = scrape(etcd.url)
         fault_at = result.fault_at = inject(job, case, node, rank, args)
         name(job, result, fault_at, args.timeout_s)
         if case == "lost":
             # The replacement comes once the loss is named: one that joins before the lost
             # node's lease expires makes a new attempt at once, and no node is ever seen lost.
             job.start(node)
-        restart(job, result, fault_at, args.timeout_s)
+        restart(job, result, fault_at, args.timeout_s, on_restart=lambda: window(etcd, before))
+        result.verdicts_taken = sum(
+            "decided by node" in (job.folder / f"node{n}.log").read_text(errors="replace")
+            for n in job.procs
+        )
     except (TimeoutError, OSError, psutil.Error) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -443,11 +459,27 @@ def name(job: SimJob, result: CaseResult, fault_at: float, timeout_s: float) -> 
     result.name_s = round((incident.localized_at or 0.0) - fault_at, 2)
 
 
-def restart(job: SimJob, result: CaseResult, fault_at: float, timeout_s: float) -> None:
+def window(etcd: Etcd, before: dict[str, float]) -> tuple[float, float]:
+    """etcd's calls started and bytes sent since ``before``."""
+    after = scrape(etcd.url)
+    calls, sent = "grpc_server_started_total", "etcd_network_client_grpc_sent_bytes_total"
+    return total(after, calls) - total(before, calls), total(after, sent) - total(before, sent)
+
+
+def restart(
+    job: SimJob,
+    result: CaseResult,
+    fault_at: float,
+    timeout_s: float,
+    on_restart: Callable[[], tuple[float, float]],
+) -> None:
     """Wait for every node's next attempt and its ranks training, then finish the job."""
     nodes = list(job.procs)
     wait_for("every node's next attempt", lambda: all(job.latest(n) > 1 for n in nodes), timeout_s)
     result.restart_s = round(time.time() - fault_at, 2)
+    calls, sent = on_restart()
+    result.incident_requests_per_node = round(calls / len(nodes), 1)
+    result.incident_sent_kib_per_node = round(sent / len(nodes) / 1024, 2)
     result.restarted_nodes = sum(1 for n in nodes if job.latest(n) > 1)
     wait_for(
         "every node training again",
@@ -499,7 +531,7 @@ def print_table(results: list[CaseResult], file=sys.stdout) -> None:
     head = (
         f"{'nodes':>5} {'case':<8} {'req/node/s':>10} {'B/node/s':>9} {'sup CPU%':>8} "
         f"{'etcd CPU%':>9} {'db KiB':>7} {'culprit':<16} {'name s':>6} {'restart s':>9} "
-        f"{'train s':>7} exit"
+        f"{'train s':>7} {'inc req/n':>9} {'inc KiB/n':>9} {'took':>4} exit"
     )
     print(head, file=file)
     for r in results:
@@ -517,7 +549,8 @@ def print_table(results: list[CaseResult], file=sys.stdout) -> None:
                 else f"{'-':>10} {'-':>9} {'-':>8} {'-':>9} {'-':>7} "
             )
             + f"{named:<16} {_num(r.name_s):>6} {_num(r.restart_s):>9} {_num(r.training_s):>7} "
-            f"{codes}"
+            f"{_num(r.incident_requests_per_node):>9} {_num(r.incident_sent_kib_per_node):>9} "
+            f"{r.verdicts_taken:>4} {codes}"
             + (f"  ERROR {r.error}" if r.error else "")
             + (f"  LEFT {len(r.left_running)}" if r.left_running else ""),
             file=file,

@@ -272,6 +272,11 @@ class EtcdStore:
         sock.settimeout(None)
         return Stream(sock, response)
 
+    def delete(self, key: str) -> int:
+        """Remove ``key`` alone; how many keys went (0 or 1)."""
+        answer = self._call("/v3/kv/deleterange", {"key": _b64(key)})
+        return int(answer.get("deleted", 0))
+
     def delete_prefix(self, prefix: str) -> int:
         """Remove every key starting with ``prefix``; how many there were."""
         answer = self._call(
@@ -281,6 +286,11 @@ class EtcdStore:
 
     def create(self, key: str, value: str, lease: int = 0) -> bool:
         """Set ``key`` only if it does not exist; whether this call set it."""
+        return self.create_at(key, value, lease) is not None
+
+    def create_at(self, key: str, value: str, lease: int = 0) -> int | None:
+        """Set ``key`` only if it does not exist: the store's revision of the write, or None
+        when the key was there (another writer came first, in the store's order)."""
         return self._txn(
             {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
             key,
@@ -291,7 +301,7 @@ class EtcdStore:
     def swap(self, key: str, value: str, mod_revision: int, lease: int = 0) -> bool:
         """Set ``key`` only if it is unchanged since ``mod_revision``; whether this call set it.
         A put binds the key to ``lease`` anew (0: to none), so pass the lease it lives by."""
-        return self._txn(
+        written = self._txn(
             {
                 "key": _b64(key),
                 "target": "MOD",
@@ -302,13 +312,17 @@ class EtcdStore:
             value,
             lease,
         )
+        return written is not None
 
-    def _txn(self, compare: dict[str, str], key: str, value: str, lease: int) -> bool:
+    def _txn(self, compare: dict[str, str], key: str, value: str, lease: int) -> int | None:
+        """The put if ``compare`` holds: its revision, else None."""
         answer = self._call(
             "/v3/kv/txn",
             {"compare": [compare], "success": [{"request_put": _put(key, value, lease)}]},
         )
-        return bool(answer.get("succeeded", False))  # proto3 JSON leaves false out
+        if not answer.get("succeeded", False):  # proto3 JSON leaves false out
+            return None
+        return int(answer.get("header", {}).get("revision", 0))
 
     # ------------------------------------------------------------ the wire
 

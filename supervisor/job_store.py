@@ -7,6 +7,8 @@ live by.
     keys.swap_attempt(next_record, record.revision)      # compare-and-swap: one winner
     keys.final(), keys.nodes()                           # JobFinal | None; {rank: NodeState}
     keys.put_death(node, attempt, pid, value)            # the store's revision of the write
+    revision = keys.claim(node, attempt, key)            # this node gathers key's findings?
+    keys.decide(attempt, key, Verdict(node, incidents), revision)   # ... and says what they are
 
 Two leases: each node's own (``node_lease``: its record dies with it) and the job's
 (``job_lease``: ``attempt``, ``final`` and the records of nodes that are done), chosen by
@@ -17,25 +19,31 @@ whichever node made the job's record and learned by every other from it. No poli
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 
-from .etcd import Entry, EtcdStore, StoreError
-from .job_view import JobView
+from .etcd import EtcdStore, StoreError
+from .job_view import Followed, JobView
 from .store_schema import (
     KEY_ROOT,
     JobAttempt,
     JobFinal,
     NodeState,
+    Verdict,
     attempt_json,
     attempt_of,
     death_key,
-    exchange_of,
     final_json,
     final_of,
     findings_key,
+    incident_prefix,
     node_json,
     node_key,
     node_of,
-    wanted_key,
+    report_of,
+    reports_prefix,
+    verdict_json,
+    verdict_key,
+    verdict_of,
 )
 
 log = logging.getLogger("torchvitals.supervisor")
@@ -151,9 +159,9 @@ class JobStore:
         with the node)."""
         self.store.put(self._key(findings_key(node, attempt, key)), value, lease=self.node_lease)
 
-    def want(self, node: int, attempt: int, key: str) -> None:
-        """Ask every node for its findings for incident ``key`` of ``attempt``."""
-        self.store.put(self._key(wanted_key(node, attempt, key)), "", lease=self.node_lease)
+    def drop_findings(self, node: int, attempt: int, key: str) -> None:
+        """Remove node ``node``'s findings for incident ``key`` of ``attempt`` (it is over)."""
+        self.store.delete(self._key(findings_key(node, attempt, key)))
 
     def put_death(self, node: int, attempt: int, pid: int, value: str) -> int:
         """Record that node ``node`` saw its rank ``pid`` die in ``attempt``, under its own lease.
@@ -165,33 +173,69 @@ class JobStore:
             self._key(death_key(node, attempt, pid)), value, lease=self.node_lease
         )
 
-    def findings(self, attempt: int, key: str, *, cached: bool = False) -> dict[int, str]:
-        """Every node's findings for incident ``key`` of ``attempt``, by node. ``cached``: as
-        the view has them, while it is live (the watch brings each node's findings once)."""
-        return {
-            where[0]: entry.value
-            for entry, where in self._exchange("findings/", cached)
-            if where[1] == attempt and where[2] == key
-        }
+    def drop_deaths(self, node: int) -> None:
+        """Remove node ``node``'s records of its ranks' deaths (of attempts that are over)."""
+        self.store.delete_prefix(self._key(f"rank_deaths/{node:05d}/"))
 
-    def wanted(self, attempt: int, *, cached: bool = False) -> set[str]:
-        """The incident keys of ``attempt`` some node asked findings for."""
-        return {where[2] for _, where in self._exchange("wanted/", cached) if where[1] == attempt}
+    def follow_findings(self, attempt: int, key: str) -> AbstractContextManager[Followed | None]:
+        """Follow every node's findings for incident ``key`` of ``attempt`` on a watch of
+        their own (``with``; None: no view, read them from the store)."""
+        if self.view is None:
+            return nullcontext(None)
+        return self.view.follow(self._key(reports_prefix(attempt, key)))
 
-    def forget_exchange(self, node: int) -> None:
-        """Remove node ``node``'s findings, requests and deaths (of attempts that are over)."""
-        for part in ("findings/", "wanted/", "deaths/"):
-            self.store.delete_prefix(self._key(f"{part}{node:05d}/"))
-
-    def _exchange(
-        self, part: str, cached: bool = False
-    ) -> list[tuple[Entry, tuple[int, int, str]]]:
-        found = []
-        for entry in self._reader(cached).prefix(self._key(part)):
-            where = exchange_of(entry.key[len(self.prefix) :])
-            if where is not None:
-                found.append((entry, where))
+    def findings(
+        self, attempt: int, key: str, *, followed: Followed | None = None
+    ) -> dict[int, str]:
+        """Every node's findings for incident ``key`` of ``attempt``, by node: as ``followed``
+        has them while its watch holds (each node's findings come once), else from the
+        store."""
+        if followed is not None and followed.live:
+            entries = followed.entries()
+        else:
+            entries = self.store.prefix(self._key(reports_prefix(attempt, key)))
+        found = {}
+        for entry in entries:
+            where = report_of(entry.key[len(self.prefix) :])
+            if where is not None and where[:2] == (attempt, key):
+                found[where[2]] = entry.value
         return found
+
+    def claim(self, node: int, attempt: int, key: str) -> int | None:
+        """Node ``node`` gathers the findings of incident ``key`` of ``attempt`` unless a node
+        claimed it first, in the store's order: the revision of the claim, or None. The claim
+        is the ask every node answers, and lives by ``node``'s lease (a node lost while it
+        gathers leaves the incident to the others)."""
+        return self.store.create_at(
+            self._key(verdict_key(attempt, key)),
+            verdict_json(Verdict(node)),
+            lease=self.node_lease,
+        )
+
+    def decide(self, attempt: int, key: str, verdict: Verdict, revision: int) -> bool:
+        """Say what incident ``key`` is, if this node's claim (at ``revision``) still holds;
+        under the job's lease, so the verdict outlives the node that wrote it."""
+        return self.store.swap(
+            self._key(verdict_key(attempt, key)),
+            verdict_json(verdict),
+            revision,
+            lease=self.job_lease,
+        )
+
+    def verdicts(self, attempt: int, *, cached: bool = False) -> dict[str, Verdict]:
+        """The incidents of ``attempt`` claimed or decided, by key."""
+        prefix = self._key(incident_prefix(attempt))
+        found = {}
+        for entry in self._reader(cached).prefix(prefix):
+            verdict = verdict_of(entry.value)
+            name = entry.key[len(prefix) :]
+            if verdict is not None and "/" not in name:
+                found[name] = verdict
+        return found
+
+    def drop_verdict(self, attempt: int, key: str) -> None:
+        """Remove incident ``key`` of ``attempt``'s claim or verdict (its attempt is over)."""
+        self.store.delete(self._key(verdict_key(attempt, key)))
 
     def _key(self, name: str) -> str:
         return self.prefix + name

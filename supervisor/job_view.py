@@ -2,17 +2,22 @@
 supervisor reads at every poll instead of asking the store.
 
     view = JobView(store, "torchvitals/jobs/4711/")
-    view.start()                         # three watches, each reads its range first
+    view.start()                         # two watches, each reads its range first
     if view.live:                        # every watch holds: the view is the store's
-        view.get(prefix + "attempt"), view.prefix(prefix + "wanted/")
+        view.get(prefix + "attempt"), view.prefix(prefix + "incidents/")
         view.departed()                  # {key: the record a node had when its key went}
+    with view.follow(prefix + "reports/a0002/hang-a0002/") as reports:   # one more, for a while
+        reports.live and reports.entries()   # every node's findings as they come
     view.close()
 
-The job's keys split into three ranges, one watch each, because a node rewrites its record with
-its step once per lease renewal and nothing a running job decides needs that value until the
-node is gone: ``attempt``, ``deaths/``, ``final`` and ``findings/`` (every change); ``nodes/``
-(deletes only, each with the record as it was: a lost node is a delete that names itself);
-``wanted/`` (every change). A running job's steady state sends nothing on the streams.
+The job's keys a running node follows split into two ranges, one watch each, because a node
+rewrites its record with its step once per lease renewal and nothing a running job decides
+needs that value until the node is gone: ``attempt``, ``final`` and ``incidents/`` (every
+change: a restart, the end, an incident being decided and its verdict); ``nodes/`` (deletes
+only, each with the record as it was: a lost node is a delete that names itself). A running
+job's steady state sends nothing on the streams. The nodes' findings and their ranks' deaths
+sort after ``nodes/`` and are followed by no node: the one that gathers an incident's findings
+follows that incident's reports alone, while it gathers (``follow``).
 
 Under ``nodes/`` the view holds the keys present at the range's last read less those deleted
 since; a node that appeared after it (a replacement) is not in it until ``reread``, which a
@@ -156,8 +161,8 @@ class JobView:
         self._ranges = [
             (prefix, nodes, RangePart(self._changed)),
             (nodes, _after(nodes), RangePart(self._changed, deletes_only=True)),
-            (_after(nodes), _after(prefix), RangePart(self._changed)),
         ]
+        self._watch = watch
         self._watches = [
             watch(
                 store,
@@ -223,6 +228,20 @@ class JobView:
             part.reset(entries, revision)
         return [e for e in entries if e.key.startswith(prefix)]
 
+    def follow(self, prefix: str) -> Followed:
+        """Follow the keys starting with ``prefix`` (outside the view's ranges) on a watch of
+        their own until the ``with`` block ends: ``live`` once read, then every change."""
+        part = RangePart(lambda: None)
+        watch = self._watch(
+            self.store,
+            key=_b64(prefix),
+            range_end=_b64(_after(prefix)),
+            sink=part,
+            filters=(),
+            prev_kv=False,
+        )
+        return Followed(part, watch)
+
     def _part(self, key: str) -> RangePart:
         for start, end, part in self._ranges:
             if start <= key < end:
@@ -232,3 +251,27 @@ class JobView:
     def _changed(self) -> None:
         with self._lock:
             self.generation += 1
+
+
+class Followed:
+    """One range followed for a while (``JobView.follow``): its keys as the watch has them."""
+
+    def __init__(self, part: RangePart, watch: RangeWatch) -> None:
+        self._part, self._watch = part, watch
+
+    def __enter__(self) -> Followed:
+        self._watch.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watch.close()
+
+    @property
+    def live(self) -> bool:
+        """The watch holds: what it says, the store says."""
+        return self._part.live
+
+    def entries(self) -> list[Entry]:
+        """Every key followed, sorted by key."""
+        entries, _ = self._part.snapshot()
+        return [entries[k] for k in sorted(entries)]

@@ -7,6 +7,9 @@
     localizer.lost(attempt, order, detected_at=t, last_advance=beat.time)
     localizer.answer(attempt, witness)           # each poll: findings other nodes asked for
 
+Many nodes see the same hang or crash; one gathers every node's findings and decides, the
+others take its verdict (``peers.settle``), so each disruption is decided once.
+
 Keys name the disruption, the same on every node (``incident_key``), so the nodes that see the
 same one write one record: ``hang-a0002`` (a hang of attempt 2), ``crash-a0002-r1`` (a crash of the
 workers torchrun started at its first restart within attempt 2), ``node_lost-a0002-n1``.
@@ -25,7 +28,8 @@ from .disruptions import Disruptions
 from .hang_clock import RESTART, STARTUP, HangClock
 from .options import SupervisorConfig
 from .orders import NodesLost
-from .peers import Peers
+from .peers import Gathered, Peers
+from .rank_findings import NodeFindings
 from .store_schema import NodeState
 from .witness import Witness
 
@@ -79,42 +83,47 @@ class Localizer:
         self, attempt: int, key: str, witness: Witness, *, clock: HangClock, detected_at: float
     ) -> Incident:
         """A hang seen here: every node's ranks looked at (before anything is stopped), the
-        culprit named, the incident recorded (unless another node was first). A node that
-        never answers because it is gone (its lease expired before the ask, or since) is the
-        cause: the ranks here hung in collectives waiting for its ranks, and the incident is
-        that node's loss, whichever timer fired first."""
-        gathered = self.peers.gather(attempt, witness.findings(key), until_lost=True)
+        culprit named, the incident recorded, once for every node that saw it (the first to
+        claim it decides; the others take its verdict). A node that never answers because it
+        is gone (its lease expired before the ask, or since) is the cause: the ranks here hung
+        in collectives waiting for its ranks, and the incident is that node's loss, whichever
+        timer fired first."""
         step = clock.beat.step if clock.beat is not None else None
-        if gathered.lost:
-            return self._lost(
-                attempt,
-                gathered.lost,
-                gathered.published_at,
-                step=step,
-                detected_at=detected_at,
-                last_advance=clock.beat.time if clock.beat is not None else None,
-                seen=f"the ranks here hung waiting for its ranks ({key})",
-            )[0]
-        ranks, _ = union(gathered.findings)
-        blame = blame_hang(ranks, slack_s=self._slack_s)
-        now_age = detected_at - (clock.beat.time if clock.beat is not None else detected_at)
-        evidence = dict(blame.evidence)
-        cause = blame.cause
-        phase = clock.phase()
-        if phase in (STARTUP, RESTART):
-            evidence.update(_startup_evidence(self.config, clock))
-            if phase == RESTART:
-                cause = (
-                    f"startup after restart took more than {clock.timeout():.1f} s (the first "
-                    f"start took {clock.first_start_s or 0:.1f} s)"
-                    + ("" if blame.rule == "none" else f"; {blame.cause}")
+        last_advance = clock.beat.time if clock.beat is not None else None
+
+        def decide(gathered: Gathered) -> list[Incident]:
+            if gathered.lost:
+                return self._lost(
+                    attempt,
+                    gathered.lost,
+                    gathered.published_at,
+                    step=step,
+                    detected_at=detected_at,
+                    last_advance=last_advance,
+                    seen=f"the ranks here hung waiting for its ranks ({key})",
                 )
-        evidence.update(phase=phase, timeout_s=round(clock.timeout(), 3))
-        if clock.beat is not None:
-            evidence["last_heartbeat_age_s"] = round(now_age, 3)
-        incident = self._incident(HANG, key, attempt, blame, cause, evidence, step, detected_at)
-        self.book.record(incident, last_advance=clock.beat.time if clock.beat is not None else None)
-        return incident
+            ranks, _ = union(gathered.findings)
+            blame = blame_hang(ranks, slack_s=self._slack_s)
+            now_age = detected_at - (last_advance if last_advance is not None else detected_at)
+            evidence = dict(blame.evidence)
+            cause = blame.cause
+            phase = clock.phase()
+            if phase in (STARTUP, RESTART):
+                evidence.update(_startup_evidence(self.config, clock))
+                if phase == RESTART:
+                    cause = (
+                        f"startup after restart took more than {clock.timeout():.1f} s (the "
+                        f"first start took {clock.first_start_s or 0:.1f} s)"
+                        + ("" if blame.rule == "none" else f"; {blame.cause}")
+                    )
+            evidence.update(phase=phase, timeout_s=round(clock.timeout(), 3))
+            if clock.beat is not None:
+                evidence["last_heartbeat_age_s"] = round(now_age, 3)
+            incident = self._incident(HANG, key, attempt, blame, cause, evidence, step, detected_at)
+            self.book.record(incident, last_advance=last_advance)
+            return [incident]
+
+        return self._settle(attempt, witness.findings(key), decide, last_advance)
 
     def crash(
         self,
@@ -128,37 +137,62 @@ class Localizer:
         launcher_status: int | None,
     ) -> Incident:
         """A crash seen here (the launcher exited, or torchrun's workers all died): the rank that
-        died first across nodes, with its exit status. A node that never answers because it is
-        gone (its lease expired meanwhile) is the cause: its ranks died with it, and this node's
-        of their failed collectives; the incident is then that node's loss."""
-        gathered = self.peers.gather(attempt, witness.findings(key), until_lost=True)
-        if gathered.lost:
-            return self._lost(
-                attempt,
-                gathered.lost,
-                gathered.published_at,
-                step=step,
-                detected_at=detected_at,
-                last_advance=last_advance,
-                seen=f"its ranks' collectives failed here ({key})",
-            )[0]
-        _, deaths = union(gathered.findings)
-        blame = blame_crash(deaths)
-        if blame is None:
-            status = "" if launcher_status is None else f" with status {launcher_status}"
-            blame = Blame(
-                Culprit(node=self.node, host=self.host),
-                f"the launcher exited{status} and no rank was seen dying (none had written a "
-                "heartbeat, or every rank ended cleanly)",
-                "none",
-                {"rule": "none"},
+        died first across nodes, with its exit status, decided once for every node that saw
+        it. A node that never answers because it is gone (its lease expired meanwhile) is the
+        cause: its ranks died with it, and this node's of their failed collectives; the
+        incident is then that node's loss."""
+
+        def decide(gathered: Gathered) -> list[Incident]:
+            if gathered.lost:
+                return self._lost(
+                    attempt,
+                    gathered.lost,
+                    gathered.published_at,
+                    step=step,
+                    detected_at=detected_at,
+                    last_advance=last_advance,
+                    seen=f"its ranks' collectives failed here ({key})",
+                )
+            _, deaths = union(gathered.findings)
+            blame = blame_crash(deaths)
+            if blame is None:
+                status = "" if launcher_status is None else f" with status {launcher_status}"
+                blame = Blame(
+                    Culprit(node=self.node, host=self.host),
+                    f"the launcher exited{status} and no rank was seen dying (none had written "
+                    "a heartbeat, or every rank ended cleanly)",
+                    "none",
+                    {"rule": "none"},
+                )
+            evidence = {**blame.evidence, "launcher_status": launcher_status}
+            incident = self._incident(
+                CRASH, key, attempt, blame, blame.cause, evidence, step, detected_at
             )
-        evidence = {**blame.evidence, "launcher_status": launcher_status}
-        incident = self._incident(
-            CRASH, key, attempt, blame, blame.cause, evidence, step, detected_at
-        )
-        self.book.record(incident, last_advance=last_advance)
-        return incident
+            self.book.record(incident, last_advance=last_advance)
+            return [incident]
+
+        return self._settle(attempt, witness.findings(key), decide, last_advance)
+
+    def _settle(
+        self,
+        attempt: int,
+        mine: NodeFindings,
+        decide: Callable[[Gathered], list[Incident]],
+        last_advance: float | None,
+    ) -> Incident:
+        """The disruption's incidents, decided here or by the node that claimed it first (then
+        written here too: the same records, which a shared folder keeps once); the first."""
+        settled = self.peers.settle(attempt, mine, decide, until_lost=True)
+        if settled.by != self.node:
+            log.info(
+                "torchvitals supervise: %s decided by node %d: %s",
+                settled.incidents[0].key,
+                settled.by,
+                settled.incidents[0].cause,
+            )
+            for incident in settled.incidents:
+                self.book.record(incident, last_advance=last_advance)
+        return settled.incidents[0]
 
     def lost(
         self, attempt: int, order: NodesLost, *, detected_at: float, last_advance: float | None

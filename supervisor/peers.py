@@ -3,7 +3,7 @@
     record = peers.join()                     # the job's current attempt
     go = peers.wait_for_peers(record.number)  # StartAttempt(n): every node ready; or JobEnded
     order = peers.watch(go.attempt, step)     # each poll: None, JobRestarted, NodesLost or JobEnded
-    every = peers.gather(attempt, mine)       # a hang or a crash: every node's findings
+    settled = peers.settle(attempt, mine, decide)   # a hang or a crash: decided once, for all
     peers.wanted(attempt)                     # each poll: the incidents others want findings for
     peers.asked(attempt)                      # every incident any node asked about
     peers.mark_death(attempt, pid, rank, 13)  # a rank's death, seen now: its store revision
@@ -11,14 +11,16 @@
 
 One node, no store: ``SoloPeers`` (nothing to agree on). Several: ``StorePeers``
 (``store_peers``), agreeing through the job's etcd. What they answer with:
-``orders``; what ``gather`` brings back: ``Gathered``.
+``orders``; what ``decide`` is given: ``Gathered``; what ``settle`` brings back: ``Settled``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..records.incidents import Incident
 from .orders import JobEnded, JobRestarted, NodesLost, StartAttempt
 from .rank_findings import NodeFindings
 from .store_schema import JobAttempt, NodeState
@@ -37,6 +39,20 @@ class Gathered:
     """For each of ``lost``: when its last published step was first seen (unix seconds)."""
 
 
+@dataclass(frozen=True)
+class Settled:
+    """The incidents the nodes decided on for one disruption."""
+
+    incidents: list[Incident]
+    """As their records hold them; the first is the disruption's."""
+    by: int
+    """The node that gathered the findings and decided (this one, or the first to claim)."""
+
+
+Decide = Callable[[Gathered], list[Incident]]
+"""Every node's findings to the incidents they make (their records written)."""
+
+
 class Peers(Protocol):
     """What the supervisor asks of the other nodes' supervisors."""
 
@@ -52,7 +68,9 @@ class Peers(Protocol):
 
     def restart(self, record: JobAttempt) -> JobAttempt: ...
 
-    def gather(self, attempt: int, mine: NodeFindings, *, until_lost: bool = False) -> Gathered: ...
+    def settle(
+        self, attempt: int, mine: NodeFindings, decide: Decide, *, until_lost: bool = False
+    ) -> Settled: ...
 
     def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]: ...
 
@@ -96,8 +114,10 @@ class SoloPeers:
         self._record = record
         return record
 
-    def gather(self, attempt: int, mine: NodeFindings, *, until_lost: bool = False) -> Gathered:
-        return Gathered([mine])
+    def settle(
+        self, attempt: int, mine: NodeFindings, decide: Decide, *, until_lost: bool = False
+    ) -> Settled:
+        return Settled(decide(Gathered([mine])), mine.node)
 
     def wanted(self, attempt: int, *, now: bool = False) -> tuple[str, ...]:
         return ()

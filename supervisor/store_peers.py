@@ -32,7 +32,8 @@ next poll, a lost node as soon as its key goes (named by its last record, which 
 carries), and the store answers no reads at all meanwhile; what a running job costs it is the
 lease renewals and the step writes, which reach no other node. While a watch is down the node
 asks the store every ``store_poll_s``, as it does at the start barrier. The nodes' findings
-about a hang or a crash travel through the store too (``findings_exchange``).
+about a hang or a crash travel through the store too, gathered by one node for all
+(``findings_exchange``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from .job_view import JobView
 from .membership import Membership
 from .options import SupervisorConfig
 from .orders import JobEnded, JobRestarted, NodesLost, StartAttempt
-from .peers import Gathered
+from .peers import Decide, Settled
 from .rank_findings import NodeFindings
 from .store_schema import DONE, RUNNING, WAITING, JobAttempt, JobFinal, NodeState
 from .telemetry import SupervisorMetrics
@@ -194,9 +195,12 @@ class StorePeers:
         self._quietly(self._publish, replace(self.me, attempt=attempt, state=RUNNING, step=0))
         self.exchange.forget(attempt)
 
-    def gather(self, attempt: int, mine: NodeFindings, *, until_lost: bool = False) -> Gathered:
-        """Every node's findings about one incident (``findings_exchange``)."""
-        return self.exchange.gather(attempt, mine, until_lost=until_lost)
+    def settle(
+        self, attempt: int, mine: NodeFindings, decide: Decide, *, until_lost: bool = False
+    ) -> Settled:
+        """One incident decided once for every node that saw it: by this node on every node's
+        findings, or by the first to claim it (``findings_exchange``)."""
+        return self.exchange.settle(attempt, mine, decide, until_lost=until_lost)
 
     def asked(self, attempt: int) -> frozenset[str]:
         """Every incident of ``attempt`` a node asked findings for."""

@@ -3,9 +3,14 @@
     <KEY_ROOT><job>/attempt          JobAttempt  the job's attempt and the restart policy's state
     <KEY_ROOT><job>/final            JobFinal    the end of the job for good, which every node obeys
     <KEY_ROOT><job>/nodes/<rank>     NodeState   one node's supervisor: host, pid, attempt, state
-    <KEY_ROOT><job>/findings/<rank>/a<attempt>/<incident key>   one node's findings (rank_findings)
-    <KEY_ROOT><job>/wanted/<rank>/a<attempt>/<incident key>     a node asks the others for theirs
-    <KEY_ROOT><job>/deaths/<rank>/a<attempt>/<pid>              a rank died: seen now (its revision)
+    <KEY_ROOT><job>/incidents/a<attempt>/<incident key>   Verdict: who gathers the findings, then
+                                                          what they decided (the ask, too)
+    <KEY_ROOT><job>/reports/a<attempt>/<incident key>/<rank>   one node's findings (rank_findings)
+    <KEY_ROOT><job>/rank_deaths/<rank>/a<attempt>/<pid>        a rank died: seen now (its revision)
+
+The keys every running node follows (``job_view``) sort before ``nodes/``: ``attempt``, ``final``,
+``incidents/``; the nodes' findings and deaths sort after it, where only the node that gathers
+an incident's findings looks (at that incident's reports alone).
 
 Each record is a frozen dataclass written as JSON; ``*_json`` and ``*_of`` turn one into the
 other, so the key layout and the field names live here once.
@@ -113,29 +118,75 @@ def node_key(node: int) -> str:
     return f"nodes/{node:05d}"
 
 
+def reports_prefix(attempt: int, key: str) -> str:
+    """Where every node's findings for incident ``key`` of ``attempt`` are published (one
+    range: the gathering node follows it alone)."""
+    return f"reports/a{attempt:04d}/{key}/"
+
+
 def findings_key(node: int, attempt: int, key: str) -> str:
     """Where node ``node`` publishes its findings for incident ``key`` of ``attempt``."""
-    return f"findings/{node:05d}/a{attempt:04d}/{key}"
+    return f"{reports_prefix(attempt, key)}{node:05d}"
 
 
-def wanted_key(node: int, attempt: int, key: str) -> str:
-    """Where node ``node`` asks every node for its findings for incident ``key``."""
-    return f"wanted/{node:05d}/a{attempt:04d}/{key}"
+def incident_prefix(attempt: int) -> str:
+    """The incidents of ``attempt`` being decided or decided (``Verdict`` under each)."""
+    return f"incidents/a{attempt:04d}/"
+
+
+def verdict_key(attempt: int, key: str) -> str:
+    """Where the node that gathers incident ``key``'s findings says so, then its verdict."""
+    return f"{incident_prefix(attempt)}{key}"
 
 
 def death_key(node: int, attempt: int, pid: int) -> str:
     """Where node ``node`` records the death of its rank ``pid`` in ``attempt``: the store's
     revision of that write orders the deaths of every node (``death_marks``)."""
-    return f"deaths/{node:05d}/a{attempt:04d}/{pid}"
+    return f"rank_deaths/{node:05d}/a{attempt:04d}/{pid}"
 
 
-def exchange_of(name: str) -> tuple[int, int, str] | None:
-    """(node, attempt, incident key or pid) of a ``findings/``, ``wanted/`` or ``deaths/`` key
-    (its part after the job's prefix), or None for a key of another shape."""
+def report_of(name: str) -> tuple[int, str, int] | None:
+    """(attempt, incident key, node) of a ``reports/`` key (its part after the job's prefix),
+    or None for a key of another shape."""
     parts = name.split("/")
-    if len(parts) != 4 or not parts[1].isdigit() or not parts[2][1:].isdigit():
+    if len(parts) != 4 or parts[0] != "reports" or not parts[1][1:].isdigit():
         return None
-    return int(parts[1]), int(parts[2][1:]), parts[3]
+    if not parts[3].isdigit():
+        return None
+    return int(parts[1][1:]), parts[2], int(parts[3])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An incident being decided: the node gathering its findings, then the incidents it
+    decided on (as their records hold them). The first node to claim the key gathers; the
+    others wait for ``incidents``."""
+
+    node: int
+    """The node that gathers the findings and decides."""
+    incidents: tuple[dict[str, Any], ...] | None = None
+    """The records decided on (``Incident.to_dict``); None while the node gathers."""
+
+
+def verdict_json(verdict: Verdict) -> str:
+    data: dict[str, Any] = {"node": verdict.node}
+    if verdict.incidents is not None:
+        data["incidents"] = list(verdict.incidents)
+    return json.dumps(data)
+
+
+def verdict_of(value: str) -> Verdict | None:
+    """A ``Verdict``, or None for a value that does not parse (never a verdict)."""
+    try:
+        data = json.loads(value)
+        incidents = data.get("incidents")
+        if incidents is not None and not (
+            isinstance(incidents, list) and all(isinstance(i, dict) for i in incidents)
+        ):
+            return None
+        return Verdict(int(data["node"]), None if incidents is None else tuple(incidents))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
 
 
 def node_json(state: NodeState) -> str:

@@ -7,6 +7,7 @@ them, not by the nodes' clocks; a lost node is named with the step the job reall
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from torchvitals.supervisor.etcd import EtcdStore
 from torchvitals.supervisor.localizer import Localizer
 from torchvitals.supervisor.options import SupervisorConfig
 from torchvitals.supervisor.orders import NodesLost
+from torchvitals.supervisor.peers import Gathered, Settled
 from torchvitals.supervisor.rank_findings import NodeFindings, RankDeath, RankFinding
 from torchvitals.supervisor.store_peers import StorePeers
 from torchvitals.supervisor.store_schema import KEY_ROOT
@@ -80,15 +82,15 @@ def etcd_url(tmp_path_factory) -> Iterator[str]:
         proc.wait(10)
 
 
-def running_nodes(url: str, job: str, **config) -> list[StorePeers]:
-    """Two nodes' peers, joined, through the barrier, running attempt 1."""
+def running_nodes(url: str, job: str, count: int = 2, **config) -> list[StorePeers]:
+    """``count`` nodes' peers, joined, through the barrier, running attempt 1."""
     nodes = [
         StorePeers(
             EtcdStore(url),
             job,
             SupervisorConfig(
                 store_url=url,
-                nnodes=2,
+                nnodes=count,
                 node_rank=n,
                 node_ttl_s=3,
                 store_poll_s=0.1,
@@ -97,17 +99,47 @@ def running_nodes(url: str, job: str, **config) -> list[StorePeers]:
             ),
             SupervisorMetrics(),
         )
-        for n in range(2)
+        for n in range(count)
     ]
     for node in nodes:
         node.join()
-    waiter = threading.Thread(target=nodes[0].wait_for_peers, args=(1,))
-    waiter.start()
-    nodes[1].wait_for_peers(1)
-    waiter.join(20)
+    waiters = [threading.Thread(target=n.wait_for_peers, args=(1,)) for n in nodes[1:]]
+    for waiter in waiters:
+        waiter.start()
+    nodes[0].wait_for_peers(1)
+    for waiter in waiters:
+        waiter.join(20)
     for node in nodes:
         node.started(1)
     return nodes
+
+
+def gathered_by(
+    node: StorePeers, mine: NodeFindings, *, until_lost: bool = False
+) -> tuple[Gathered | None, Settled]:
+    """``node`` settles ``mine``'s incident: what it gathered (None: it took another node's
+    verdict), and the verdict (the rules' culprit)."""
+    seen: list[Gathered] = []
+
+    def decide(gathered: Gathered) -> list[Incident]:
+        seen.append(gathered)
+        ranks, deaths = union(gathered.findings)
+        blame = blame_crash(deaths) if mine.key.startswith("crash") else blame_hang(ranks)
+        return [
+            Incident(
+                kind=mine.key.split("-", 1)[0],
+                key=mine.key,
+                step=41,
+                culprit=Culprit(node=mine.node) if blame is None else blame.culprit,
+                cause=f"decided on nodes {[f.node for f in gathered.findings]}",
+                detected_at=time.time(),
+                attempt=1,
+                writer=f"supervisor node {node.me.node}",
+            )
+        ]
+
+    settled = node.settle(1, mine, decide, until_lost=until_lost)
+    return (seen[0] if seen else None), settled
 
 
 def finding(rank: int, node: int, state: str, waiting: bool | None, frame: str | None):
@@ -162,18 +194,99 @@ def test_the_node_that_saw_the_hang_waits_for_the_others_findings_and_both_name_
     try:
         helper.start()
         started = time.monotonic()
-        every = nodes[0].gather(1, NODE0).findings
+        every, settled = gathered_by(nodes[0], NODE0)
         took = time.monotonic() - started
         helper.join(10)
         assert answered.is_set() and took < 5, took  # not the whole findings_wait_s
-        assert [f.node for f in every] == [0, 1]
-        ranks, _ = union(every)
+        assert every is not None and [f.node for f in every.findings] == [0, 1]
+        ranks, _ = union(every.findings)
         blame = blame_hang(ranks)
         assert (blame.culprit.rank, blame.culprit.node) == (2, 1)
-        # Node 1, deciding on the same findings read from the store, names the same rank.
-        again = blame_hang(union(nodes[1].gather(1, NODE1).findings)[0])
-        assert again.culprit == blame.culprit and again.cause == blame.cause
-        assert nodes[1].wanted(1, now=True) == ()  # answered: not asked again
+        assert settled.by == 0 and settled.incidents[0].culprit == blame.culprit
+        # Node 1 sees the hang too, later: it takes node 0's verdict, deciding nothing itself.
+        mine, again = gathered_by(nodes[1], NODE1)
+        assert mine is None and again.by == 0 and again.incidents == settled.incidents
+        assert nodes[1].wanted(1, now=True) == ()  # answered, and decided: not asked again
+    finally:
+        for node in nodes:
+            node.close()
+
+
+def test_many_nodes_that_saw_one_hang_decide_it_once_and_only_the_decider_reads_findings(
+    etcd_url,
+):
+    """Four nodes detect the same hang at once. The first to claim it (the store's order)
+    gathers every node's findings on a watch of that incident's reports and decides; the three
+    others read no findings at all and take its verdict, which names the same culprit."""
+    job = f"many-{uuid.uuid4().hex[:8]}"
+    nodes = running_nodes(etcd_url, job, count=4, findings_wait_s=10)
+    reports = f"{KEY_ROOT}{job}/reports/"
+    reads: dict[int, list[str]] = {n: [] for n in range(4)}
+    for n, node in enumerate(nodes):
+        call = node.store._call
+
+        def counted(path, body, n=n, call=call):
+            key = base64.b64decode(body.get("key", "")).decode()
+            if path == "/v3/kv/range" and key.startswith(reports):
+                reads[n].append(key)
+            return call(path, body)
+
+        node.store._call = counted  # type: ignore[method-assign]
+    mine = [
+        NodeFindings(
+            node=n,
+            host=f"host{n}",
+            key="hang-a0001",
+            ranks=(
+                finding(2 * n, n, "T" if n == 2 else "S", None if n == 2 else True, None),
+                finding(2 * n + 1, n, "S", True, "all_reduce"),
+            ),
+        )
+        for n in range(4)
+    ]
+    decided: dict[int, list[int]] = {n: [] for n in range(4)}
+    settled: dict[int, Settled] = {}
+
+    def decide_on(n: int):
+        def decide(gathered: Gathered) -> list[Incident]:
+            decided[n].append(len(gathered.findings))
+            blame = blame_hang(union(gathered.findings)[0])
+            return [
+                Incident(
+                    kind="hang",
+                    key="hang-a0001",
+                    step=41,
+                    culprit=blame.culprit,
+                    cause=blame.cause,
+                    evidence=blame.evidence,
+                    detected_at=time.time(),
+                    attempt=1,
+                    writer=f"supervisor node {n}",
+                )
+            ]
+
+        return decide
+
+    def detect(n: int) -> None:
+        settled[n] = nodes[n].settle(1, mine[n], decide_on(n), until_lost=True)
+
+    threads = [threading.Thread(target=detect, args=(n,)) for n in range(4)]
+    try:
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert time.monotonic() - started < 5, "every node answered: no findings_wait_s"
+        assert sorted(settled) == [0, 1, 2, 3]
+        (by,) = {s.by for s in settled.values()}
+        assert [n for n in range(4) if decided[n]] == [by] and decided[by] == [4]
+        incidents = {json.dumps(s.incidents[0].to_dict(), sort_keys=True) for s in settled.values()}
+        assert len(incidents) == 1, "one verdict, taken as it is"
+        culprit = settled[by].incidents[0].culprit
+        assert (culprit.rank, culprit.node) == (4, 2)  # the stopped rank
+        assert all(not reads[n] for n in range(4) if n != by), reads  # no findings read
+        assert nodes[by].asked(1) == frozenset({"hang-a0001"})
     finally:
         for node in nodes:
             node.close()
@@ -191,16 +304,17 @@ def test_a_node_that_does_not_answer_is_decided_without_after_findings_wait_s(et
             deaths=(RankDeath(rank=1, node=0, host="host0", pid=101, at=5.0, status=13),),
         )
         started = time.monotonic()
-        every = nodes[0].gather(1, crash).findings
+        every, _ = gathered_by(nodes[0], crash)
         assert 1.5 <= time.monotonic() - started < 4
-        blame = blame_crash(union(every)[1])
+        assert every is not None
+        blame = blame_crash(union(every.findings)[1])
         assert blame is not None and blame.culprit.rank == 1
         names = {e.key[len(KEY_ROOT + job) + 1 :] for e in store.prefix(f"{KEY_ROOT}{job}/")}
-        assert {"findings/00000/a0001/crash-a0001", "wanted/00000/a0001/crash-a0001"} <= names
-        # The next attempt starts: this node's findings and requests of the old one are gone.
+        assert {"reports/a0001/crash-a0001/00000", "incidents/a0001/crash-a0001"} <= names
+        # The next attempt starts: this node's findings and claims of the old one are gone.
         nodes[0].started(2)
         names = {e.key[len(KEY_ROOT + job) + 1 :] for e in store.prefix(f"{KEY_ROOT}{job}/")}
-        assert not {n for n in names if n.startswith(("findings/00000", "wanted/00000"))}
+        assert not {n for n in names if n.startswith(("reports/a0001", "incidents/a0001"))}
     finally:
         for node in nodes:
             node.close()
@@ -242,12 +356,12 @@ def test_deaths_are_ordered_by_the_stores_revisions_not_by_the_nodes_clocks(etcd
         assert blame is not None and (blame.culprit.rank, blame.culprit.node) == (0, 0)
         # The records are the store's revisions of these keys, and go with the next attempt.
         entries = {e.key[len(KEY_ROOT + job) + 1 :]: e for e in store.prefix(f"{KEY_ROOT}{job}/")}
-        assert entries["deaths/00000/a0001/100"].mod_revision == first
-        assert entries["deaths/00001/a0001/200"].mod_revision == second
+        assert entries["rank_deaths/00000/a0001/100"].mod_revision == first
+        assert entries["rank_deaths/00001/a0001/200"].mod_revision == second
         nodes[0].started(2)
         names = {e.key[len(KEY_ROOT + job) + 1 :] for e in store.prefix(f"{KEY_ROOT}{job}/")}
-        assert not {n for n in names if n.startswith("deaths/00000")}
-        assert "deaths/00001/a0001/200" in names  # node 1's own go at its own start
+        assert not {n for n in names if n.startswith("rank_deaths/00000")}
+        assert "rank_deaths/00001/a0001/200" in names  # node 1's own go at its own start
     finally:
         for node in nodes:
             node.close()
@@ -318,8 +432,9 @@ def test_a_crash_whose_other_node_is_gone_is_that_nodes_loss(etcd_url, gone):
             deaths=(RankDeath(rank=0, node=0, host="host0", pid=100, at=5.0, status=1),),
         )
         started = time.monotonic()
-        gathered = nodes[0].gather(1, mine, until_lost=True)
+        gathered, _ = gathered_by(nodes[0], mine, until_lost=True)
         assert time.monotonic() - started < 0.5 + 3 + 1.5
+        assert gathered is not None
         assert [s.node for s in gathered.lost] == [1] and gathered.lost[0].step == 14
         assert [f.node for f in gathered.findings] == [0]
     finally:

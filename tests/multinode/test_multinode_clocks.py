@@ -112,7 +112,9 @@ def wait_for_death_record(etcd: Etcd, job: Cluster, pid: int, timeout: float = 6
     """Until the store holds a node's record of the death of ``pid`` (its supervisor saw it)."""
     store = EtcdStore(etcd.url)
     deadline = time.monotonic() + timeout
-    while not any(e.key.endswith(f"/{pid}") for e in store.prefix(f"{KEY_ROOT}{job.job}/deaths/")):
+    while not any(
+        e.key.endswith(f"/{pid}") for e in store.prefix(f"{KEY_ROOT}{job.job}/rank_deaths/")
+    ):
         assert time.monotonic() < deadline, f"no record of the death of pid {pid}"
         time.sleep(0.02)
 

@@ -74,14 +74,27 @@ def test_a_change_one_client_makes_reaches_another_clients_view(etcd):
         until(lambda: view.live)
         assert value(view, prefix + "attempt") == "1"  # the read before the watch
         writer.put(prefix + "attempt", "2")
-        writer.put(prefix + "wanted/00001/a0002/hang-a0002", "")
+        writer.put(prefix + "incidents/a0002/hang-a0002", '{"node": 1}')
+        writer.put(prefix + "reports/a0002/hang-a0002/00001", "{}")  # followed by no view
         writer.put(prefix + "final", "{}")
         took = until(lambda: value(view, prefix + "final") == "{}")
         assert took < 1.0, took
         assert value(view, prefix + "attempt") == "2"
-        assert [e.key for e in view.prefix(prefix + "wanted/")] == [
-            prefix + "wanted/00001/a0002/hang-a0002"
+        assert [e.key for e in view.prefix(prefix + "incidents/")] == [
+            prefix + "incidents/a0002/hang-a0002"
         ]
+        # The node that gathers follows one incident's reports for a while: the read, then
+        # each node's findings as they come.
+        with view.follow(prefix + "reports/a0002/hang-a0002/") as reports:
+            until(lambda: reports.live)
+            writer.put(prefix + "reports/a0002/hang-a0002/00002", "{}")
+            writer.put(prefix + "reports/a0002/hang-a0003/00002", "{}")  # another incident's
+            until(lambda: len(reports.entries()) == 2)
+            assert [e.key[len(prefix) :] for e in reports.entries()] == [
+                "reports/a0002/hang-a0002/00001",
+                "reports/a0002/hang-a0002/00002",
+            ]
+        assert not reports.live
     finally:
         view.close()
 

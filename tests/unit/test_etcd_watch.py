@@ -288,27 +288,47 @@ def make_view() -> tuple[JobView, list[FakeWatch]]:
     return view, FakeWatch.made
 
 
-def test_the_view_watches_three_ranges_and_node_records_only_as_they_go():
-    view, (head, nodes, tail) = make_view()
-    ranges = [(base64.b64decode(w.key), base64.b64decode(w.range_end)) for w in (head, nodes, tail)]
+def test_the_view_watches_two_ranges_and_node_records_only_as_they_go():
+    """Every node follows the job's attempt, end and incidents (every change) and the nodes'
+    records (deletes only); no node follows the others' findings or deaths, which sort after
+    ``nodes/``: only an incident's gatherer follows its reports, while it gathers."""
+    view, (head, nodes) = make_view()
+    ranges = [(base64.b64decode(w.key), base64.b64decode(w.range_end)) for w in (head, nodes)]
     assert ranges == [
         (P.encode(), (P + "nodes/").encode()),
         ((P + "nodes/").encode(), (P + "nodes0").encode()),
-        ((P + "nodes0").encode(), P[:-1].encode() + b"0"),
     ]
+    for name in ("attempt", "final", "incidents/a0001/hang-a0001"):
+        assert P + name < P + "nodes/", name
+    for name in ("reports/a0001/hang-a0001/00001", "rank_deaths/00001/a0001/17"):
+        assert P + name >= P + "nodes0", name
     assert (nodes.filters, nodes.prev_kv) == (("NOPUT",), True)
-    assert (head.filters, tail.filters) == ((), ())
+    assert head.filters == ()
     assert not view.live
     head.sink.reset([Entry(P + "attempt", "{}", 2)], 2)
-    nodes.sink.reset([Entry(P + "nodes/00001", "{}", 2)], 2)
     assert not view.live  # one watch short
     generation = view.generation
-    tail.sink.reset([], 2)
+    nodes.sink.reset([Entry(P + "nodes/00001", "{}", 2)], 2)
     assert view.live and view.generation > generation
-    tail.sink.apply(parse(put(P + "wanted/00001/a0001/hang-a0001", "", 3)))
-    assert [e.key for e in view.prefix(P + "wanted/")] == [P + "wanted/00001/a0001/hang-a0001"]
+    head.sink.apply(parse(put(P + "incidents/a0001/hang-a0001", '{"node": 1}', 3)))
+    assert [e.key for e in view.prefix(P + "incidents/")] == [P + "incidents/a0001/hang-a0001"]
     assert view.get(P + "attempt").value == "{}" and view.get(P + "final") is None
     assert [e.key for e in view.prefix(P + "nodes/")] == [P + "nodes/00001"]
+    reports = P + "reports/a0001/hang-a0001/"
+    with view.follow(reports) as followed:
+        watch = FakeWatch.made[-1]
+        assert (base64.b64decode(watch.key), base64.b64decode(watch.range_end)) == (
+            reports.encode(),
+            reports[:-1].encode() + b"0",
+        )
+        assert not followed.live
+        watch.sink.reset([Entry(reports + "00002", "{}", 3)], 3)
+        watch.sink.apply(parse(put(reports + "00001", "{}", 4)))
+        assert followed.live and [e.key for e in followed.entries()] == [
+            reports + "00001",
+            reports + "00002",
+        ]
+    assert not followed.live  # closed with the block
     view.close()
     assert not view.live
 
@@ -320,11 +340,11 @@ def state(node: int, step: int, attempt: int = 1) -> NodeState:
 
 
 def test_a_node_gone_from_the_view_is_named_by_its_last_record():
-    view, (head, nodes, tail) = make_view()
+    view, (head, nodes) = make_view()
     store = FakeStore([([], 1)], [])
     keys = JobStore(store, "j")  # type: ignore[arg-type]
     keys.view = view
-    for watch in (head, nodes, tail):
+    for watch in (head, nodes):
         watch.sink.reset([], 5)
     nodes.sink.reset(
         [
@@ -362,7 +382,7 @@ def test_a_revision_is_dated_by_the_first_answer_that_showed_it():
 
 
 def test_a_reader_waits_briefly_for_a_delete_the_watch_has_not_brought_yet():
-    view, (_head, nodes, _tail) = make_view()
+    view, (_head, nodes) = make_view()
     key = P + "nodes/00001"
     nodes.sink.reset([Entry(key, "stale", 3)], 3)
     nodes.sink.reset([], 9)  # a reread found it gone
@@ -380,7 +400,7 @@ def test_a_reader_waits_briefly_for_a_delete_the_watch_has_not_brought_yet():
 def test_a_delete_that_never_comes_is_waited_for_once():
     """The watch read its range again past a delete (a resync after a compaction): the reader
     waits for it once, then takes the value last seen, and never waits again."""
-    view, (_head, nodes, _tail) = make_view()
+    view, (_head, nodes) = make_view()
     key = P + "nodes/00001"
     nodes.sink.reset([Entry(key, "last seen", 3)], 3)
     nodes.sink.reset([], 9)

@@ -21,7 +21,7 @@ from torchvitals.supervisor.disruptions import Disruptions
 from torchvitals.supervisor.hang_clock import HangClock
 from torchvitals.supervisor.localizer import Localizer
 from torchvitals.supervisor.options import SupervisorConfig
-from torchvitals.supervisor.peers import Gathered, SoloPeers
+from torchvitals.supervisor.peers import Gathered, Settled, SoloPeers
 from torchvitals.supervisor.rank_findings import NodeFindings
 from torchvitals.supervisor.rank_probe import probe_ranks
 from torchvitals.supervisor.store_schema import NodeState
@@ -99,10 +99,10 @@ class LostMeanwhile(SoloPeers):
         super().__init__()
         self.until_lost: list[bool] = []
 
-    def gather(self, attempt, mine, *, until_lost=False):
+    def settle(self, attempt, mine, decide, *, until_lost=False):
         self.until_lost.append(until_lost)
         lost = NodeState(node=0, host="h0", pid=7, attempt=attempt, state="running", step=39)
-        return Gathered([mine], (lost,), (990.0,))
+        return Settled(decide(Gathered([mine], (lost,), (990.0,))), mine.node)
 
 
 def test_a_hang_whose_cause_is_a_lost_node_is_that_nodes_loss(tmp_path):
