@@ -176,6 +176,12 @@ class RangeWatch:
             self._thread.join(timeout_s)
         self.sink.lost()
 
+    def reconnect(self) -> None:
+        """The stream may be dead without knowing it (a network cut that no packet reported,
+        which TCP notices only after minutes): shut it, and the thread reads the range again
+        and watches anew (the sink is told it is stale until then)."""
+        self._shut()
+
     def _run(self) -> None:
         failed = None
         while not self._stop.is_set():

@@ -183,6 +183,15 @@ class JobView:
         for watch in self._watches:
             watch.close()
 
+    def reconnect(self) -> None:
+        """Open every watch anew (the store failed another call: a stream cut silently would
+        otherwise hold a stale view as live); until each has read its range again, the view
+        is not live and readers ask the store."""
+        for _, _, part in self._ranges:
+            part.lost()
+        for watch in self._watches:
+            watch.reconnect()
+
     @property
     def live(self) -> bool:
         """Every watch holds: what the view says, the store says."""

@@ -348,7 +348,10 @@ class StorePeers:
         the store). A node lease that expired (the store was away longer than the TTL: the
         others took this node for lost) is replaced, with the state re-put; a job lease that
         expired (every node away for ``job_ttl_s``) takes the job's record with it, which is
-        made again."""
+        made again. A renewal that fails reopens the job's watches: a network cut that no
+        packet reported leaves a watch stream open and silent for minutes, and a view that
+        says "nothing changed" while the job restarted elsewhere would keep this node's
+        launcher running."""
         job_renew_s = max(self._renew_s, self.config.job_ttl_s / 3)
         job_renewed = time.monotonic()  # the lease was granted (or found) at the join
         while not self._stop.wait(self._renew_s):
@@ -363,6 +366,10 @@ class StorePeers:
                     job_renewed = time.monotonic()
             except StoreError as exc:
                 self._outage.failed(exc)
+                if self.keys.view is not None:
+                    # The watches' streams may have been cut with this call's connection,
+                    # without a word: read the store until they are open again.
+                    self.keys.view.reconnect()
 
 
 def _lost_line(state: NodeState, step: int, published_at: float | None) -> str:

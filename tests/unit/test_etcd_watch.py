@@ -20,6 +20,8 @@ from torchvitals.supervisor.etcd_watch import RangeWatch, WatchError, parse, res
 from torchvitals.supervisor.job_store import JobStore
 from torchvitals.supervisor.job_view import JobView, RangePart
 from torchvitals.supervisor.membership import Membership
+from torchvitals.supervisor.options import SupervisorConfig
+from torchvitals.supervisor.store_peers import StorePeers
 from torchvitals.supervisor.store_schema import RUNNING, NodeState, node_json
 from torchvitals.supervisor.telemetry import SupervisorMetrics
 
@@ -144,6 +146,13 @@ class Sink:
 
     def lost(self):
         self.calls.append(("lost",))
+
+
+def wait_until(condition) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, "not within 5 s"
+        time.sleep(0.005)
 
 
 def run(store: FakeStore, sink: Sink, until, **kwargs) -> RangeWatch:
@@ -410,3 +419,57 @@ def test_a_delete_that_never_comes_is_waited_for_once():
     waits = len(slept)
     assert waits >= 1 and view.departed(wait_s=0.1, sleep=slept.append) == departed
     assert len(slept) == waits, "no second wait"
+
+
+def test_a_watch_told_to_reconnect_reads_its_range_again_and_follows_anew():
+    """A stream cut without a word stays open and quiet: told to reconnect (another call to
+    the store failed), the watch shuts it, says it is stale, reads the range again and
+    watches from there, so what changed meanwhile is seen."""
+    quiet = threading.Event()
+    store = FakeStore(
+        [([], 3), ([Entry("p/a", "2", 9)], 9)],
+        [FakeStream([CREATED], quiet), FakeStream([CREATED], threading.Event())],
+    )
+    sink = Sink()
+    watch = RangeWatch(store, key="a", range_end="b", sink=sink, retry_s=0.01)
+    watch.start()
+    try:
+        wait_until(lambda: [c[0] for c in sink.calls] == ["reset"])
+        watch.reconnect()
+        wait_until(lambda: sum(c[0] == "reset" for c in sink.calls) == 2)
+    finally:
+        watch.close()
+    assert sink.calls[:3] == [("reset", [], 3), ("lost",), ("reset", ["p/a"], 9)]
+    assert store.bodies[1]["create_request"]["start_revision"] == "10"
+    assert watch.connects == 2
+
+
+def test_a_failed_lease_renewal_reopens_the_job_view():
+    """The node's lease renewal fails (the store unreachable from here): the view stops being
+    live at once, so this node reads the store (and learns of a restart elsewhere) instead of
+    trusting watches a silent cut may have left open."""
+
+    class View:
+        live, reconnects = True, 0
+
+        def reconnect(self) -> None:
+            self.reconnects += 1
+            self.live = False
+
+    peers = StorePeers(
+        FakeStore([([], 1)], []),  # type: ignore[arg-type]
+        "j",
+        SupervisorConfig(nnodes=2, node_rank=0, store_url="http://127.0.0.1:1"),
+        SupervisorMetrics(),
+    )
+    peers.keys.node_lease, peers._renew_s = 7, 0.0
+    view = View()
+    peers.keys.view = view  # type: ignore[assignment]
+
+    def keepalive(lease: int) -> bool:
+        peers._stop.set()  # one renewal
+        raise StoreError("etcd at http://127.0.0.1:1: timed out")
+
+    peers.store.keepalive = keepalive  # type: ignore[method-assign]
+    peers._keep_alive()
+    assert view.reconnects == 1 and not view.live
