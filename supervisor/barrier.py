@@ -3,6 +3,11 @@
     barrier = StartBarrier(keys, membership, config, metrics, announce=..., finish=..., ...)
     go = barrier.wait(attempt)     # StartAttempt(n), or JobEnded(code, reason)
 
+Each node at the barrier marks it (``ready/a<attempt>/<node>``) and looks, every
+``store_poll_s``, at how many marks there are: one small answer from the store however many
+nodes the job has. Only when the count says every node came (and every ``FULL_LOOK_EVERY``
+looks while it does not, to name a node that is gone) does it read every node's record.
+
 A phase of its own: no launcher runs, so nothing can hang. A node that does not come within
 ``peer_timeout_s`` is lost: the job then goes on with the nodes there are when ``min_nodes``
 allows (torchrun ``--nnodes MIN:MAX``), else ends with ``node_lost_exit_code`` on every node.
@@ -22,6 +27,10 @@ from .orders import JobEnded, StartAttempt
 from .telemetry import SupervisorMetrics
 
 log = logging.getLogger("torchvitals.supervisor")
+
+FULL_LOOK_EVERY = 10
+"""While the count of nodes at the barrier falls short, every node's record is read at every
+this many looks (a node gone is named in the log, the metrics show who is present)."""
 
 
 class StartBarrier:
@@ -55,6 +64,7 @@ class StartBarrier:
         self.keys, self.membership, self.config, self.metrics = keys, membership, config, metrics
         self._announce, self._finish, self._outage = announce, finish, outage
         self._clock, self._sleep = clock, sleep
+        self._looks = 0
 
     def wait(self, attempt: int) -> StartAttempt | JobEnded:
         """Publish "waiting" for ``attempt`` and wait until every node is at it (or running it).
@@ -91,12 +101,17 @@ class StartBarrier:
         """One look at the barrier: an order to start (maybe a later attempt), the end, or None
         (keep waiting)."""
         self._announce(attempt)
-        final = self.keys.final()
+        live = self.keys.view is not None and self.keys.view.live
+        final = self.keys.final(cached=live)
         if final is not None and final.attempt >= attempt:
             return JobEnded(final.code, final.reason)
-        record = self.keys.attempt()
+        record = self.keys.attempt(cached=live)
         if record.number > attempt:
             return StartAttempt(record.number)
+        self._looks += 1
+        came = self.keys.ready_count(attempt)
+        if came < len(self.membership.members) and self._looks % FULL_LOOK_EVERY != 1:
+            return None  # not every node yet: their records would say no more
         ready = self.membership.ready(attempt)
         if ready >= self.membership.members:
             self.membership.members |= ready  # a replacement rejoins a job that went on without it

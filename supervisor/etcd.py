@@ -232,6 +232,14 @@ class EtcdStore:
         kvs = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)})
         return [entry_of(kv) for kv in kvs.get("kvs", [])]
 
+    def count(self, prefix: str) -> int:
+        """How many keys start with ``prefix`` (the store sends the number, not the keys)."""
+        answer = self._call(
+            "/v3/kv/range",
+            {"key": _b64(prefix), "range_end": _prefix_end(prefix), "count_only": True},
+        )
+        return int(answer.get("count", 0))
+
     def snapshot(self, key: str, range_end: str) -> tuple[list[Entry], int]:
         """Every key in ``[key, range_end)`` (both base64, as a watch takes them), and the
         store's revision they are read at: a watch from that revision + 1 misses nothing."""

@@ -39,6 +39,8 @@ from .store_schema import (
     node_json,
     node_key,
     node_of,
+    ready_key,
+    ready_prefix,
     report_of,
     reports_prefix,
     verdict_json,
@@ -172,6 +174,19 @@ class JobStore:
         return self.store.put(
             self._key(death_key(node, attempt, pid)), value, lease=self.node_lease
         )
+
+    def put_ready(self, node: int, attempt: int) -> None:
+        """Node ``node`` is at the start barrier of ``attempt``, under its own lease."""
+        self.store.put(self._key(ready_key(node, attempt)), "", lease=self.node_lease)
+
+    def ready_count(self, attempt: int) -> int:
+        """How many nodes came to the start barrier of ``attempt`` (a number, not their keys:
+        one small answer however many nodes the job has)."""
+        return self.store.count(self._key(ready_prefix(attempt)))
+
+    def drop_ready(self, node: int, attempt: int) -> None:
+        """Remove node ``node``'s mark at the barrier of ``attempt`` (an attempt that is over)."""
+        self.store.delete(self._key(ready_key(node, attempt)))
 
     def drop_deaths(self, node: int) -> None:
         """Remove node ``node``'s records of its ranks' deaths (of attempts that are over)."""

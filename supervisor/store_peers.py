@@ -126,6 +126,8 @@ class StorePeers:
         self._last_watch = -float("inf")
         self._judged = (-1, -1)
         """The view's generation and the attempt at which ``watch`` last found nothing."""
+        self._ready: set[int] = set()
+        """The attempts whose start barrier this node marked (under its lease)."""
         self._view = view
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
@@ -191,9 +193,17 @@ class StorePeers:
         return self._barrier.wait(attempt)
 
     def started(self, attempt: int) -> None:
-        """This node's launcher runs ``attempt`` (the findings of the attempts before go)."""
+        """This node's launcher runs ``attempt`` (the findings and barrier marks of the
+        attempts before go)."""
         self._quietly(self._publish, replace(self.me, attempt=attempt, state=RUNNING, step=0))
         self.exchange.forget(attempt)
+        for old in sorted(a for a in self._ready if a < attempt):
+            try:
+                self.keys.drop_ready(self.me.node, old)
+            except StoreError as exc:
+                self._outage.failed(exc)
+                break
+            self._ready.discard(old)
 
     def settle(
         self, attempt: int, mine: NodeFindings, decide: Decide, *, until_lost: bool = False
@@ -329,11 +339,15 @@ class StorePeers:
             self.keys.put_node(state, lease)
 
     def _announce(self, attempt: int) -> None:
-        """This node waits at the barrier of ``attempt``: written when that changes only (the
-        lease says the node waits; the value, what for)."""
+        """This node waits at the barrier of ``attempt``: its record and its mark among the
+        nodes there (``ready/``), each written when that changes only (the lease says the node
+        waits; the value, what for)."""
         waiting = replace(self.me, attempt=attempt, state=WAITING, step=0)
         if waiting != self.me:
             self._publish(waiting)
+        if attempt not in self._ready:
+            self.keys.put_ready(self.me.node, attempt)
+            self._ready.add(attempt)
 
     def _quietly(self, call: Callable[..., None], *args, **kwargs) -> None:
         """A publication whose loss the others survive (they see the lease, then the next one)."""
@@ -360,6 +374,10 @@ class StorePeers:
                     self.keys.grant_node_lease(self.config.node_ttl_s)
                     if self.me.state != DONE:
                         self._publish(self.me)
+                        # Its barrier mark went with the old lease too.
+                        self._ready.clear()
+                        self.keys.put_ready(self.me.node, self.me.attempt)
+                        self._ready.add(self.me.attempt)
                 if self.keys.job_lease and time.monotonic() - job_renewed >= job_renew_s:
                     if not self.store.keepalive(self.keys.job_lease) and self.me.state != DONE:
                         self.keys.ensure_attempt(self.keys.record, self.config.job_ttl_s)

@@ -7,10 +7,12 @@
                                                           what they decided (the ask, too)
     <KEY_ROOT><job>/reports/a<attempt>/<incident key>/<rank>   one node's findings (rank_findings)
     <KEY_ROOT><job>/rank_deaths/<rank>/a<attempt>/<pid>        a rank died: seen now (its revision)
+    <KEY_ROOT><job>/ready/a<attempt>/<rank>                    a node at the attempt's start barrier
 
 The keys every running node follows (``job_view``) sort before ``nodes/``: ``attempt``, ``final``,
 ``incidents/``; the nodes' findings and deaths sort after it, where only the node that gathers
-an incident's findings looks (at that incident's reports alone).
+an incident's findings looks (at that incident's reports alone), and ``ready/``, which the nodes
+at a start barrier count (the store sends the number, not the keys).
 
 Each record is a frozen dataclass written as JSON; ``*_json`` and ``*_of`` turn one into the
 other, so the key layout and the field names live here once.
@@ -143,6 +145,16 @@ def death_key(node: int, attempt: int, pid: int) -> str:
     """Where node ``node`` records the death of its rank ``pid`` in ``attempt``: the store's
     revision of that write orders the deaths of every node (``death_marks``)."""
     return f"rank_deaths/{node:05d}/a{attempt:04d}/{pid}"
+
+
+def ready_prefix(attempt: int) -> str:
+    """The nodes at the start barrier of ``attempt`` (or past it, running it)."""
+    return f"ready/a{attempt:04d}/"
+
+
+def ready_key(node: int, attempt: int) -> str:
+    """Node ``node`` is at the start barrier of ``attempt`` (or past it, running it)."""
+    return f"{ready_prefix(attempt)}{node:05d}"
 
 
 def report_of(name: str) -> tuple[int, str, int] | None:

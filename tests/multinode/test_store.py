@@ -256,7 +256,10 @@ def test_a_job_that_succeeds_leaves_nothing_in_the_store(etcd):
     store = EtcdStore(etcd.url)
     start(nodes)
     found = keys(store, job)
-    assert set(found) == {"attempt", "nodes/00000", "nodes/00001"}
+    # Each running node's mark at the start barrier lives by its own lease, as its record.
+    marks = {"ready/a0001/00000", "ready/a0001/00001"}
+    assert set(found) == {"attempt", "nodes/00000", "nodes/00001"} | marks
+    assert found["ready/a0001/00000"] == found["nodes/00000"]
     # The job's record lives by a lease of its own, of job_ttl_s at most, renewed by the nodes.
     job_lease = found["attempt"]
     assert job_lease and job_lease not in (found["nodes/00000"], found["nodes/00001"])
@@ -264,7 +267,7 @@ def test_a_job_that_succeeds_leaves_nothing_in_the_store(etcd):
     nodes[0].done()
     nodes[0].close()
     # Node 1 still runs: the job's record stays for it.
-    assert set(keys(store, job)) == {"attempt", "nodes/00000", "nodes/00001"}
+    assert set(keys(store, job)) == {"attempt", "nodes/00000", "nodes/00001", "ready/a0001/00001"}
     assert keys(store, job)["nodes/00000"] == job_lease  # done: under the job's lease
     nodes[1].done()
     nodes[1].close()
