@@ -32,7 +32,8 @@ the stop and the start barrier), and how many nodes took another node's verdict 
 deciding themselves (``took``). The job then finishes cleanly, and nothing
 it started is left running: every process carries ``TAG_ENV`` and is looked for afterwards.
 
-A measurement tool: it judges only whether the right culprit was named and every node restarted.
+A measurement tool: it judges only whether the right culprit was named, every node restarted
+and the job then finished (every supervisor exit 0).
 """
 
 from __future__ import annotations
@@ -610,7 +611,13 @@ def main(argv: list[str] | None = None) -> int:
             "left_running": left,
         }
         Path(args.json).write_text(json.dumps(document, indent=1))
-    ok = all(r.error is None and r.culprit_ok and not r.left_running for r in results)
+    ok = all(
+        r.error is None
+        and r.culprit_ok
+        and not r.left_running
+        and all(code == 0 for code in r.exit_codes.values())
+        for r in results
+    )
     return 0 if ok and not left else 1
 
 

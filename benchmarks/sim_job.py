@@ -168,6 +168,11 @@ def train(args: argparse.Namespace) -> int:
     folder = os.environ[HEARTBEAT_DIR_ENV]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ.get(ATTEMPT_ENV, "0"))
+    sync = args.sync / f"a{attempt:04d}"
+    # torchrun's rendezvous and init_process_group: every rank of the attempt is up before the
+    # agent's first heartbeat (watch() runs after them), so a slow start of many processes is
+    # the supervisor's startup phase, never a hang in training.
+    all_reduce(sync, 0, rank, world)
     heartbeat = Heartbeat(folder, rank, flush=True)
     stacks = StackDumps.open(folder, rank)
     if stacks is not None:
@@ -183,7 +188,6 @@ def train(args: argparse.Namespace) -> int:
     began = previous = time.time()
     if timeline is not None:
         timeline.start(at=began, resumed=step)
-    sync = args.sync / f"a{attempt:04d}"
     ticks, fault, finish = 0, None, None
     while finish is None or step < finish:
         time.sleep(max(0.0, began + (ticks + 1) * args.step_s - time.time()))
