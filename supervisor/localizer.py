@@ -91,17 +91,7 @@ class Localizer:
         step = clock.beat.step if clock.beat is not None else None
         last_advance = clock.beat.time if clock.beat is not None else None
 
-        def decide(gathered: Gathered) -> list[Incident]:
-            if gathered.lost:
-                return self._lost(
-                    attempt,
-                    gathered.lost,
-                    gathered.published_at,
-                    step=step,
-                    detected_at=detected_at,
-                    last_advance=last_advance,
-                    seen=f"the ranks here hung waiting for its ranks ({key})",
-                )
+        def decide(gathered: Gathered) -> Incident:
             ranks, _ = union(gathered.findings)
             blame = blame_hang(ranks, slack_s=self._slack_s)
             now_age = detected_at - (last_advance if last_advance is not None else detected_at)
@@ -119,11 +109,17 @@ class Localizer:
             evidence.update(phase=phase, timeout_s=round(clock.timeout(), 3))
             if clock.beat is not None:
                 evidence["last_heartbeat_age_s"] = round(now_age, 3)
-            incident = self._incident(HANG, key, attempt, blame, cause, evidence, step, detected_at)
-            self.book.record(incident, last_advance=last_advance)
-            return [incident]
+            return self._incident(HANG, key, attempt, blame, cause, evidence, step, detected_at)
 
-        return self._settle(attempt, witness.findings(key), decide, last_advance)
+        return self._settle(
+            attempt,
+            witness.findings(key),
+            decide,
+            step=step,
+            detected_at=detected_at,
+            last_advance=last_advance,
+            seen=f"the ranks here hung waiting for its ranks ({key})",
+        )
 
     def crash(
         self,
@@ -142,17 +138,7 @@ class Localizer:
         cause: its ranks died with it, and this node's of their failed collectives; the
         incident is then that node's loss."""
 
-        def decide(gathered: Gathered) -> list[Incident]:
-            if gathered.lost:
-                return self._lost(
-                    attempt,
-                    gathered.lost,
-                    gathered.published_at,
-                    step=step,
-                    detected_at=detected_at,
-                    last_advance=last_advance,
-                    seen=f"its ranks' collectives failed here ({key})",
-                )
+        def decide(gathered: Gathered) -> Incident:
             _, deaths = union(gathered.findings)
             blame = blame_crash(deaths)
             if blame is None:
@@ -165,24 +151,52 @@ class Localizer:
                     {"rule": "none"},
                 )
             evidence = {**blame.evidence, "launcher_status": launcher_status}
-            incident = self._incident(
+            return self._incident(
                 CRASH, key, attempt, blame, blame.cause, evidence, step, detected_at
             )
-            self.book.record(incident, last_advance=last_advance)
-            return [incident]
 
-        return self._settle(attempt, witness.findings(key), decide, last_advance)
+        return self._settle(
+            attempt,
+            witness.findings(key),
+            decide,
+            step=step,
+            detected_at=detected_at,
+            last_advance=last_advance,
+            seen=f"its ranks' collectives failed here ({key})",
+        )
 
     def _settle(
         self,
         attempt: int,
         mine: NodeFindings,
-        decide: Callable[[Gathered], list[Incident]],
+        decide: Callable[[Gathered], Incident],
+        *,
+        step: int | None,
+        detected_at: float,
         last_advance: float | None,
+        seen: str,
     ) -> Incident:
-        """The disruption's incidents, decided here or by the node that claimed it first (then
-        written here too: the same records, which a shared folder keeps once); the first."""
-        settled = self.peers.settle(attempt, mine, decide, until_lost=True)
+        """The disruption's incident, decided here (``decide`` on every node's findings; a
+        node gone meanwhile is its cause, ``seen`` there, and each such node an incident) or by
+        the node that claimed it first (its records then written here too: the same, which a
+        shared folder keeps once); the first."""
+
+        def decide_here(gathered: Gathered) -> list[Incident]:
+            if gathered.lost:
+                return self._lost(
+                    attempt,
+                    gathered.lost,
+                    gathered.published_at,
+                    step=step,
+                    detected_at=detected_at,
+                    last_advance=last_advance,
+                    seen=seen,
+                )
+            incident = decide(gathered)
+            self.book.record(incident, last_advance=last_advance)
+            return [incident]
+
+        settled = self.peers.settle(attempt, mine, decide_here, until_lost=True)
         if settled.by != self.node:
             log.info(
                 "torchvitals supervise: %s decided by node %d: %s",
