@@ -101,7 +101,7 @@ class StartBarrier:
         """One look at the barrier: an order to start (maybe a later attempt), the end, or None
         (keep waiting)."""
         self._announce(attempt)
-        live = self.keys.view is not None and self.keys.view.live
+        live = self.keys.live
         final = self.keys.final(cached=live)
         if final is not None and final.attempt >= attempt:
             return JobEnded(final.code, final.reason)

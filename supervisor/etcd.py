@@ -251,7 +251,7 @@ class EtcdStore:
         """Open one of the gateway's streaming calls (``/v3/watch``): its answer, a JSON
         object per line, for as long as the store keeps it open. The socket has no read
         timeout (a quiet watch is no failure) but TCP keep-alives, so a store that vanished
-        ends the stream within ~30 s; ``shutdown_stream`` ends it from another thread."""
+        ends the stream within ~30 s; ``Stream.close`` ends it from another thread."""
         return self._authorized(path, lambda token: self._open_stream(path, body, token))
 
     def _open_stream(self, path: str, body: dict[str, Any], token: str | None) -> Stream:
@@ -351,9 +351,7 @@ class EtcdStore:
             "torchvitals supervise: the store's token for user %r expired; authenticating again",
             self.user,
         )
-        with self._auth_lock:
-            if self._token == token:
-                self._token = None
+        self.forget_token(token)
         try:
             return send(self._authenticated())
         except _Unauthenticated as exc:
@@ -383,7 +381,8 @@ class EtcdStore:
             return self._token
 
     def forget_token(self, token: str | None) -> None:
-        """etcd refused ``token`` (on a stream): the next call authenticates again."""
+        """etcd refused ``token`` (expired, or issued by another member): the next call
+        authenticates again."""
         with self._auth_lock:
             if self._token == token:
                 self._token = None

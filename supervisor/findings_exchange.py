@@ -217,13 +217,13 @@ class FindingsExchange:
         """Wait for the verdict of the node that claimed ``key``: the incidents it decided on,
         None when its claim went (its lease expired: claim again), ``_TIMED_OUT`` after the
         longest a gathering can take (and its claimer's lease expiring) with neither."""
-        longest = self.config.findings_wait_s + self.config.store_poll_s
+        wait_s = self.config.findings_wait_s + self.config.store_poll_s + self.config.node_ttl_s
         if until_lost:
-            longest += self.config.node_ttl_s
-        deadline = self._clock() + longest + self.config.node_ttl_s
+            wait_s += self.config.node_ttl_s
+        deadline = self._clock() + wait_s
         claimer = None
         while True:
-            live = self.keys.view is not None and self.keys.view.live
+            live = self.keys.live
             try:
                 verdict = self.keys.verdicts(attempt, cached=live).get(key)
                 if verdict is None and live:  # the watch may lag the store's answer to the claim
@@ -237,7 +237,7 @@ class FindingsExchange:
                     return self._taken(verdict, key)
                 if verdict.node != claimer:
                     if claimer is not None:  # claimed again: its own gathering's time
-                        deadline = self._clock() + longest + self.config.node_ttl_s
+                        deadline = self._clock() + wait_s
                     claimer = verdict.node
                     log.info(
                         "torchvitals supervise: %s: node %d gathers the findings; waiting for "
@@ -276,7 +276,7 @@ class FindingsExchange:
         store; who runs the attempt from the job's view while its watches hold (``running``:
         those running it when the ask went out, less any whose lease ran out since), else from
         the store, as it is now. ``running`` is narrowed in place."""
-        cached = self.keys.view is not None and self.keys.view.live
+        cached = self.keys.live
         try:
             found = self.keys.findings(attempt, key, followed=followed)
             if cached:  # a node whose lease ran out since is no longer waited for
@@ -297,7 +297,7 @@ class FindingsExchange:
         no cost to the store), else from the store at most every ``store_poll_s`` unless
         ``now``."""
         at = self._clock()
-        cached = not now and self.keys.view is not None and self.keys.view.live
+        cached = not now and self.keys.live
         if not now and not cached and at - self._looked < self.config.store_poll_s:
             return ()
         self._looked = at

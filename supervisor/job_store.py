@@ -32,6 +32,7 @@ from .store_schema import (
     attempt_json,
     attempt_of,
     death_key,
+    deaths_prefix,
     final_json,
     final_of,
     findings_key,
@@ -74,6 +75,11 @@ class JobStore:
         """The job's attempt record as last read (what is made again if it expires)."""
         self.view: JobView | None = None
         """The job's keys as the store's watches keep them (``cached`` reads), once started."""
+
+    @property
+    def live(self) -> bool:
+        """The view is started and every watch of it holds: ``cached`` reads are the store's."""
+        return self.view is not None and self.view.live
 
     @property
     def job_id(self) -> str:
@@ -123,7 +129,7 @@ class JobStore:
         them, while it is live: the nodes present (their records may be older than the
         store's, and a node that appeared since the view's last read is missing)."""
         prefix = self._key("nodes/")
-        if cached and self.view is not None and self.view.live:
+        if cached and self.live and self.view is not None:
             entries = self.view.prefix(prefix)
         elif self.view is not None:
             entries = self.view.reread(prefix)  # the same read, which the view keeps
@@ -190,7 +196,7 @@ class JobStore:
 
     def drop_deaths(self, node: int) -> None:
         """Remove node ``node``'s records of its ranks' deaths (of attempts that are over)."""
-        self.store.delete_prefix(self._key(f"rank_deaths/{node:05d}/"))
+        self.store.delete_prefix(self._key(deaths_prefix(node)))
 
     def follow_findings(self, attempt: int, key: str) -> AbstractContextManager[Followed | None]:
         """Follow every node's findings for incident ``key`` of ``attempt`` on a watch of
@@ -257,7 +263,7 @@ class JobStore:
 
     def _reader(self, cached: bool) -> EtcdStore | JobView:
         """The view while ``cached`` is asked and the view is live, else the store."""
-        if cached and self.view is not None and self.view.live:
+        if cached and self.live and self.view is not None:
             return self.view
         return self.store
 

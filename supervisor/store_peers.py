@@ -241,7 +241,7 @@ class StorePeers:
         """
         now = self._clock()
         view = self.keys.view
-        cached = view is not None and view.live
+        cached = self.keys.live
         if not cached and now - self._last_watch < self.config.store_poll_s:
             return None
         self._last_watch = now

@@ -141,10 +141,15 @@ def verdict_key(attempt: int, key: str) -> str:
     return f"{incident_prefix(attempt)}{key}"
 
 
+def deaths_prefix(node: int) -> str:
+    """Node ``node``'s records of its ranks' deaths, of every attempt."""
+    return f"rank_deaths/{node:05d}/"
+
+
 def death_key(node: int, attempt: int, pid: int) -> str:
     """Where node ``node`` records the death of its rank ``pid`` in ``attempt``: the store's
     revision of that write orders the deaths of every node (``death_marks``)."""
-    return f"rank_deaths/{node:05d}/a{attempt:04d}/{pid}"
+    return f"{deaths_prefix(node)}a{attempt:04d}/{pid}"
 
 
 def ready_prefix(attempt: int) -> str:

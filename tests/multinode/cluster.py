@@ -32,6 +32,8 @@ HERE = Path(__file__).resolve().parent
 JOB = HERE / "node_job.py"
 ROOT = HERE.parents[1]
 PYTHONPATH = os.pathsep.join(p for p in (str(ROOT.parent), os.environ.get("PYTHONPATH")) if p)
+PASSWORDS = {"root": uuid.uuid4().hex, "supervisor": uuid.uuid4().hex}
+"""The users of the authenticated etcd the tests start (``conftest.auth_etcd``)."""
 TAG_ENV, NODE_ENV = "MULTINODE_TEST_TAG", "MULTINODE_TEST_NODE"
 """Mark every process of a scenario, and of which node (inherited by the launcher and ranks)."""
 SKEWED_CLOCK = HERE / "skewed_clock"

@@ -1,5 +1,6 @@
-"""What the multi-node tests share: one real etcd per module, and a maker of simulated jobs
-that fails the test when any of a job's processes outlives it."""
+"""What the multi-node tests share: one real etcd per module (and one with TLS, client
+certificates and authentication), and a maker of simulated jobs that fails the test when any of
+a job's processes outlives it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,28 @@ import re
 import uuid
 
 import pytest
-from cluster import Cluster, Etcd
+from cluster import PASSWORDS, Certs, Cluster, Etcd
 
 
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory):
     with Etcd(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return Certs.make(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def auth_etcd(tmp_path_factory, certs):
+    """etcd with TLS, client certificates and ``PASSWORDS``; its tokens live 1 s unused, so a
+    test sees one expire (a client's, or a watch's own while it holds)."""
+    with Etcd(
+        tmp_path_factory.mktemp("etcd-auth"), certs=certs, args=["--auth-token-ttl", "1"]
+    ) as server:
+        server.enable_auth(PASSWORDS)
         yield server
 
 

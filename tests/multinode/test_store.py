@@ -20,7 +20,7 @@ import uuid
 from dataclasses import replace
 
 import pytest
-from cluster import PYTHONPATH, Certs, Etcd
+from cluster import PASSWORDS, PYTHONPATH, Certs, Etcd
 
 from torchvitals.supervisor.etcd import EtcdStore, StoreError, StoreTLS
 from torchvitals.supervisor.options import SupervisorConfig
@@ -33,32 +33,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return Certs.make(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    with Etcd(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def tls_etcd(tmp_path_factory, certs):
     with Etcd(tmp_path_factory.mktemp("etcd-tls"), certs=certs) as server:
-        yield server
-
-
-PASSWORDS = {"root": uuid.uuid4().hex, "supervisor": uuid.uuid4().hex}
-
-
-@pytest.fixture(scope="module")
-def auth_etcd(tmp_path_factory, certs):
-    # Tokens live 1 s unused, so a test sees one expire.
-    with Etcd(
-        tmp_path_factory.mktemp("etcd-auth"), certs=certs, args=["--auth-token-ttl", "1"]
-    ) as server:
-        server.enable_auth(PASSWORDS)
         yield server
 
 

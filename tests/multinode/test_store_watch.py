@@ -13,8 +13,8 @@ import time
 import uuid
 
 import pytest
-from cluster import Certs, Etcd
-from test_store import PASSWORDS, client_tls, start, two_nodes
+from cluster import PASSWORDS, Etcd
+from test_store import client_tls, start, two_nodes
 
 from torchvitals.supervisor.etcd import Entry, EtcdStore
 from torchvitals.supervisor.etcd_watch import RangeWatch
@@ -25,24 +25,9 @@ from torchvitals.supervisor.store_schema import KEY_ROOT
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return Certs.make(tmp_path_factory.mktemp("certs"))
-
-
 @pytest.fixture
 def etcd(tmp_path):
     with Etcd(tmp_path) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def auth_etcd(tmp_path_factory, certs):
-    # Tokens live 1 s unused, so the watch's own expires while it holds.
-    with Etcd(
-        tmp_path_factory.mktemp("etcd-auth"), certs=certs, args=["--auth-token-ttl", "1"]
-    ) as server:
-        server.enable_auth(PASSWORDS)
         yield server
 
 

@@ -55,6 +55,10 @@ class Keys:
         self.store_reads: list[str] = []
         self.decided: list[Verdict] = []
 
+    @property
+    def live(self) -> bool:
+        return self.view.live
+
     def put_findings(self, node: int, attempt: int, key: str, value: str) -> None:
         pass
 

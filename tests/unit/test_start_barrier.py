@@ -13,7 +13,7 @@ from torchvitals.supervisor.telemetry import SupervisorMetrics
 
 
 class Keys:
-    view = None
+    view, live = None, False
 
     def __init__(self, counts: list[int]) -> None:
         self.counts, self.looks = counts, 0
